@@ -1,0 +1,174 @@
+"""Training configuration (what to do) and training state (where a run is)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A repeating trigger: every ``every`` successful optimizer steps, or every ``every`` completed epochs.
+
+    >>> TrainConfig(epochs=10, evaluate_every=Interval(500, "step"), checkpoint_every=Interval(1, "epoch"))
+    """
+
+    every: int
+    unit: Literal["step", "epoch"]
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.every) and self.every >= 1, f"Interval.every is {self.every!r}; use an integer >= 1.")
+        _require(self.unit in ("step", "epoch"), f"Interval.unit is {self.unit!r}; use 'step' or 'epoch'.")
+
+    def due(self, *, step: int, epoch: int, stepped: bool, epoch_ended: bool) -> bool:
+        """Whether the trigger fires at a window boundary that did (not) update and did (not) end an epoch."""
+        if self.unit == "step":
+            return stepped and step % self.every == 0
+        return epoch_ended and epoch % self.every == 0
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """Best-model selection and early stopping on one evaluation metric, named ``"<loader>/<metric>"``.
+
+    >>> Monitor("validation/loss", mode="min", patience=5, min_delta=1e-4)
+    """
+
+    metric: str
+    mode: Literal["min", "max"] = "min"
+    patience: int | None = None
+    min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.metric, str) and self.metric.count("/") >= 1 and not self.metric.startswith("/"),
+            f"Monitor.metric is {self.metric!r}; name an evaluation metric as '<loader>/<metric>', "
+            "for example 'validation/loss'.",
+        )
+        _require(self.mode in ("min", "max"), f"Monitor.mode is {self.mode!r}; use 'min' or 'max'.")
+        _require(
+            self.patience is None or (_is_int(self.patience) and self.patience >= 1),
+            f"Monitor.patience is {self.patience!r}; use None (never stop early) or an integer >= 1.",
+        )
+        _require(
+            isinstance(self.min_delta, (int, float)) and math.isfinite(self.min_delta) and self.min_delta >= 0,
+            f"Monitor.min_delta is {self.min_delta!r}; use a finite number >= 0.",
+        )
+
+    @property
+    def loader(self) -> str:
+        return self.metric.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.metric.split("/", 1)[1]
+
+    def improves(self, value: float, best: float | None) -> bool:
+        if best is None:
+            return True
+        if self.mode == "min":
+            return value < best - self.min_delta
+        return value > best + self.min_delta
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How long to train and when to evaluate, checkpoint and log.
+
+    ``epochs`` and ``max_steps`` are cumulative limits: raising them on a finished run continues it.
+
+    >>> TrainConfig(epochs=100, max_grad_norm=1.0, monitor=Monitor("validation/loss", patience=10))
+    """
+
+    epochs: int
+    max_steps: int | None = None
+    log_every: int = 10
+    evaluate_every: Interval | None = Interval(1, "epoch")
+    checkpoint_every: Interval | None = Interval(1, "epoch")
+    keep_checkpoints: int | None = None
+    max_grad_norm: float | None = None
+    monitor: Monitor | None = None
+    scheduler_interval: Literal["step", "epoch"] = "step"
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.epochs) and self.epochs >= 0, f"TrainConfig.epochs is {self.epochs!r}; use an integer >= 0.")
+        _require(
+            self.max_steps is None or (_is_int(self.max_steps) and self.max_steps >= 0),
+            f"TrainConfig.max_steps is {self.max_steps!r}; use None or an integer >= 0.",
+        )
+        _require(
+            _is_int(self.log_every) and self.log_every >= 1,
+            f"TrainConfig.log_every is {self.log_every!r}; use an integer >= 1.",
+        )
+        for name in ("evaluate_every", "checkpoint_every"):
+            value = getattr(self, name)
+            _require(
+                value is None or isinstance(value, Interval),
+                f"TrainConfig.{name} is {value!r}; use None or Interval(every, 'step'|'epoch').",
+            )
+        _require(
+            self.keep_checkpoints is None or (_is_int(self.keep_checkpoints) and self.keep_checkpoints >= 1),
+            f"TrainConfig.keep_checkpoints is {self.keep_checkpoints!r}; use None (keep all) or an integer >= 1.",
+        )
+        _require(
+            self.max_grad_norm is None
+            or (isinstance(self.max_grad_norm, (int, float)) and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0),
+            f"TrainConfig.max_grad_norm is {self.max_grad_norm!r}; use None or a finite number > 0.",
+        )
+        _require(
+            self.monitor is None or isinstance(self.monitor, Monitor),
+            f"TrainConfig.monitor is {self.monitor!r}; use None or Monitor('<loader>/<metric>').",
+        )
+        _require(
+            self.scheduler_interval in ("step", "epoch"),
+            f"TrainConfig.scheduler_interval is {self.scheduler_interval!r}; use 'step' or 'epoch'.",
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrainState:
+    """Where a run is: its data position and counters. Saved in every checkpoint.
+
+    ``epoch`` counts completed epochs and ``next_batch`` is the next batch of epoch ``epoch`` on
+    each rank; ``step`` counts successful optimizer updates; ``batches`` and ``samples`` count what
+    all ranks together consumed, skipped updates included.
+    """
+
+    epoch: int = 0
+    next_batch: int = 0
+    step: int = 0
+    batches: int = 0
+    samples: int = 0
+    best_metric: float | None = None
+    best_step: int | None = None
+    evaluations_without_improvement: int = 0
+    stop_reason: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in asdict(self):
+            setattr(self, name, state[name])
+
+
+def planned_steps(config: TrainConfig, updates_per_epoch: int) -> int:
+    """The cumulative update budget, assuming no skipped updates and no early stop."""
+    steps = config.epochs * updates_per_epoch
+    return steps if config.max_steps is None else min(steps, config.max_steps)
+
+
+

@@ -1,0 +1,165 @@
+"""The training data stream: exact sharding checks, epoch-addressed shuffles, resumable positions.
+
+The order of epoch ``e`` is a function of the run's data seed and ``e`` alone, never of how many
+times the run was paused, and skipped batches of a mid-epoch resume are skipped in the sampler
+(accelerate's ``skip_first_batches``), so their samples are never read.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from accelerate.data_loader import skip_first_batches
+from torch.utils.data import DataLoader, RandomSampler
+
+from .stop import CAUGHT_SIGNALS
+
+_SEED_RANGE = 2**62
+
+
+def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader) -> None:
+    """Refuse settings under which ranks would pad, split or drop training batches."""
+    world = accelerator.num_processes
+    if world == 1:
+        return
+    config = accelerator.dataloader_config
+    if config.split_batches:
+        raise ValueError(
+            "Exact training needs whole batches per rank, but the Accelerator has split_batches=True. "
+            "Create it with Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=False, "
+            "even_batches=False))."
+        )
+    if config.even_batches:
+        raise ValueError(
+            "Exact training needs unpadded shards, but the Accelerator has even_batches=True (the default), "
+            "which repeats samples to even out ranks. Create it with "
+            "Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))."
+        )
+    if config.dispatch_batches:
+        raise ValueError(
+            "Exact training shards batches in the sampler, but the Accelerator has dispatch_batches=True. "
+            "Create it with DataLoaderConfiguration(dispatch_batches=False)."
+        )
+    batches = len(dataloader)
+    if batches % world:
+        raise ValueError(
+            f"The training DataLoader has {batches} batches, which {world} ranks cannot share equally "
+            f"({batches} % {world} = {batches % world}). Change the dataset size, batch_size or drop_last so "
+            f"that the number of batches is a multiple of {world}."
+        )
+
+
+def verify_rank_lengths(accelerator: Accelerator, prepared: DataLoader, total_batches: int) -> int:
+    """Check that every rank holds the same number of batches; returns that number."""
+    length = len(prepared)
+    if accelerator.num_processes > 1:
+        lengths: list[int] = [0] * accelerator.num_processes
+        dist.all_gather_object(lengths, length)
+        if len(set(lengths)) != 1 or sum(lengths) != total_batches:
+            raise ValueError(
+                f"The prepared training DataLoader gives ranks {lengths} batches out of {total_batches}; exact "
+                "training needs equal, complete shards. Use a plain map-style Dataset with a standard sampler."
+            )
+    return length
+
+
+def shared_data_seed(accelerator: Accelerator) -> int:
+    """A fresh run's data seed, drawn from rank 0's torch generator and shared with every rank."""
+    seed = [int(torch.randint(0, _SEED_RANGE, ()).item())]
+    if accelerator.num_processes > 1:
+        dist.broadcast_object_list(seed, src=0)
+    return seed[0]
+
+
+class EpochData:
+    """Builds the iterator of one epoch from a prepared DataLoader, at any batch position."""
+
+    def __init__(self, prepared: DataLoader, data_seed: int) -> None:
+        self.prepared = prepared
+        self.data_seed = data_seed
+        self._shuffle = _random_sampler(prepared)
+        if self._shuffle is not None and self._shuffle.generator is None:
+            self._shuffle.generator = torch.Generator()
+        self._worker_seeds = torch.Generator()
+
+    def batches(self, epoch: int, start: int) -> Iterator[Any]:
+        """Yield the batches of ``epoch`` from per-rank index ``start`` on, loading none before it."""
+        # Seeding the sampler and the worker base seed from (data_seed, epoch) keeps the order
+        # independent of pauses and keeps iterator creation from drawing on the global torch RNG,
+        # which dropout must find exactly where the checkpoint left it.
+        if self._shuffle is not None:
+            self._shuffle.generator.manual_seed((self.data_seed + 2 * epoch) % _SEED_RANGE)
+        self._worker_seeds.manual_seed((self.data_seed + 2 * epoch + 1) % _SEED_RANGE)
+        loader = self.prepared
+        loader.iteration = epoch  # accelerate passes this to set_epoch of samplers and datasets
+        if start:
+            loader = skip_first_batches(loader, start)
+        _base_loader(loader).generator = self._worker_seeds
+        _ignore_stop_signals_in_workers(loader)
+        iterator = iter(loader)
+        # Workers fork on the first fetch: block the stop signals meanwhile so no worker is born with
+        # the trainer's handlers, and none dies of a SIGTERM sent to the whole process group.
+        with _stop_signals_blocked():
+            try:
+                first = next(iterator)
+            except StopIteration:
+                return
+        yield first
+        yield from iterator
+
+
+def _base_loader(loader: DataLoader) -> DataLoader:
+    return getattr(loader, "base_dataloader", loader)
+
+
+def _random_sampler(loader: DataLoader) -> RandomSampler | None:
+    """The RandomSampler behind a prepared loader, if it shuffles with one."""
+    batch_sampler = loader.batch_sampler
+    for candidate in (
+        getattr(batch_sampler, "sampler", None),
+        getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None),
+        loader.sampler,
+    ):
+        if isinstance(candidate, RandomSampler):
+            return candidate
+    return None
+
+
+class IgnoreStopSignals:
+    """A DataLoader ``worker_init_fn`` that makes workers ignore SIGINT and SIGTERM, then runs the user's."""
+
+    def __init__(self, user_init: Callable[[int], None] | None) -> None:
+        self.user_init = user_init
+
+    def __call__(self, worker_id: int) -> None:
+        for signum in CAUGHT_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, CAUGHT_SIGNALS)
+        if self.user_init is not None:
+            self.user_init(worker_id)
+
+
+def _ignore_stop_signals_in_workers(loader: DataLoader) -> None:
+    base = _base_loader(loader)
+    if base.num_workers and not isinstance(base.worker_init_fn, IgnoreStopSignals):
+        base.worker_init_fn = IgnoreStopSignals(base.worker_init_fn)
+
+
+@contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -1,0 +1,108 @@
+"""Evaluation that counts every real sample exactly once, on any number of ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.data_loader import prepare_data_loader
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .metrics import MetricAccumulator
+from .objective import (
+    Objective,
+    Step,
+    check_metric_names,
+    finish_loss_metrics,
+    record_objective_losses,
+    record_scalar_loss,
+    scalar_loss_and_weight,
+)
+from .rng import capture_rng, restore_rng
+
+
+class Evaluator:
+    """Runs ``step`` over named evaluation loaders and reduces the metrics over all ranks.
+
+    Loaders are sharded without padding (ranks may hold uneven or no batches), so each sample is
+    counted once. The model's mode and the training RNG are restored afterwards, and DDP is
+    unwrapped so ranks run independent forwards; the step must not run collectives itself.
+    Every rank must call :meth:`evaluate`.
+
+    >>> evaluator = Evaluator(accelerator, {"validation": validation_loader}, step)
+    >>> evaluator.evaluate(model)["validation"]["loss"]
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        dataloaders: Mapping[str, DataLoader[Any]],
+        step: Step,
+        *,
+        requires_grad: bool = False,
+        objective: Objective | None = None,
+    ) -> None:
+        if not dataloaders:
+            raise ValueError("Evaluator(dataloaders=...) is empty; pass at least one {name: DataLoader}.")
+        for name, loader in dataloaders.items():
+            if not isinstance(name, str) or not name or "/" in name:
+                raise ValueError(f"Evaluation loader name {name!r} is invalid; use a non-empty name without '/'.")
+            if _drops_last(loader):
+                raise ValueError(
+                    f"Evaluation loader {name!r} has drop_last=True, which would leave samples out of the "
+                    "metrics; build it with drop_last=False."
+                )
+        self.accelerator = accelerator
+        self.step = step
+        self.requires_grad = requires_grad
+        self.objective = objective
+        state = accelerator.state
+        self.dataloaders = {
+            name: prepare_data_loader(
+                loader,
+                device=accelerator.device,
+                num_processes=state.num_processes,
+                process_index=state.process_index,
+                split_batches=False,
+                put_on_device=True,
+                even_batches=False,
+            )
+            for name, loader in dataloaders.items()
+        }
+
+    def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
+        """Evaluate ``model`` (prepared or plain) on every loader: ``{loader: {metric: value}}``."""
+        module = self.accelerator.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=True)
+        was_training = module.training
+        training_rng = capture_rng()
+        module.eval()
+        try:
+            return {name: self._evaluate_loader(module, loader) for name, loader in self.dataloaders.items()}
+        finally:
+            module.train(was_training)
+            restore_rng(training_rng)
+
+    def _evaluate_loader(self, module: nn.Module, loader: DataLoader) -> dict[str, float]:
+        accumulator = MetricAccumulator()
+        for batch in loader:
+            counts = None
+            if self.objective is not None:
+                counts = self.objective.batch_counts(batch, self.accelerator.device)
+            with torch.set_grad_enabled(self.requires_grad):
+                output = self.step(module, batch)
+            check_metric_names(output.metrics, self.objective)
+            if self.objective is None:
+                loss, weight = scalar_loss_and_weight(output)
+                record_scalar_loss(accumulator, loss, weight)
+            else:
+                record_objective_losses(accumulator, self.objective, self.objective.term_losses(output), counts)
+            accumulator.update(output.metrics)
+        return finish_loss_metrics(accumulator.compute(self.accelerator), self.objective)
+
+
+def _drops_last(loader: DataLoader) -> bool:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return bool(getattr(loader, "drop_last", False) or getattr(batch_sampler, "drop_last", False))
