@@ -183,6 +183,7 @@ class Trainer:
         """
         self._check_setup(config)
         self._clock = PhaseClock()
+        self._saved: CheckpointName | None = None
         directory = CheckpointDirectory(Path(checkpoint_dir)) if checkpoint_dir is not None else None
         stop = stop if stop is not None else StopRequest()
         resumed_from = None
@@ -209,18 +210,23 @@ class Trainer:
                     epoch_ended = self._advance(result)
                     self._record_interval(interval, result, seconds, config)
 
-                    evaluated = False
+                    evaluated, improved = False, None
                     if config.evaluate_every is not None and self.evaluator is not None and config.evaluate_every.due(
                         step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended
                     ):
-                        early_stop = self._evaluate_and_monitor(config, directory)
+                        early_stop, improved = self._evaluate_and_monitor(config)
                         evaluated = True
-                    if directory is not None and config.checkpoint_every is not None and config.checkpoint_every.due(
+                    interval_due = config.checkpoint_every is not None and config.checkpoint_every.due(
                         step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended
-                    ):
-                        self._save(directory, config, reason="interval")
+                    )
                     if result.stop_requested:
-                        return self._stop(stop, directory, config)
+                        self._agree_on_stop(stop)
+                    if directory is not None and (interval_due or improved or result.stop_requested):
+                        reason = "stop" if result.stop_requested else "interval" if interval_due else "best"
+                        self._save(directory, config, reason=reason, best=bool(improved))
+                    if result.stop_requested:
+                        self._log("stopped", reason=self.state.stop_reason, state=self.state.state_dict(), **self._clock.totals())
+                        return self.state
                     if epoch_ended or (evaluated and early_stop):
                         break
             finally:
@@ -228,10 +234,11 @@ class Trainer:
 
         if early_stop:
             self.state.stop_reason = "early_stopping"
+        improved = None
         if self.evaluator is not None and self.progress.last_evaluation != self._position():
-            self._evaluate_and_monitor(config, directory)
+            _, improved = self._evaluate_and_monitor(config)
         if directory is not None:
-            self._save(directory, config, reason="final", final=True)
+            self._save(directory, config, reason="final", best=bool(improved), final=True)
         self._log("finished", state=self.state.state_dict(), **self._clock.totals())
         return self.state
 
@@ -459,8 +466,11 @@ class Trainer:
     # ----------------------------------------------------------------------------------------
     # Evaluation and the monitor
 
-    def _evaluate_and_monitor(self, config: TrainConfig, directory: CheckpointDirectory | None) -> bool:
-        """Evaluate (EMA weights when EMA is on), update the monitor; returns whether to stop early."""
+    def _evaluate_and_monitor(self, config: TrainConfig) -> tuple[bool, bool | None]:
+        """Evaluate (EMA weights when EMA is on) and update the monitor.
+
+        Returns whether to stop early and whether the monitored metric improved (None without a monitor).
+        """
         started = time.perf_counter()
         weights: Weights = "ema" if self.ema is not None else "raw"
         results = self.evaluate(weights=weights)
@@ -492,9 +502,7 @@ class Trainer:
             best_metric=self.state.best_metric,
             best_step=self.state.best_step,
         )
-        if improved and directory is not None:
-            self._save(directory, config, reason="best", best=True)
-        return stop_early
+        return stop_early, improved
 
     # ----------------------------------------------------------------------------------------
     # Checkpoints and resume
@@ -534,17 +542,22 @@ class Trainer:
             rng_states = gathered
         name = CheckpointName(self.state.step, self.state.batches)
         path, size = directory.file(name), 0
-        if self.accelerator.is_main_process:
+        if self.accelerator.is_main_process and name == self._saved and path.exists():
+            # The same position was already published by this call (an interval save before the final one).
+            size = path.stat().st_size
+        elif self.accelerator.is_main_process:
             payload = {"format": FORMAT, "version": VERSION, "layout": self._layout(), "rng": rng_states}
             for key, component in self._stateful().items():
                 payload[key] = _cpu_state(component)
             path, size = directory.save(payload, name)
+        if self.accelerator.is_main_process:
             directory.point("last", path)
             if best:
                 directory.point("best", path)
             if final:
                 directory.point("final", path)
             directory.apply_retention(config.keep_checkpoints)
+        self._saved = name
         self.accelerator.wait_for_everyone()
         duration = time.perf_counter() - started
         self._clock.checkpoint_s += duration
@@ -583,7 +596,8 @@ class Trainer:
         restore_rng(rng_states[self.accelerator.process_index])
         return str(resolved)
 
-    def _stop(self, stop: StopRequest, directory: CheckpointDirectory | None, config: TrainConfig) -> TrainState:
+    def _agree_on_stop(self, stop: StopRequest) -> None:
+        """Give every rank the same stop reason (the first rank's that has one) and record it."""
         reason, signal_name = stop.reason, stop.signal
         if self.accelerator.num_processes > 1:
             gathered: list[Any] = [None] * self.accelerator.num_processes
@@ -592,10 +606,6 @@ class Trainer:
         stop.request(reason)
         self.state.stop_reason = reason
         self._log("stop_requested", reason=reason, signal=signal_name, epoch=self.state.epoch, step=self.state.step)
-        if directory is not None:
-            self._save(directory, config, reason="stop")
-        self._log("stopped", reason=reason, state=self.state.state_dict(), **self._clock.totals())
-        return self.state
 
     # ----------------------------------------------------------------------------------------
     # Run records

@@ -1,0 +1,101 @@
+"""Shared fixtures: process-state guards and real multi-process launches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+GUARDED_ENVIRONMENT_PREFIXES = ("SLURM_", "MASTER_", "ACCELERATE_", "TORCHELASTIC_")
+GUARDED_ENVIRONMENT_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _guarded_environment() -> dict[str, str]:
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name.startswith(GUARDED_ENVIRONMENT_PREFIXES) or name in GUARDED_ENVIRONMENT_NAMES
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_process_state():
+    """Fail a test that leaves distributed/SLURM variables or signal handlers behind, then clean up."""
+    environment = _guarded_environment()
+    handlers = {signum: signal.getsignal(signum) for signum in GUARDED_SIGNALS}
+    yield
+    leaked_environment = {
+        name: value for name, value in _guarded_environment().items() if environment.get(name) != value
+    }
+    leaked_handlers = [
+        signal.Signals(signum).name for signum, handler in handlers.items() if signal.getsignal(signum) is not handler
+    ]
+    for name in leaked_environment:
+        if name in environment:
+            os.environ[name] = environment[name]
+        else:
+            del os.environ[name]
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    assert not leaked_environment, f"test leaked environment variables: {sorted(leaked_environment)}"
+    assert not leaked_handlers, f"test leaked signal handlers for {leaked_handlers}"
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate keeps process-wide singletons; give every test its own."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def launch_environment(**extra: str) -> dict[str, str]:
+    """The environment of a child process: CPU collectives (gloo), one thread, the repo importable."""
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not (name.startswith(GUARDED_ENVIRONMENT_PREFIXES) or name in GUARDED_ENVIRONMENT_NAMES)
+    }
+    python_path = [str(REPOSITORY / "tests" / "engine"), str(REPOSITORY)]
+    if environment.get("PYTHONPATH"):
+        python_path.append(environment["PYTHONPATH"])
+    environment.update(
+        ACCELERATE_USE_CPU="1",  # without it Accelerate on a CPU machine silently trains each rank alone
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(python_path),
+        **extra,
+    )
+    return environment
+
+
+def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run ``script`` on ``processes`` gloo ranks with torchrun; fail the test with its output if it fails."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+        str(script), *arguments,
+    ]
+    completed = subprocess.run(
+        command, env=launch_environment(), capture_output=True, text=True, timeout=timeout_s, cwd=REPOSITORY
+    )
+    if completed.returncode != 0:
+        pytest.fail(
+            f"torchrun {script.name} {' '.join(arguments)} exited with {completed.returncode}\n"
+            f"--- stdout ---\n{completed.stdout[-6000:]}\n--- stderr ---\n{completed.stderr[-6000:]}"
+        )
+    return completed
+
+
+@pytest.fixture
+def run_distributed():
+    """``run_distributed(script, *args, processes=2)``: a real multi-process gloo run via torchrun."""
+    return torchrun

@@ -1,0 +1,198 @@
+"""Small real training workloads shared by the engine tests and their torchrun scripts.
+
+A :class:`RunSpec` names every knob; :func:`build` turns it into a ready trainer and config, on
+one process or under torchrun. :func:`snapshot` collects every tensor that must match bitwise
+after a resume: raw and EMA weights, optimizer state, scheduler and scaler state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import set_seed
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader, Dataset
+
+from elfes.engine import (
+    Evaluator,
+    Interval,
+    MaxMetric,
+    MeanMetric,
+    Monitor,
+    StepOutput,
+    TrainConfig,
+    Trainer,
+    WarmupDecay,
+    weight_decay_groups,
+)
+
+
+class RegressionData(Dataset):
+    """A deterministic map-style regression dataset that counts its reads (per process)."""
+
+    def __init__(self, samples: int, features: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.inputs = torch.randn(samples, features, generator=generator, dtype=torch.float64).to(dtype)
+        weights = torch.linspace(-1.0, 1.0, features, dtype=torch.float64).unsqueeze(1)
+        self.targets = (self.inputs.double() @ weights + 0.1 * torch.randn(samples, 1, generator=generator, dtype=torch.float64)).to(dtype)
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads.append(int(index))
+        return self.inputs[index], self.targets[index]
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self, features: int = 4, hidden: int = 16, dropout: float = 0.2) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(features, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.output = nn.Linear(hidden, 1)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.output(self.dropout(torch.tanh(self.norm(self.hidden(inputs)))))
+
+
+def mse_step(model: nn.Module, batch: Any) -> StepOutput:
+    inputs, targets = batch
+    error = model(inputs) - targets
+    return StepOutput(
+        loss=error.square().mean(),
+        num_samples=len(inputs),
+        metrics={"mae": MeanMetric(error.abs().sum(), error.numel()), "max_error": MaxMetric(error.abs().max())},
+    )
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Every knob of a test run; two runs with equal specs must end bitwise equal."""
+
+    samples: int = 38  # 10 batches of 4 with a short last batch of 2
+    batch_size: int = 4
+    accumulation: int = 3  # windows of 3, 3, 3, 1 batches per epoch on one rank
+    epochs: int = 2
+    max_steps: int | None = None
+    shuffle: bool = True
+    num_workers: int = 0
+    dropout: float = 0.2
+    ema_decay: float | None = 0.9
+    optimizer: str = "adamw"  # "adamw" | "sgd" | "adam_fused"
+    learning_rate: float = 0.05
+    warmup: bool = True
+    evaluate: bool = True
+    evaluate_every: Interval | None = Interval(2, "step")
+    checkpoint_every: Interval | None = Interval(1, "epoch")
+    monitor: bool = True
+    max_grad_norm: float | None = 1.0
+    mixed_precision: str = "no"
+    cpu: bool = True
+    dtype: str = "float32"
+    seed: int = 1234
+    log_every: int = 1
+    keep_checkpoints: int | None = None
+
+    def with_(self, **changes: Any) -> RunSpec:
+        return replace(self, **changes)
+
+
+@dataclass
+class Run:
+    spec: RunSpec
+    accelerator: Accelerator
+    trainer: Trainer
+    config: TrainConfig
+    train_data: RegressionData
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
+    """A fresh accelerator, model, optimizer, loaders, trainer and config for ``spec``."""
+    accelerator = Accelerator(
+        cpu=spec.cpu,
+        mixed_precision=spec.mixed_precision,
+        gradient_accumulation_steps=spec.accumulation,
+        dataloader_config=DataLoaderConfiguration(even_batches=False),
+    )
+    set_seed(spec.seed)
+    dtype = getattr(torch, spec.dtype)
+    model = DropoutMLP(dropout=spec.dropout).to(dtype)
+    groups = weight_decay_groups(model, 0.01)
+    if spec.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(groups, lr=spec.learning_rate)
+    elif spec.optimizer == "adam_fused":
+        optimizer = torch.optim.Adam(groups, lr=spec.learning_rate, fused=True)
+    elif spec.optimizer == "sgd":
+        optimizer = torch.optim.SGD(groups, lr=spec.learning_rate, momentum=0.9)
+    else:
+        raise ValueError(spec.optimizer)
+    train_data = RegressionData(spec.samples, seed=1, dtype=dtype)
+    train_loader = DataLoader(train_data, batch_size=spec.batch_size, shuffle=spec.shuffle, num_workers=spec.num_workers)
+    evaluator = None
+    if spec.evaluate:
+        validation = DataLoader(RegressionData(13, seed=2, dtype=dtype), batch_size=4)
+        evaluator = Evaluator(accelerator, {"validation": validation}, mse_step)
+    trainer = Trainer(
+        accelerator, model, optimizer, train_loader, mse_step,
+        evaluator=evaluator, ema_decay=spec.ema_decay, logger=logger,
+    )
+    config = TrainConfig(
+        epochs=spec.epochs,
+        max_steps=spec.max_steps,
+        log_every=spec.log_every,
+        evaluate_every=spec.evaluate_every if spec.evaluate else None,
+        checkpoint_every=spec.checkpoint_every,
+        keep_checkpoints=spec.keep_checkpoints,
+        max_grad_norm=spec.max_grad_norm,
+        monitor=Monitor("validation/loss") if spec.evaluate and spec.monitor else None,
+    )
+    if spec.warmup:
+        total = trainer.planned_steps(config)
+        trainer.scheduler = LambdaLR(optimizer, WarmupDecay(total_steps=total, warmup_steps=max(total // 4, 1), start_factor=0.1, minimum_factor=0.05))
+    return Run(spec, accelerator, trainer, config, train_data)
+
+
+def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Every tensor that a bitwise resume must reproduce, by a readable name, on the CPU."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in trainer.module.state_dict().items():
+        tensors[f"raw/{name}"] = tensor.detach().cpu().clone()
+    if trainer.ema is not None:
+        for name, tensor in trainer.ema.state_dict().items():
+            tensors[f"ema/{name}"] = tensor.detach().cpu().clone()
+    optimizer_state = trainer.optimizer.state_dict()
+    for index, state in optimizer_state["state"].items():
+        for key, value in state.items():
+            tensors[f"optimizer/{index}/{key}"] = torch.as_tensor(value).detach().cpu().clone()
+    for index, group in enumerate(optimizer_state["param_groups"]):
+        tensors[f"optimizer/group{index}/lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
+    if trainer.scheduler is not None:
+        tensors["scheduler/last_epoch"] = torch.tensor(getattr(trainer.scheduler, "last_epoch", -1))
+    scaler = trainer.accelerator.scaler
+    if scaler is not None:
+        tensors["scaler/scale"] = torch.tensor(float(scaler.get_scale()), dtype=torch.float64)
+    return tensors
+
+
+def assert_bitwise_equal(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], context: str = "") -> None:
+    assert expected.keys() == actual.keys(), f"{context}: tensors differ in names: {sorted(expected.keys() ^ actual.keys())}"
+    different = [name for name in expected if not torch.equal(expected[name], actual[name])]
+    assert not different, f"{context}: not bitwise equal: {different}"
+
+
+def save_snapshot(trainer: Trainer, path: Path) -> None:
+    torch.save(snapshot(trainer), path)
+
+
+def windows_per_epoch(spec: RunSpec, world_size: int = 1) -> int:
+    batches = math.ceil(spec.samples / spec.batch_size) // world_size
+    return math.ceil(batches / spec.accumulation)
