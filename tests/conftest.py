@@ -73,8 +73,8 @@ def launch_environment(**extra: str) -> dict[str, str]:
         ACCELERATE_USE_CPU="1",  # without it Accelerate on a CPU machine silently trains each rank alone
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(python_path),
-        **extra,
     )
+    environment.update(extra)
     return environment
 
 

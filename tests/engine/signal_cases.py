@@ -1,0 +1,39 @@
+"""Training processes that receive real signals; run as scripts by test_resume.py.
+
+    python signal_cases.py group-sigterm OUTPUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from workloads import RunSpec, build, mse_step
+
+from elfes.engine import StopRequest
+
+
+def group_sigterm(directory: Path) -> None:
+    """SIGTERM to the whole process group (as SLURM does) while two DataLoader workers are alive."""
+    run = build(RunSpec(num_workers=2))
+    stop = StopRequest()
+    calls = 0
+
+    def step(model, batch):
+        nonlocal calls
+        calls += 1
+        if calls == 5:  # the 2nd microbatch of the 2nd window; the workers are running
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+        return mse_step(model, batch)
+
+    run.trainer.step = step
+    with stop.catch_signals():
+        state = run.trainer.train(run.config, checkpoint_dir=directory, stop=stop)
+    print(f"stopped {state.stop_reason} at step {state.step}", flush=True)
+
+
+if __name__ == "__main__":
+    case, output = sys.argv[1], Path(sys.argv[2])
+    {"group-sigterm": group_sigterm}[case](output)

@@ -1,0 +1,195 @@
+"""Pause anywhere, resume, and end with exactly the bits of the run that was never interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from conftest import launch_environment
+from workloads import RunSpec, assert_bitwise_equal, build, mse_step, snapshot, windows_per_epoch
+
+from elfes.engine import Interval, StopRequest
+
+HERE = Path(__file__).resolve().parent
+
+
+def fresh_accelerate() -> None:
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@cache
+def uninterrupted(spec: RunSpec, directory: str) -> tuple[dict[str, torch.Tensor], tuple[int, ...], list[int]]:
+    """Final tensors, final position and dataset reads of a run that was never paused."""
+    fresh_accelerate()
+    run = build(spec)
+    state = run.trainer.train(run.config, checkpoint_dir=Path(directory))
+    assert state.stop_reason is None
+    return snapshot(run.trainer), (state.epoch, state.step, state.batches, state.samples), list(run.train_data.reads)
+
+
+class StopInWindow:
+    """A step that requests a stop during a chosen microbatch (counting training microbatches from 1)."""
+
+    def __init__(self, stop: StopRequest, at_call: int, action=None) -> None:
+        self.stop, self.at_call, self.calls = stop, at_call, 0
+        self.action = action or (lambda: self.stop.request("test pause"))
+
+    def __call__(self, model, batch):
+        self.calls += 1
+        if self.calls == self.at_call:
+            self.action()
+        return mse_step(model, batch)
+
+
+def first_call_of_window(spec: RunSpec, window: int) -> int:
+    """The 1-based microbatch index that opens ``window`` (counted over epochs) on one rank."""
+    batches = -(-spec.samples // spec.batch_size)
+    per_epoch = windows_per_epoch(spec)
+    epoch, index = divmod(window, per_epoch)
+    return epoch * batches + index * spec.accumulation + 1
+
+
+def pause_and_resume(spec: RunSpec, directory: Path, pause_calls: list[int]):
+    """Run with a pause at each of ``pause_calls`` (one per launch), resuming from ``last`` each time."""
+    resume_from = None
+    for at_call in pause_calls:
+        fresh_accelerate()
+        run = build(spec)
+        stop = StopRequest()
+        run.trainer.step = StopInWindow(stop, at_call)  # calls are counted from this launch's start
+        state = run.trainer.train(run.config, checkpoint_dir=directory, resume_from=resume_from, stop=stop)
+        assert state.stop_reason == "test pause"
+        assert stop.reason == "test pause"
+        assert (directory / "last").is_symlink()
+        resume_from = directory / "last"
+    fresh_accelerate()
+    run = build(spec)
+    state = run.trainer.train(run.config, checkpoint_dir=directory, resume_from=resume_from)
+    assert state.stop_reason is None
+    return run, state
+
+
+SPECS = {
+    "shuffle-dropout-ema-adamw-warmup-tail-monitor": RunSpec(),
+    "two-loader-workers": RunSpec(num_workers=2),
+    "sgd-momentum-no-ema-step-eval": RunSpec(optimizer="sgd", ema_decay=None, warmup=False, max_grad_norm=None),
+}
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_pause_at_every_window_boundary_resumes_bitwise(name, tmp_path):
+    spec = SPECS[name]
+    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / f"reference-{name}"))
+    total_windows = windows_per_epoch(spec) * spec.epochs
+    for window in range(total_windows):
+        directory = tmp_path / f"pause-{window}"
+        run, state = pause_and_resume(spec, directory, [first_call_of_window(spec, window)])
+        assert (state.epoch, state.step, state.batches, state.samples) == position
+        assert_bitwise_equal(expected, snapshot(run.trainer), f"{name}: paused in window {window}")
+
+
+def test_repeated_pauses_do_not_change_the_run(tmp_path):
+    """Pausing three times, once right in the first window after a resume, changes nothing."""
+    spec = SPECS["shuffle-dropout-ema-adamw-warmup-tail-monitor"]
+    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-repeated"))
+    # Calls are counted per launch: pause in the 2nd window, then in the first window after resuming,
+    # then in the 2nd window after that.
+    run, state = pause_and_resume(spec, tmp_path, [4, 1, 4])
+    assert (state.epoch, state.step, state.batches, state.samples) == position
+    assert_bitwise_equal(expected, snapshot(run.trainer), "three pauses")
+
+
+def test_a_real_sigterm_mid_window_stops_at_the_boundary_and_resumes_bitwise(tmp_path):
+    spec = SPECS["shuffle-dropout-ema-adamw-warmup-tail-monitor"]
+    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-sigterm"))
+    fresh_accelerate()
+    run = build(spec)
+    stop = StopRequest()
+    # The signal arrives during the 2nd microbatch of the 2nd window, through the real handler.
+    run.trainer.step = StopInWindow(stop, 5, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.getsignal(signal.SIGTERM)
+    with stop.catch_signals():
+        state = run.trainer.train(run.config, checkpoint_dir=tmp_path, stop=stop)
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert state.stop_reason == "SIGTERM" and stop.signal == "SIGTERM"
+    assert state.next_batch == 2 * spec.accumulation  # the window was finished, not cut
+    assert state.step == 2
+    fresh_accelerate()
+    resumed = build(spec)
+    final = resumed.trainer.train(resumed.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "last")
+    assert (final.epoch, final.step, final.batches, final.samples) == position
+    assert_bitwise_equal(expected, snapshot(resumed.trainer), "SIGTERM mid-window")
+
+
+def test_sigterm_to_the_process_group_spares_dataloader_workers(tmp_path):
+    """SLURM signals every process of the job: workers must ignore it while the trainer stops cleanly."""
+    spec = SPECS["two-loader-workers"]
+    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-group"))
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "signal_cases.py"), "group-sigterm", str(tmp_path)],
+        # The same intra-op thread count as this process: it changes float results bitwise.
+        env=launch_environment(OMP_NUM_THREADS=str(torch.get_num_threads())),
+        capture_output=True, text=True, timeout=120, start_new_session=True,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "stopped SIGTERM" in completed.stdout, completed.stdout
+    fresh_accelerate()
+    resumed = build(spec)
+    final = resumed.trainer.train(resumed.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "last")
+    assert (final.epoch, final.step, final.batches, final.samples) == position
+    assert_bitwise_equal(expected, snapshot(resumed.trainer), "process-group SIGTERM")
+
+
+def test_mid_epoch_resume_reads_no_skipped_batch(tmp_path):
+    spec = RunSpec(num_workers=0)
+    _, _, reference_reads = uninterrupted(spec, str(tmp_path.parent / "reference-reads"))
+    directory = tmp_path / "run"
+    fresh_accelerate()
+    paused = build(spec)
+    stop = StopRequest()
+    paused.trainer.step = StopInWindow(stop, first_call_of_window(spec, 1))
+    state = paused.trainer.train(paused.config, checkpoint_dir=directory, stop=stop)
+    assert state.epoch == 0 and state.next_batch == 2 * spec.accumulation
+    consumed = state.samples
+    fresh_accelerate()
+    resumed = build(spec)
+    resumed.trainer.train(resumed.config, checkpoint_dir=directory, resume_from=directory / "last")
+    # Not one read of the skipped samples: the resumed run reads exactly the rest, in the same order.
+    assert resumed.train_data.reads == reference_reads[consumed:]
+
+
+def test_raising_the_epoch_budget_of_a_finished_run_continues_it(tmp_path):
+    spec = RunSpec(warmup=False, evaluate_every=Interval(1, "epoch"))
+    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-extend"))
+    fresh_accelerate()
+    short = build(spec.with_(epochs=1))
+    first = short.trainer.train(short.config, checkpoint_dir=tmp_path)
+    assert first.epoch == 1 and os.readlink(tmp_path / "final") == os.readlink(tmp_path / "last")
+    fresh_accelerate()
+    longer = build(spec)
+    final = longer.trainer.train(longer.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "final")
+    assert (final.epoch, final.step, final.batches, final.samples) == position
+    assert_bitwise_equal(expected, snapshot(longer.trainer), "continued after raising epochs")
+
+
+def test_resuming_a_finished_run_with_the_same_budget_changes_nothing(tmp_path):
+    spec = RunSpec(epochs=1)
+    fresh_accelerate()
+    run = build(spec)
+    run.trainer.train(run.config, checkpoint_dir=tmp_path)
+    before = snapshot(run.trainer)
+    checkpoints = sorted(p.name for p in tmp_path.iterdir())
+    fresh_accelerate()
+    again = build(spec)
+    state = again.trainer.train(again.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "final")
+    assert state.epoch == 1
+    assert_bitwise_equal(before, snapshot(again.trainer), "idempotent resume")
+    assert sorted(p.name for p in tmp_path.iterdir()) == checkpoints
