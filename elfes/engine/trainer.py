@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,8 @@ from .rng import capture_rng, restore_rng
 from .stop import StopRequest
 
 Scheduler = LRScheduler | ReduceLROnPlateau
+# Layout entries that change rounding but not meaning: a mismatch warns instead of refusing.
+_ADVISORY_LAYOUT = ("torch_threads",)
 
 
 @dataclass
@@ -531,6 +534,7 @@ class Trainer:
             "optimizer": type(self.optimizer).__name__,
             "optimizer_groups": [[list(p.shape) for p in group["params"]] for group in self.optimizer.param_groups],
             "scheduler": type(self.scheduler).__name__ if self.scheduler is not None else None,
+            "torch_threads": torch.get_num_threads(),
         }
 
     def _save(self, directory: CheckpointDirectory, config: TrainConfig, *, reason: str, best: bool = False, final: bool = False) -> None:
@@ -581,13 +585,20 @@ class Trainer:
         mismatches = [
             f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
             for key in expected
-            if found.get(key) != expected[key]
+            if key not in _ADVISORY_LAYOUT and found.get(key) != expected[key]
         ]
         if mismatches:
             raise CheckpointError(
                 f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
                 "Resume with the same world size, batching, objective, EMA, precision, optimizer and scheduler; "
                 "to change them, start a new run from its weights (load_weights)."
+            )
+        if found.get("torch_threads") != expected["torch_threads"]:
+            warnings.warn(
+                f"Checkpoint {resolved} was written with {found.get('torch_threads')} torch threads per process and "
+                f"this run uses {expected['torch_threads']}; CPU kernels may round differently, so the continuation "
+                "may not be bitwise identical. Set the same OMP_NUM_THREADS (or torch.set_num_threads) to keep it exact.",
+                stacklevel=3,
             )
         for key, component in self._stateful().items():
             if component is not None:

@@ -16,6 +16,7 @@ import os
 import random
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import InitProcessGroupKwargs
 from rich.console import Console
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -41,7 +43,7 @@ from elfes.engine import (
 )
 from workloads import RunSpec, build, mse_step, snapshot
 
-RANK = int(os.environ["RANK"])
+RANK = int(os.environ.get("RANK", "0"))  # set by torchrun; pytest imports the specs only
 CASES: dict[str, Callable[[Path], None]] = {}
 
 
@@ -125,7 +127,7 @@ def hand(out: Path) -> None:
         state = trainer.train(TrainConfig(epochs=1, log_every=1, evaluate_every=None, checkpoint_every=None))
     write_json(
         out / f"hand.rank{RANK}.json",
-        {"w": float(trainer.module.w), "seen": seen, "state": state.state_dict(), "accelerator": describe(accelerator)},
+        {"w": trainer.module.w.item(), "seen": seen, "state": state.state_dict(), "accelerator": describe(accelerator)},
     )
 
 
@@ -270,7 +272,7 @@ def evaluator(out: Path) -> None:
             metrics["only_rank1"] = SumMetric(1.0)
         if (ids == 6).any():  # batch [6] of "three": only rank 0 reports this name
             metrics["only_rank0"] = MeanMetric(values[ids == 6].sum(), 1)
-        return StepOutput(loss=values.mean(), num_samples=len(ids))
+        return StepOutput(loss=values.mean(), num_samples=len(ids), metrics=metrics)
 
     evaluator = Evaluator(accelerator, loaders, step)
     model = accelerator.prepare_model(identity_with_dropout())
@@ -382,4 +384,8 @@ def resume_workers(out: Path) -> None:
 if __name__ == "__main__":
     case_name, output = sys.argv[1], Path(sys.argv[2])
     output.mkdir(parents=True, exist_ok=True)
+    # The first Accelerator forms the gloo group; later ones (after reset_accelerate) reuse it. A short
+    # collective timeout turns a rank waiting for a peer that already left (ranks disagreeing on a stop)
+    # into an error within a minute instead of a hang until the launch times out.
+    fresh_accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
     CASES[case_name](output)

@@ -89,11 +89,23 @@ class TwoHeads(nn.Module):
 
 
 def term_sums(model: nn.Module, batch) -> dict[str, torch.Tensor]:
+    """Masked sums by indexing: an empty selection gives a differentiable zero."""
     primary, aux = model(batch["x"])
     pm, am = batch["primary_mask"], batch["aux_mask"]
     return {
         "primary": (primary[pm] - batch["y"][pm]).square().sum(),
         "aux": (aux[am] - batch["t"][am]).abs().sum(),
+    }
+
+
+def multiplied_term_sums(model: nn.Module, batch) -> dict[str, torch.Tensor]:
+    """Masked sums by multiplying with the mask: the aux parameters get a (zero) gradient path even
+    when no label is present, so an infinite coefficient 1/0 would turn into NaN gradients."""
+    primary, aux = model(batch["x"])
+    pm, am = batch["primary_mask"].double(), batch["aux_mask"].double()
+    return {
+        "primary": (pm * (primary - batch["y"]).square()).sum(),
+        "aux": (am * (aux - batch["t"]).abs()).sum(),
     }
 
 
@@ -179,12 +191,17 @@ def test_masked_auxiliary_term_is_normalised_by_its_own_global_window_count(tmp_
     assert metrics["last_update_samples"] == 7
 
 
-def test_globally_absent_term_contributes_no_gradient_and_no_nan(tmp_path):
+@pytest.mark.parametrize("sums", [term_sums, multiplied_term_sums], ids=["indexed", "multiplied"])
+def test_globally_absent_term_contributes_no_gradient_and_no_nan(tmp_path, sums):
     """No sample of the window carries an aux label: the aux coefficient is zero, v and c (used only
     by the aux head) stay exactly unchanged, w moves by the primary gradient alone, nothing is NaN."""
     data = MaskedData([True] * 5, [False] * 5, seed=2)
     window = [[0, 1], [2, 3, 4]]
-    trainer, model, _, _, state = _train(data, window, 2, tmp_path)
+
+    def step(model, batch):
+        return StepOutput(loss=sums(model, batch), num_samples=len(batch["y"]))
+
+    trainer, model, _, _, state = _train(data, window, 2, tmp_path, step=step)
 
     gradient, initial, means, totals = _reference_gradient(data, window)
     assert totals["aux"] == 0.0

@@ -1,0 +1,69 @@
+"""SIGKILL at random moments, checkpoint writes included: every run resumes from `last` and ends bitwise equal."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+
+import pytest
+import torch
+from workloads import assert_bitwise_equal
+
+from elfes.engine.checkpoint import read_checkpoint
+
+TRIALS = 24
+SEED = 20261130
+
+
+@pytest.fixture(scope="module")
+def forkserver():
+    # Children fork from a server that imported torch but never ran an op: fast, fresh, fork-safe.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch._dynamo", "accelerate", "workloads", "kill_harness"])
+    return context
+
+
+def run_launch(context, directory, kill, output) -> int:
+    import kill_harness
+
+    process = context.Process(target=kill_harness.launch, args=(str(directory), kill, str(output)))
+    process.start()
+    process.join(timeout=120)
+    assert process.exitcode is not None, "a training launch hung"
+    return process.exitcode
+
+
+def random_kill(rng: random.Random) -> tuple:
+    kind = rng.choice(["call", "call", "write", "replace"])
+    if kind == "call":
+        return ("call", rng.randint(1, 20))
+    if kind == "write":
+        return ("write", rng.randint(1, 8))
+    return ("replace", rng.randint(1, 16), rng.choice(["before", "after"]))
+
+
+def test_sigkill_at_random_moments_always_resumes_bitwise(forkserver, tmp_path):
+    reference_output = tmp_path / "reference.pt"
+    assert run_launch(forkserver, tmp_path / "reference", None, reference_output) == 0
+    expected = torch.load(reference_output, weights_only=True)
+
+    rng = random.Random(SEED)
+    kinds_that_landed = set()
+    for trial in range(TRIALS):
+        directory = tmp_path / f"trial-{trial}"
+        kills = [random_kill(rng) for _ in range(rng.randint(1, 2))]
+        for kill in kills:
+            exitcode = run_launch(forkserver, directory, kill, tmp_path / "unused.pt")
+            if exitcode == -9:
+                kinds_that_landed.add(kill[0])
+            else:
+                # The kill point lay beyond the end of the run; the launch simply finished.
+                assert exitcode == 0, f"trial {trial}: launch with kill {kill} failed with {exitcode}"
+            last = directory / "last"
+            if last.exists():
+                read_checkpoint(last)  # `last` always names a complete, loadable checkpoint
+        output = tmp_path / f"trial-{trial}.pt"
+        assert run_launch(forkserver, directory, None, output) == 0, f"trial {trial} (kills {kills}) did not finish"
+        assert_bitwise_equal(expected, torch.load(output, weights_only=True), f"trial {trial}, kills {kills}")
+        assert not list(directory.glob(".tmp-*")), "a finished run leaves no temporary files"
+    assert kinds_that_landed == {"call", "write", "replace"}, f"seed {SEED} exercised only {kinds_that_landed}"
