@@ -118,8 +118,8 @@ _SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
         ("epoch", "step", "planned_steps", "samples", "metrics"),
     ),
     "skipped": (
-        "An optimizer update or batch was skipped (reason, e.g. amp_overflow or "
-        "unlabelled_window).",
+        "A window's optimizer update was skipped while its data still counted as "
+        "consumed (reason: amp_overflow or unlabelled_window).",
         ("epoch", "step", "reason"),
     ),
     "evaluation": (
@@ -139,8 +139,9 @@ _SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "checkpoint": (
-        "A checkpoint was written to path (reason: interval, stop or final); best "
-        "and final flag its role, bytes its size.",
+        "A checkpoint was published at path (reason: interval, best, stop or final); "
+        "best and final say which pointers now name it (last always does), bytes is "
+        "its size and duration_s the time to write it.",
         (
             "path",
             "epoch",
@@ -158,19 +159,20 @@ _SCHEMA: dict[str, tuple[str, tuple[str, ...]]] = {
         ("weights", "path"),
     ),
     "stop_requested": (
-        "A stop was requested (reason; signal is the signal name such as SIGTERM, "
-        "or null) and will take effect at the next safe point.",
+        "All ranks agreed to stop at this window boundary (reason; signal is the "
+        "signal name such as SIGTERM, or null); last is saved next.",
         ("reason", "signal", "epoch", "step"),
     ),
     "finished": (
-        "The run completed its budget. Records the final state and the seconds "
+        "The run reached its budget or stopped early on the monitor "
+        "(state.stop_reason early_stopping). Records the final state and the seconds "
         "spent training, evaluating, checkpointing and in total (wall_s) since "
         "this start.",
         _TOTALS_FIELDS,
     ),
     "stopped": (
-        "The run stopped early (reason) with a resumable state. Same fields as "
-        "finished.",
+        "The run paused on a stop request (reason) after saving last; resume from "
+        "it. Same fields as finished.",
         (*_TOTALS_FIELDS, "reason"),
     ),
 }

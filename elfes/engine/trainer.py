@@ -194,8 +194,8 @@ class Trainer:
             resumed_from = self._restore(Path(resume_from))
         elif self.progress.data_seed is None:
             self.progress.data_seed = shared_data_seed(self.accelerator)
+        self._log_start(config, metadata or {}, resumed_from)  # with the restored state, stop reason included
         self.state.stop_reason = None
-        self._log_start(config, metadata or {}, resumed_from)
 
         self.model.train()
         data = EpochData(self.train_dataloader, self.progress.data_seed)
