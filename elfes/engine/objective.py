@@ -165,7 +165,8 @@ def scalar_loss_and_weight(output: StepOutput) -> tuple[torch.Tensor, torch.Tens
 
 
 def record_scalar_loss(accumulator: MetricAccumulator, loss: torch.Tensor, weight: torch.Tensor) -> None:
-    accumulator.add("loss", MeanMetric(loss.detach().double() * weight, weight))
+    total = loss.detach().double() * weight
+    accumulator.add("loss", MeanMetric(torch.where(weight > 0, total, torch.zeros_like(total)), weight))
 
 
 def record_objective_losses(

@@ -305,8 +305,10 @@ class Trainer:
                     loss, weight = scalar_loss_and_weight(output)
                     record_scalar_loss(metrics, loss, weight)
                     local_weight = local_weight + weight
-                    contribution = loss * weight.to(loss.dtype)
-                    losses.append((index, loss.detach()))
+                    # A batch that declares weight 0 (no tokens, no labels) contributes nothing, even when
+                    # its mean over nothing is NaN; every rank still runs backward so DDP stays in step.
+                    contribution = torch.where(weight > 0, loss * weight.to(loss.dtype), torch.zeros_like(loss))
+                    losses.append((index, torch.where(weight > 0, loss.detach(), torch.zeros_like(loss))))
                 else:
                     terms = self.objective.term_losses(output)
                     counts = self.objective.batch_counts(batch, device)
@@ -349,7 +351,7 @@ class Trainer:
         # window's global denominator (the objective's terms are already normalised).
         world = self.accelerator.num_processes
         factor = world / weight_total if self.objective is None else float(world)
-        result.grad_norm, result.learning_rates = self._optimizer_update(factor)
+        result.grad_norm, result.learning_rates = self._optimizer_update(factor, size)
         result.stepped = result.grad_norm is not None
         if not result.stepped:
             result.skip_reason = "amp_overflow"
@@ -359,7 +361,7 @@ class Trainer:
         scaler = self.accelerator.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
-    def _optimizer_update(self, factor: float) -> tuple[float | None, list[float]]:
+    def _optimizer_update(self, factor: float, size: int) -> tuple[float | None, list[float]]:
         """Unscale once, rescale to the window mean, clip, step. Returns (pre-clip norm or None if skipped, lrs)."""
         scaler = self.accelerator.scaler
         if scaler is not None:
@@ -372,8 +374,8 @@ class Trainer:
         finite = bool(torch.isfinite(norm))
         if scaler is None and not finite:
             raise FloatingPointError(
-                f"Nonfinite gradient norm ({norm.item()}) in the window ending at epoch {self.state.epoch}, batch "
-                f"{self.state.next_batch + self.accumulation_steps - 1} (step {self.state.step}); parameters were "
+                f"Nonfinite gradient norm ({norm.item()}) in the window of epoch {self.state.epoch}, "
+                f"{_batch_range(self.state.next_batch, size)} (step {self.state.step}); parameters were "
                 "not updated. Lower the learning rate, clip with TrainConfig(max_grad_norm=...), or look for "
                 "operations that overflow."
             )
@@ -710,6 +712,10 @@ def _monitored_value(results: Mapping[str, Mapping[str, float]], metric: str) ->
             "(an unobserved mean is omitted rather than reported as zero)."
         )
     return value
+
+
+def _batch_range(first: int, size: int) -> str:
+    return f"batch {first}" if size == 1 else f"batches {first}-{first + size - 1}"
 
 
 def _cpu_state(component: Any) -> Any:

@@ -134,6 +134,25 @@ def test_token_weighted_window_uses_loss_weight_not_sample_count(tmp_path):
     assert state.samples == 3
 
 
+def test_a_batch_without_tokens_contributes_nothing_and_an_all_empty_window_is_skipped(tmp_path):
+    """A batch with loss_weight 0 has a NaN mean over nothing; it must not poison the window, and a
+    window whose total weight is zero is skipped like an unlabelled one."""
+    data = TokenData([([2.0], [1.0]), ([], []), ([6.0], [5.0]), ([], []), ([], [])])
+    loader = DataLoader(data, batch_sampler=[[0], [1], [2], [3], [4]], collate_fn=concatenate_tokens)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    model = ScalarWeight()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    with _logger(tmp_path) as logger:
+        trainer = Trainer(accelerator, model, optimizer, loader, token_step, logger=logger)
+        state = trainer.train(TrainConfig(epochs=1, log_every=1, **QUIET))
+    assert model.w.item() == -3.0  # (1*1 + 1*5) / 2 tokens; the empty batch adds neither loss nor weight
+    (train,) = _events(tmp_path, "train")
+    assert train["metrics"]["loss"] == 4.0
+    (skipped,) = _events(tmp_path, "skipped")
+    assert skipped["reason"] == "unlabelled_window"
+    assert state.step == 1 and state.samples == 5
+
+
 # ------------------------------------------------------------------------------------------------
 # Accumulation over k microbatches equals one batch of their union
 

@@ -86,7 +86,7 @@ class RunSpec:
     num_workers: int = 0
     dropout: float = 0.2
     ema_decay: float | None = 0.9
-    optimizer: str = "adamw"  # "adamw" | "sgd" | "adam_fused"
+    optimizer: str = "adamw"  # "adamw" | "adamw_fused" | "adam_fused" | "sgd"
     learning_rate: float = 0.05
     warmup: bool = True
     evaluate: bool = True
@@ -131,6 +131,8 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
         optimizer = torch.optim.AdamW(groups, lr=spec.learning_rate)
     elif spec.optimizer == "adam_fused":
         optimizer = torch.optim.Adam(groups, lr=spec.learning_rate, fused=True)
+    elif spec.optimizer == "adamw_fused":
+        optimizer = torch.optim.AdamW(groups, lr=spec.learning_rate, fused=True)
     elif spec.optimizer == "sgd":
         optimizer = torch.optim.SGD(groups, lr=spec.learning_rate, momentum=0.9)
     else:
