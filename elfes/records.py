@@ -48,6 +48,7 @@ __all__ = [
     "RunLogger",
     "RunSummary",
     "STATE_FIELDS",
+    "event_reference",
     "events_path",
     "format_summary",
     "read_events",
@@ -769,3 +770,12 @@ def format_summary(summary: RunSummary) -> str:
     )
     lines.append(f"last event: {summary.last_event_time or 'n/a'}")
     return "\n".join(lines)
+
+
+def event_reference() -> str:
+    """The event schema as a Markdown table, for the README (a test keeps the two identical)."""
+    rows = ["| event | fields | meaning |", "| --- | --- | --- |"]
+    for name, description in EVENT_DESCRIPTIONS.items():
+        fields = ", ".join(f"`{field}`" for field in EVENT_FIELDS[name])
+        rows.append(f"| `{name}` | {fields} | {description} |")
+    return "\n".join(rows)

@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -214,7 +215,7 @@ def test_training_retention_preserves_an_early_best_checkpoint(tmp_path):
     fresh_accelerate()
     run = build(spec)
     # The first evaluation always improves on "nothing yet"; with a huge min_delta no later one can.
-    config = run.config.__class__(**{**run.config.describe(), "monitor": Monitor("validation/loss", min_delta=1e9)})
+    config = replace(run.config, monitor=Monitor("validation/loss", min_delta=1e9))
     state = run.trainer.train(config, checkpoint_dir=tmp_path)
     assert state.step == 8 and state.best_step == 1
     assert [step_of(p) for p in published(tmp_path)] == [1, 7, 8]

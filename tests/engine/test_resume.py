@@ -193,3 +193,21 @@ def test_resuming_a_finished_run_with_the_same_budget_changes_nothing(tmp_path):
     assert state.epoch == 1
     assert_bitwise_equal(before, snapshot(again.trainer), "idempotent resume")
     assert sorted(p.name for p in tmp_path.iterdir()) == checkpoints
+
+
+def test_resuming_with_another_torch_thread_count_warns(tmp_path):
+    spec = RunSpec(epochs=1)
+    fresh_accelerate()
+    paused = build(spec)
+    stop = StopRequest()
+    paused.trainer.step = StopInWindow(stop, 1)
+    paused.trainer.train(paused.config, checkpoint_dir=tmp_path, stop=stop)
+    threads = torch.get_num_threads()
+    fresh_accelerate()
+    resumed = build(spec)
+    torch.set_num_threads(threads + 1)
+    try:
+        with pytest.warns(UserWarning, match=rf"written with {threads} torch threads.*uses {threads + 1}.*OMP_NUM_THREADS"):
+            resumed.trainer.train(resumed.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "last")
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,71 @@
+"""The README's commands and reference tables stay true."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPOSITORY, launch_environment
+
+from elfes.records import event_reference, read_events
+
+README = (REPOSITORY / "README.md").read_text()
+
+
+def bash_blocks() -> list[str]:
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)]
+
+
+def test_the_test_command_is_what_ci_runs():
+    run_example, run_tests = bash_blocks()[:2]
+    ci_commands = [line for line in (REPOSITORY / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci_commands[-1] == run_tests
+
+
+def test_the_example_command_trains_and_a_second_run_resumes(tmp_path):
+    run_example = bash_blocks()[0]
+    (tmp_path / "examples").symlink_to(REPOSITORY / "examples")
+    environment = launch_environment(OMP_NUM_THREADS="2")
+    for attempt in range(2):
+        completed = subprocess.run(run_example, shell=True, cwd=tmp_path, env=environment,
+                                   capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        assert "finished at epoch 20" in completed.stdout
+    events = [event["event"] for event in read_events(tmp_path / "runs" / "quickstart")]
+    assert events.count("started") == 1 and events.count("resumed") == 1
+    assert (tmp_path / "runs" / "quickstart" / "model.pt").exists()
+    assert (tmp_path / "runs" / "quickstart" / "checkpoints" / "final").is_symlink()
+
+
+@pytest.mark.distributed
+def test_the_two_process_example_command_runs(tmp_path):
+    command = re.search(r"`(ACCELERATE_USE_CPU=1 torchrun [^`]*)`", README)[1]
+    (tmp_path / "examples").symlink_to(REPOSITORY / "examples")
+    completed = subprocess.run(command + " --epochs 3", shell=True, cwd=tmp_path, env=launch_environment(),
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    started = read_events(tmp_path / "runs" / "quickstart-2")[0]
+    assert started["event"] == "started" and started["world_size"] == 2
+    assert completed.stdout.count("finished at epoch 3") == 1  # only the main process prints
+
+
+def test_the_event_table_matches_the_schema():
+    table = README.split("<!-- events:begin -->\n", 1)[1].split("\n<!-- events:end -->", 1)[0]
+    assert table == event_reference()
+
+
+def test_the_elfes_command_reports_its_version_without_importing_torch():
+    completed = subprocess.run(
+        [sys.executable, "-c", "import sys; from launcher.cli import main; code = main(['--version'])"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+    )
+    assert "elfes 0.1.0" in completed.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from launcher.cli import main; main([]); print('torch' in sys.modules)"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+    )
+    assert probe.stdout.strip().endswith("False")
