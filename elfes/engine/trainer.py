@@ -9,6 +9,7 @@ maybe logs, maybe evaluates, maybe checkpoints, and maybe stops.
 from __future__ import annotations
 
 import itertools
+from contextlib import closing, nullcontext
 import math
 import time
 import warnings
@@ -202,38 +203,28 @@ class Trainer:
         interval = LogInterval()
         early_stop = False
         while not early_stop and not self._budget_spent(config):
-            batches = data.batches(self.state.epoch, self.state.next_batch)
-            try:
-                while not early_stop and not self._budget_spent(config):
+            with closing(data.batches(self.state.epoch, self.state.next_batch)) as batches:
+                epoch_ended = False
+                while not (epoch_ended or early_stop or self._budget_spent(config)):
                     size = min(self.accumulation_steps, self.batches_per_epoch - self.state.next_batch)
-                    window_start = time.perf_counter()
+                    started = time.perf_counter()
                     result = self._run_window(itertools.islice(batches, size), size, stop)
-                    seconds = time.perf_counter() - window_start
+                    seconds = time.perf_counter() - started
                     self._clock.train_s += seconds
                     epoch_ended = self._advance(result)
                     self._record_interval(interval, result, seconds, config)
 
-                    evaluated, improved = False, None
-                    if config.evaluate_every is not None and self.evaluator is not None and config.evaluate_every.due(
-                        step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended
-                    ):
+                    improved = None
+                    if self._evaluation_due(config, result, epoch_ended):
                         early_stop, improved = self._evaluate_and_monitor(config)
-                        evaluated = True
-                    interval_due = config.checkpoint_every is not None and config.checkpoint_every.due(
-                        step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended
-                    )
                     if result.stop_requested:
                         self._agree_on_stop(stop)
-                    if directory is not None and (interval_due or improved or result.stop_requested):
-                        reason = "stop" if result.stop_requested else "interval" if interval_due else "best"
+                    reason = self._checkpoint_reason(config, result, epoch_ended, improved)
+                    if directory is not None and reason is not None:
                         self._save(directory, config, reason=reason, best=bool(improved))
                     if result.stop_requested:
                         self._log("stopped", reason=self.state.stop_reason, state=self.state.state_dict(), **self._clock.totals())
                         return self.state
-                    if epoch_ended or (evaluated and early_stop):
-                        break
-            finally:
-                batches.close()
 
         if early_stop:
             self.state.stop_reason = "early_stopping"
@@ -298,7 +289,9 @@ class Trainer:
         for index, batch in enumerate(window):
             last = index == size - 1
             grad_enabled = self.objective is None or labelled
-            with self.accelerator.no_sync(self.model) if not last else _nullcontext(), torch.set_grad_enabled(grad_enabled):
+            # Gradients are all-reduced once per window, on its last microbatch.
+            synchronisation = nullcontext() if last else self.accelerator.no_sync(self.model)
+            with synchronisation, torch.set_grad_enabled(grad_enabled):
                 output = self.step(self.model, batch)
                 check_metric_names(output.metrics, self.objective)
                 if self.objective is None:
@@ -435,6 +428,22 @@ class Trainer:
         if self.scheduler is not None and self._scheduler_interval == "epoch" and not isinstance(self.scheduler, ReduceLROnPlateau):
             self.scheduler.step()
         return True
+
+    def _evaluation_due(self, config: TrainConfig, result: WindowResult, epoch_ended: bool) -> bool:
+        return (
+            self.evaluator is not None
+            and config.evaluate_every is not None
+            and config.evaluate_every.due(step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended)
+        )
+
+    def _checkpoint_reason(self, config: TrainConfig, result: WindowResult, epoch_ended: bool, improved: bool | None) -> str | None:
+        """Why this boundary needs a checkpoint (a pause, the interval, a new best), or None."""
+        if result.stop_requested:
+            return "stop"
+        every = config.checkpoint_every
+        if every is not None and every.due(step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended):
+            return "interval"
+        return "best" if improved else None
 
     def _budget_spent(self, config: TrainConfig) -> bool:
         return self.state.epoch >= config.epochs or (config.max_steps is not None and self.state.step >= config.max_steps)
@@ -724,11 +733,3 @@ def _cpu_state(component: Any) -> Any:
     if isinstance(component, nn.Module):
         return plain_state_dict(component)
     return component.state_dict()
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

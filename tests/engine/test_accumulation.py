@@ -8,7 +8,6 @@ own actual total. A mean of the per-batch means (what many trainers do) is a dif
 from __future__ import annotations
 
 import io
-import math
 from pathlib import Path
 
 import pytest

@@ -3,7 +3,6 @@ plateau scheduling and configuration validation."""
 
 from __future__ import annotations
 
-import copy
 import io
 import math
 from pathlib import Path
