@@ -8,6 +8,7 @@ times the run was paused, and skipped batches of a mid-epoch resume are skipped 
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -153,8 +154,6 @@ def _ignore_stop_signals_in_workers(loader: DataLoader) -> None:
 
 @contextmanager
 def _stop_signals_blocked() -> Iterator[None]:
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

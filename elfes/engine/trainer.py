@@ -83,6 +83,7 @@ class WindowResult:
     batches: int  # global
     samples: int  # global
     stop_requested: bool
+    metrics: MetricAccumulator
     grad_norm: float | None = None
     learning_rates: list[float] = field(default_factory=list)
 
@@ -276,19 +277,15 @@ class Trainer:
         local_weight = torch.zeros((), dtype=torch.float64, device=device)
         local_samples = 0
 
+        labelled = True
         if self.objective is not None:
-            batches = list(window)
-            local_counts = torch.stack([self.objective.batch_counts(batch, device) for batch in batches]).sum(0)
-            global_counts = self._sum_over_ranks(local_counts)
-            labelled = bool((global_counts > 0).any())
-            # A term nobody observed in this window gets coefficient zero: no gradient, no division by zero.
-            weights = torch.tensor(list(self.objective.weights.values()), dtype=torch.float64, device=device)
-            coefficients = torch.where(global_counts > 0, weights / global_counts.clamp_min(1e-300), 0.0)
-            window = iter(batches)
+            window = list(window)  # counts of the whole global window are needed before any backward
+            coefficients, present = self._objective_coefficients(window)
+            labelled = any(present)
 
         for index, batch in enumerate(window):
             last = index == size - 1
-            grad_enabled = self.objective is None or labelled
+            grad_enabled = labelled
             # Gradients are all-reduced once per window, on its last microbatch.
             synchronisation = nullcontext() if last else self.accelerator.no_sync(self.model)
             with synchronisation, torch.set_grad_enabled(grad_enabled):
@@ -306,11 +303,10 @@ class Trainer:
                     terms = self.objective.term_losses(output)
                     counts = self.objective.batch_counts(batch, device)
                     record_objective_losses(metrics, self.objective, terms, counts)
-                    contribution = sum(
-                        (c.to(t.dtype) * t for c, t in zip(coefficients.unbind(), terms)),
-                        start=torch.zeros((), device=device),
-                    )
-                    losses.append((index, torch.stack([t.detach().double() for t in terms]).sum()))
+                    # Terms absent from the whole window have coefficient 0 and contribute nothing.
+                    observed = [(c, t) for c, t, p in zip(coefficients.tolist(), terms, present) if p]
+                    contribution = sum((c * t for c, t in observed), start=torch.zeros((), device=device))
+                    losses.append((index, torch.stack([t.detach().double() for _, t in observed] or [torch.zeros((), device=device)]).sum()))
                 if grad_enabled:
                     self._backward(contribution)
             metrics.update(output.metrics)
@@ -326,17 +322,17 @@ class Trainer:
             ]
         )
         weight_total, samples, stop_flag, nonfinite_flag = self._sum_over_ranks(flags).tolist()
-        self._window_metrics = metrics
         result = WindowResult(
             stepped=False,
             skip_reason=None,
             batches=size * self.accelerator.num_processes,
             samples=int(samples),
             stop_requested=stop_flag > 0,
+            metrics=metrics,
         )
         if nonfinite_flag > 0:
             self._raise_nonfinite_loss(losses)
-        if self.objective is None and weight_total == 0 or self.objective is not None and not labelled:
+        if not labelled or (self.objective is None and weight_total == 0):
             result.skip_reason = "unlabelled_window"
             return result
 
@@ -349,6 +345,15 @@ class Trainer:
         if not result.stepped:
             result.skip_reason = "amp_overflow"
         return result
+
+    def _objective_coefficients(self, window: list[Any]) -> tuple[torch.Tensor, list[bool]]:
+        """Each term's weight over its count summed across the global window, and whether it is present."""
+        device = self.accelerator.device
+        local_counts = torch.stack([self.objective.batch_counts(batch, device) for batch in window]).sum(0)
+        global_counts = self._sum_over_ranks(local_counts)
+        weights = torch.tensor(list(self.objective.weights.values()), dtype=torch.float64, device=device)
+        present = global_counts > 0
+        return torch.where(present, weights / global_counts.clamp_min(1e-300), 0.0), present.tolist()
 
     def _backward(self, loss: torch.Tensor) -> None:
         scaler = self.accelerator.scaler
@@ -633,7 +638,7 @@ class Trainer:
     # Run records
 
     def _record_interval(self, interval: LogInterval, result: WindowResult, seconds: float, config: TrainConfig) -> None:
-        interval.metrics.merge(self._window_metrics)
+        interval.metrics.merge(result.metrics)
         interval.samples += result.samples
         interval.seconds += seconds
         if result.stepped:

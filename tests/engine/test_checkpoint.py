@@ -7,6 +7,7 @@ files it publishes; nothing is mocked.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import sys
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  Accelerate imports it lazily (seconds); pay that at collection, not in a test
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
+from rich.console import Console
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -27,6 +30,7 @@ from elfes.engine import (
     Interval,
     Monitor,
     Objective,
+    RunLogger,
     StepOutput,
     TrainConfig,
     Trainer,
@@ -35,6 +39,7 @@ from elfes.engine import (
     load_weights,
 )
 from elfes.engine.checkpoint import CheckpointDirectory, CheckpointName
+from elfes.records import read_events
 
 PUBLISHED = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
 PAYLOAD_KEYS = {"format", "version", "layout", "rng", "model", "ema", "optimizer", "scheduler", "scaler", "state", "progress"}
@@ -121,6 +126,34 @@ def test_pointers_are_relative_links_to_published_files_and_every_file_is_a_comp
         assert torch.equal(final["model"][name], tensor), name
     for name, tensor in trainer.ema.state_dict().items():
         assert torch.equal(final["ema"][name], tensor), name
+
+
+def test_final_checkpoint_holds_the_state_after_the_final_evaluation(tmp_path):
+    """The epoch-end interval save at step 4 precedes the final evaluation (evaluations every 3 steps).
+
+    The final checkpoint must still hold the monitor and progress as they are after that evaluation:
+    otherwise ``best`` points at a file whose state names another best step, and resuming the
+    finished run evaluates again.
+    """
+    spec = RunSpec(epochs=1, evaluate_every=Interval(3, "step"), checkpoint_every=Interval(1, "epoch"))
+    directory = tmp_path / "checkpoints"
+    run, state = trained(spec, directory)
+    trainer = run.trainer
+    assert state.step == 4 and trainer.progress.last_evaluation == [4, 10]
+    final = torch.load(directory / "final", map_location="cpu", weights_only=True)
+    assert final["progress"] == trainer.progress.state_dict()
+    assert final["state"] == trainer.state.state_dict()
+    best = torch.load(directory / "best", map_location="cpu", weights_only=True)
+    assert best["state"]["best_step"] == step_of((directory / "best").resolve())
+
+    before = folder_state(directory)
+    fresh_accelerate()
+    with RunLogger(tmp_path / "resumed", is_main_process=True, console=Console(file=io.StringIO())) as logger:
+        again = build(spec, logger=logger)
+        resumed = again.trainer.train(again.config, checkpoint_dir=directory, resume_from=directory / "final")
+    assert resumed.state_dict() == state.state_dict()
+    assert [e for e in read_events(tmp_path / "resumed") if e["event"] == "evaluation"] == []
+    assert folder_state(directory) == before
 
 
 @pytest.mark.parametrize("when", ["constructed", "trained"])

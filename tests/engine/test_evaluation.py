@@ -69,14 +69,20 @@ def assert_state_equal(expected: dict[str, torch.Tensor], actual: dict[str, torc
     assert not different, f"{what}: not bitwise equal: {different}"
 
 
-def logged_run(spec: RunSpec, tmp_path: Path, config: TrainConfig | None = None):
-    """Train ``spec`` with a real RunLogger; returns the run, its state, the run and checkpoint folders."""
+@pytest.fixture
+def logger(tmp_path):
+    """A real RunLogger writing ``tmp_path / "run" / "events.jsonl"`` (flushed per event), closed after the test."""
+    with quiet_logger(tmp_path / "run") as run_logger:
+        yield run_logger
+
+
+def logged_run(spec: RunSpec, logger: RunLogger, config: TrainConfig | None = None):
+    """Train ``spec`` logging to ``logger``; returns the run, its state, the run and checkpoint folders."""
     fresh_accelerate()
-    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
-    with quiet_logger(run_dir) as logger:
-        run = build(spec, logger=logger)
-        state = run.trainer.train(config or run.config, checkpoint_dir=checkpoints)
-    run.trainer.logger = None  # closed; later calls in the test must not log into it
+    run_dir = logger.run_dir
+    checkpoints = run_dir / "checkpoints"
+    run = build(spec, logger=logger)
+    state = run.trainer.train(config or run.config, checkpoint_dir=checkpoints)
     return run, state, run_dir, checkpoints
 
 
@@ -84,8 +90,8 @@ def logged_run(spec: RunSpec, tmp_path: Path, config: TrainConfig | None = None)
 # Raw or EMA weights
 
 
-def test_periodic_evaluation_uses_ema_weights_and_explicit_apis_default_to_raw(tmp_path):
-    run, state, run_dir, checkpoints = logged_run(RunSpec(), tmp_path)
+def test_periodic_evaluation_uses_ema_weights_and_explicit_apis_default_to_raw(tmp_path, logger):
+    run, state, run_dir, checkpoints = logged_run(RunSpec(), logger)
     trainer = run.trainer
     evaluations = events(run_dir, "evaluation")
     assert [event["step"] for event in evaluations] == [2, 4, 6, 8]
@@ -106,6 +112,8 @@ def test_periodic_evaluation_uses_ema_weights_and_explicit_apis_default_to_raw(t
     raw_weights = {name: tensor.detach().clone() for name, tensor in trainer.module.state_dict().items()}
     assert_state_equal(raw_weights, load(tmp_path / "default.pt"), "save_model() default")
     assert_state_equal(load(tmp_path / "exported-ema.pt"), load(tmp_path / "ema.pt"), "save_model(ema) vs export_weights(final, ema)")
+    exports = [(event["weights"], event["path"]) for event in events(run_dir, "export")]
+    assert exports == [("raw", str(tmp_path / "default.pt")), ("ema", str(tmp_path / "ema.pt"))]
     averaged = load(tmp_path / "ema.pt")
     assert any(not torch.equal(averaged[name], raw_weights[name]) for name in trainer.ema.state_dict())
 
@@ -118,8 +126,8 @@ def test_periodic_evaluation_uses_ema_weights_and_explicit_apis_default_to_raw(t
     assert evaluator.evaluate(model) == ema
 
 
-def test_without_ema_periodic_evaluation_is_raw_and_ema_requests_fail(tmp_path):
-    run, _, run_dir, _ = logged_run(RunSpec(ema_decay=None), tmp_path)
+def test_without_ema_periodic_evaluation_is_raw_and_ema_requests_fail(tmp_path, logger):
+    run, _, run_dir, _ = logged_run(RunSpec(ema_decay=None), logger)
     trainer = run.trainer
     evaluations = events(run_dir, "evaluation")
     assert evaluations and {event["weights"] for event in evaluations} == {"raw"}
@@ -296,13 +304,13 @@ def test_evaluator_counts_every_sample_once_and_omits_unobserved_means():
 # The monitor: early stopping and best-model selection
 
 
-def test_early_stopping_saves_final_and_best_points_at_the_best_step(tmp_path):
+def test_early_stopping_saves_final_and_best_points_at_the_best_step(logger):
     spec = RunSpec(epochs=2, evaluate_every=Interval(1, "step"), checkpoint_every=Interval(1, "epoch"))
     fresh_accelerate()
     base = build(spec).config
     # Only the first evaluation can improve (on "nothing yet"): a huge min_delta makes the outcome certain.
     config = replace(base, monitor=Monitor("validation/loss", patience=2, min_delta=1e9))
-    run, state, run_dir, checkpoints = logged_run(spec, tmp_path, config)
+    run, state, run_dir, checkpoints = logged_run(spec, logger, config)
     assert run.trainer.planned_steps(config) == 8
 
     assert state.stop_reason == "early_stopping"
@@ -338,9 +346,9 @@ def test_early_stopping_saves_final_and_best_points_at_the_best_step(tmp_path):
     ],
     ids=["every-3-steps-plus-final", "every-3-steps-ending-on-one", "every-epoch"],
 )
-def test_intervals_fire_at_their_steps_and_epochs_and_final_evaluation_only_when_needed(tmp_path, changes, evaluated_steps, saves):
+def test_intervals_fire_at_their_steps_and_epochs_and_final_evaluation_only_when_needed(logger, changes, evaluated_steps, saves):
     spec = RunSpec(epochs=2, monitor=False, checkpoint_every=Interval(1, "epoch"), **changes)
-    run, state, run_dir, checkpoints = logged_run(spec, tmp_path)
+    run, state, run_dir, checkpoints = logged_run(spec, logger)
     assert state.step == evaluated_steps[-1]
     assert [event["step"] for event in events(run_dir, "evaluation")] == evaluated_steps
     checkpoint_events = events(run_dir, "checkpoint")
