@@ -78,6 +78,18 @@ def shared_data_seed(accelerator: Accelerator) -> int:
     return seed[0]
 
 
+def give_shuffle_its_own_generator(dataloader: DataLoader) -> None:
+    """Give a shuffling sampler a private generator before accelerate prepares the loader.
+
+    Otherwise accelerate seeds one from the global torch RNG on several ranks but not on one, and
+    the draw would shift every later random number (dropout included) by the world size. The
+    generator's initial state is irrelevant: :class:`EpochData` reseeds it for every epoch.
+    """
+    sampler = _random_sampler(dataloader)
+    if sampler is not None and sampler.generator is None:
+        sampler.generator = torch.Generator()
+
+
 class EpochData:
     """Builds the iterator of one epoch from a prepared DataLoader, at any batch position."""
 
@@ -86,7 +98,7 @@ class EpochData:
         self.data_seed = data_seed
         self._shuffle = _random_sampler(prepared)
         if self._shuffle is not None and self._shuffle.generator is None:
-            self._shuffle.generator = torch.Generator()
+            raise RuntimeError("call give_shuffle_its_own_generator(dataloader) before preparing it")
         self._worker_seeds = torch.Generator()
 
     def batches(self, epoch: int, start: int) -> Iterator[Any]:

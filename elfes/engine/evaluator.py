@@ -76,13 +76,14 @@ class Evaluator:
     def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
         """Evaluate ``model`` (prepared or plain) on every loader: ``{loader: {metric: value}}``."""
         module = self.accelerator.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=True)
-        was_training = module.training
+        modes = [(submodule, submodule.training) for submodule in module.modules()]
         training_rng = capture_rng()
         module.eval()
         try:
             return {name: self._evaluate_loader(module, loader) for name, loader in self.dataloaders.items()}
         finally:
-            module.train(was_training)
+            for submodule, training in modes:  # a user's frozen submodule stays in eval mode
+                submodule.train(training)
             restore_rng(training_rng)
 
     def _evaluate_loader(self, module: nn.Module, loader: DataLoader) -> dict[str, float]:

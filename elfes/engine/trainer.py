@@ -38,7 +38,13 @@ from .checkpoint import (
     save_state_dict,
 )
 from .config import TrainConfig, TrainState, planned_steps
-from .data import EpochData, check_distributed_batching, shared_data_seed, verify_rank_lengths
+from .data import (
+    EpochData,
+    check_distributed_batching,
+    give_shuffle_its_own_generator,
+    shared_data_seed,
+    verify_rank_lengths,
+)
 from .ema import ExponentialMovingAverage
 from .evaluator import Evaluator
 from .metrics import MetricAccumulator
@@ -154,6 +160,7 @@ class Trainer:
         # The plain module owns the parameter names used in checkpoints and exports.
         self.module = accelerator.unwrap_model(self.model, keep_fp32_wrapper=True, keep_torch_compile=False)
         total_batches = len(train_dataloader)
+        give_shuffle_its_own_generator(train_dataloader)
         self.train_dataloader = accelerator.prepare_data_loader(train_dataloader)
         self.batches_per_epoch = verify_rank_lengths(accelerator, self.train_dataloader, total_batches)
         self.accumulation_steps = accelerator.gradient_accumulation_steps

@@ -146,14 +146,32 @@ def test_final_checkpoint_holds_the_state_after_the_final_evaluation(tmp_path):
     best = torch.load(directory / "best", map_location="cpu", weights_only=True)
     assert best["state"]["best_step"] == step_of((directory / "best").resolve())
 
-    before = folder_state(directory)
+    # Resuming the finished run with the same budget changes nothing: no evaluation, the same files.
+    names = {name: entry[:2] for name, entry in folder_state(directory).items()}
     fresh_accelerate()
     with RunLogger(tmp_path / "resumed", is_main_process=True, console=Console(file=io.StringIO())) as logger:
         again = build(spec, logger=logger)
         resumed = again.trainer.train(again.config, checkpoint_dir=directory, resume_from=directory / "final")
+    assert [e["step"] for e in read_events(tmp_path / "resumed") if e["event"] == "evaluation"] == []
     assert resumed.state_dict() == state.state_dict()
-    assert [e for e in read_events(tmp_path / "resumed") if e["event"] == "evaluation"] == []
-    assert folder_state(directory) == before
+    assert {name: entry[:2] for name, entry in folder_state(directory).items()} == names
+    assert_same_payload(final, torch.load(directory / "final", map_location="cpu", weights_only=True))
+
+
+def assert_same_payload(expected, actual, where: str = "payload") -> None:
+    """Deep equality of two loaded checkpoints, tensors compared bitwise."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and expected.keys() == actual.keys(), where
+        for key in expected:
+            assert_same_payload(expected[key], actual[key], f"{where}/{key}")
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(expected), where
+        for index, (left, right) in enumerate(zip(expected, actual)):
+            assert_same_payload(left, right, f"{where}[{index}]")
+    elif isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor) and torch.equal(expected, actual), where
+    else:
+        assert expected == actual, f"{where}: {expected!r} != {actual!r}"
 
 
 @pytest.mark.parametrize("when", ["constructed", "trained"])
