@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import random
 import sys
 from collections.abc import Callable
@@ -368,7 +369,32 @@ def resume_case(out: Path, name: str) -> None:
                 "accelerator": describe(resumed.accelerator),
             },
         }
+    report["sigterm"] = sigterm_pause(out, spec, first_microbatch=sizes[0] + 1)
     write_json(out / f"{name}.rank{RANK}.json", report)
+
+
+def sigterm_pause(out: Path, spec: RunSpec, first_microbatch: int) -> dict[str, Any]:
+    """A real SIGTERM delivered to rank 1 only, mid-window, through StopRequest.catch_signals()."""
+    checkpoints = out / "sigterm" / "checkpoints"
+    stop = StopRequest()
+    calls = {"count": 0}
+    reset_accelerate()
+    paused = build(spec)
+
+    def step(model: nn.Module, batch: Any) -> StepOutput:
+        if RANK == 1 and calls["count"] == first_microbatch:
+            os.kill(os.getpid(), signal.SIGTERM)
+        calls["count"] += 1
+        return mse_step(model, batch)
+
+    paused.trainer.step = step
+    with stop.catch_signals():
+        paused_state = paused.trainer.train(paused.config, checkpoint_dir=checkpoints, stop=stop)
+    reset_accelerate()
+    resumed = build(spec)
+    resumed.trainer.train(resumed.config, checkpoint_dir=checkpoints, resume_from=checkpoints / "last")
+    torch.save(snapshot(resumed.trainer), out / f"sigterm.rank{RANK}.pt")
+    return {"paused": paused_state.state_dict(), "signal": stop.signal, "microbatches": calls["count"]}
 
 
 @case

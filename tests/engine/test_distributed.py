@@ -228,6 +228,23 @@ def test_pause_at_every_boundary_then_resume_is_bitwise(launch, case):
 
 
 @pytest.mark.parametrize("case", ["resume", "resume_workers"])
+def test_a_real_sigterm_on_one_rank_mid_window_pauses_both_and_resumes_bitwise(launch, case):
+    output = launch(case)
+    reports = per_rank_json(output, case)
+    full = per_rank_tensors(output, "full")
+    resumed = per_rank_tensors(output, "sigterm")
+    first_window = reports[0]["window_sizes"][0]
+    for rank in (0, 1):
+        paused = reports[rank]["sigterm"]
+        assert paused["paused"]["stop_reason"] == "SIGTERM", f"rank {rank}"
+        # The signal came in the 2nd microbatch of window 2; the window was finished on both ranks.
+        assert paused["microbatches"] == first_window + reports[0]["window_sizes"][1]
+        assert paused["paused"]["step"] == 2
+        assert_bitwise_equal(full[rank], resumed[rank], f"SIGTERM on rank 1, resumed, rank {rank}")
+    assert reports[1]["sigterm"]["signal"] == "SIGTERM" and reports[0]["sigterm"]["signal"] is None
+
+
+@pytest.mark.parametrize("case", ["resume", "resume_workers"])
 def test_stop_on_one_rank_stops_every_rank_at_the_same_boundary(launch, case):
     output = launch(case)
     reports = per_rank_json(output, case)

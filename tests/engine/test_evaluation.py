@@ -213,6 +213,12 @@ def test_evaluate_restores_mode_rng_and_raw_weights(tmp_path):
     trainer.evaluate(weights="ema")
     assert not trainer.module.training, "an eval-mode model was left in training mode"
 
+    trainer.module.train()
+    trainer.module.dropout.eval()  # a submodule the user keeps in eval mode stays there
+    trainer.evaluate(weights="ema")
+    modes = {name: module.training for name, module in trainer.module.named_modules()}
+    assert modes == {"": True, "hidden": True, "norm": True, "dropout": False, "output": True}, modes
+
 
 def test_a_failing_ema_evaluation_still_restores_everything(tmp_path):
     step = RandomEvaluationStep()
@@ -330,6 +336,46 @@ def test_early_stopping_saves_final_and_best_points_at_the_best_step(logger):
     assert saves == [(1, True, False), (3, False, True)]
     (finished,) = events(run_dir, "finished")
     assert finished["state"]["stop_reason"] == "early_stopping"
+
+
+class ScriptedMetricStep:
+    """Reports ``scripted`` = the next value of a fixed sequence at each call (one batch per evaluation)."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = list(values)
+        self.calls = 0
+
+    def __call__(self, model, batch) -> StepOutput:
+        output = mse_step(model, batch)
+        value = self.values[self.calls]
+        self.calls += 1
+        output.metrics["scripted"] = MeanMetric(value * output.num_samples, output.num_samples)
+        return output
+
+
+def test_patience_counts_evaluations_since_the_last_improvement(tmp_path):
+    """Scripted values 3, 4, 2, 5, 6 (mode min, patience 2): improvements at evaluations 1 and 3 reset the
+    count, so training stops after evaluation 5 (not 4) with the best at step 3."""
+    fresh_accelerate()
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = DropoutMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    train = DataLoader(RegressionData(16, seed=1), batch_size=4)
+    step = ScriptedMetricStep([3.0, 4.0, 2.0, 5.0, 6.0, 1.0, 1.0])
+    evaluator = Evaluator(accelerator, {"validation": DataLoader(RegressionData(4, seed=2), batch_size=4)}, step)
+    trainer = Trainer(accelerator, model, optimizer, train, mse_step, evaluator=evaluator)
+    config = TrainConfig(
+        epochs=3, evaluate_every=Interval(1, "step"), checkpoint_every=None,
+        monitor=Monitor("validation/scripted", patience=2),
+    )
+    state = trainer.train(config, checkpoint_dir=tmp_path)
+    assert step.calls == 5
+    assert state.stop_reason == "early_stopping" and state.step == 5
+    assert state.best_step == 3 and state.best_metric == 2.0 and state.evaluations_without_improvement == 2
+    assert sorted(step_of(p) for p in tmp_path.iterdir() if PUBLISHED.match(p.name)) == [1, 3, 5]
+    assert step_of((tmp_path / "best").resolve()) == 3
+    assert step_of((tmp_path / "final").resolve()) == 5
 
 
 # ------------------------------------------------------------------------------------------------
