@@ -9,6 +9,7 @@ so a reader (or a killed writer) always finds a complete file behind every name.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -143,7 +144,13 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     resolved = path.resolve()
     try:
         payload = torch.load(resolved, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises several types for truncated or foreign files
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{resolved} holds Python objects that safe loading (torch.load(weights_only=True)) refuses to "
+            f"build ({error}). ELFES checkpoints contain only tensors and plain values, so this file was not "
+            "written by ELFES, or was altered. Pass a checkpoint written by Trainer.train(checkpoint_dir=...)."
+        ) from error
+    except Exception as error:  # torch raises several types for truncated or damaged archives
         raise CheckpointError(_unreadable_message(resolved, error)) from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(

@@ -503,6 +503,7 @@ class Trainer:
         duration = time.perf_counter() - started
         self._clock.evaluation_s += duration
         self.progress.last_evaluation = self._position()
+        self._saved = None  # the monitor and progress changed: a checkpoint of this position is now stale
         monitor, improved, stop_early = config.monitor, None, False
         if monitor is not None:
             value = _monitored_value(results, monitor.metric)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401  Accelerate imports it lazily (seconds); pay that at collection, not in a test
+import torch._dynamo  # Accelerate imports it lazily (seconds); pay that at collection, not in a test
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from rich.console import Console
@@ -43,7 +43,7 @@ from elfes.records import read_events
 
 PUBLISHED = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
 PAYLOAD_KEYS = {"format", "version", "layout", "rng", "model", "ema", "optimizer", "scheduler", "scaler", "state", "progress"}
-QUIET = dict(evaluate_every=None, checkpoint_every=None)
+QUIET = {"evaluate_every": None, "checkpoint_every": None}
 
 
 def fresh_accelerate() -> None:

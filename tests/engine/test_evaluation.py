@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch._dynamo  # noqa: F401  Accelerate imports it lazily (seconds); pay that at collection, not in a test
+import torch._dynamo  # Accelerate imports it lazily (seconds); pay that at collection, not in a test
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from rich.console import Console
@@ -386,15 +386,15 @@ def test_patience_counts_evaluations_since_the_last_improvement(tmp_path):
     "changes, evaluated_steps, saves",
     [
         # 4 updates per epoch (windows of 3, 3, 3, 1 batches); epoch ends at steps 4 and 8.
-        (dict(evaluate_every=Interval(3, "step")), [3, 6, 8], [(4, 1, "interval"), (8, 2, "interval"), (8, 2, "final")]),
-        (dict(evaluate_every=Interval(3, "step"), max_steps=6), [3, 6], [(4, 1, "interval"), (6, 1, "final")]),
-        (dict(evaluate_every=Interval(1, "epoch")), [4, 8], [(4, 1, "interval"), (8, 2, "interval"), (8, 2, "final")]),
+        ({"evaluate_every": Interval(3, "step")}, [3, 6, 8], [(4, 1, "interval"), (8, 2, "interval"), (8, 2, "final")]),
+        ({"evaluate_every": Interval(3, "step"), "max_steps": 6}, [3, 6], [(4, 1, "interval"), (6, 1, "final")]),
+        ({"evaluate_every": Interval(1, "epoch")}, [4, 8], [(4, 1, "interval"), (8, 2, "interval"), (8, 2, "final")]),
     ],
     ids=["every-3-steps-plus-final", "every-3-steps-ending-on-one", "every-epoch"],
 )
 def test_intervals_fire_at_their_steps_and_epochs_and_final_evaluation_only_when_needed(logger, changes, evaluated_steps, saves):
     spec = RunSpec(epochs=2, monitor=False, checkpoint_every=Interval(1, "epoch"), **changes)
-    run, state, run_dir, checkpoints = logged_run(spec, logger)
+    _, state, run_dir, checkpoints = logged_run(spec, logger)
     assert state.step == evaluated_steps[-1]
     assert [event["step"] for event in events(run_dir, "evaluation")] == evaluated_steps
     checkpoint_events = events(run_dir, "checkpoint")
@@ -437,11 +437,10 @@ def test_catch_signals_restores_previous_handlers_even_on_exception():
     term = signal.getsignal(signal.SIGTERM)
     try:
         stop = StopRequest()
-        with pytest.raises(ZeroDivisionError):
-            with stop.catch_signals():
-                assert signal.getsignal(signal.SIGINT) is not previous_handler
-                assert signal.getsignal(signal.SIGTERM) is not term
-                1 / 0  # noqa: B018
+        with pytest.raises(ZeroDivisionError), stop.catch_signals():
+            assert signal.getsignal(signal.SIGINT) is not previous_handler
+            assert signal.getsignal(signal.SIGTERM) is not term
+            1 / 0  # noqa: B018
         assert signal.getsignal(signal.SIGINT) is previous_handler
         assert signal.getsignal(signal.SIGTERM) is term
         with stop.catch_signals():
