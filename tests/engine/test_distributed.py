@@ -271,3 +271,21 @@ def test_stop_on_one_rank_stops_every_rank_at_the_same_boundary(launch, case):
         assert [event["reason"] for event in requested] == [reason], "rank 0 records rank 1's reason"
         assert [event["state"]["stop_reason"] for event in stopped] == [reason]
         assert [event["event"] for event in events].count("finished") == 0
+
+
+def test_a_two_rank_checkpoint_refuses_to_resume_on_one_rank(launch):
+    from accelerate.state import AcceleratorState, GradientState
+    from workloads import RunSpec, build
+
+    from elfes.engine import CheckpointError
+
+    output = launch("resume")
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    run = build(RunSpec())
+    with pytest.raises(CheckpointError) as raised:
+        run.trainer.train(run.config, resume_from=output / "full" / "checkpoints" / "final")
+    message = str(raised.value)
+    assert "world_size: the checkpoint has 2, this run has 1" in message
+    assert "batches_per_epoch: the checkpoint has 5, this run has 10" in message
+    assert run.trainer.state.step == 0  # nothing was loaded
