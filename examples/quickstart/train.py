@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
                                   metadata={"dataset": "synthetic linear", "seed": args.seed})
         if stop.reason is None:
             trainer.save_model(args.run_dir / "model.pt", weights="ema")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # tears the process group down cleanly on every rank
     if accelerator.is_main_process:
         outcome = f"stopped ({state.stop_reason})" if stop.reason else "finished"
         print(f"{outcome} at epoch {state.epoch}, step {state.step}; best validation/loss {state.best_metric:.5f} "

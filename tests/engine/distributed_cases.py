@@ -415,3 +415,7 @@ if __name__ == "__main__":
     # into an error within a minute instead of a hang until the launch times out.
     fresh_accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
     CASES[case_name](output)
+    # Leave together and tear gloo down explicitly: a rank that exits while its peer still holds the
+    # connection can abort in gloo's destructors ("terminate called without an active exception").
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
