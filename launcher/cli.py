@@ -22,8 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    build_parser().print_help()
+    parser = build_parser()
+    parser.parse_args(sys.argv[1:] if argv is None else argv)
+    parser.print_help()
     return 0
 
 

@@ -12,7 +12,7 @@ import os
 import pickle
 import re
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -258,7 +258,3 @@ def _check_unwrapped(model: nn.Module) -> None:
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A model's state dict without DDP or torch.compile prefixes, cloned to the CPU."""
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
-
-
-def describe_mismatches(expected: Mapping[str, Any], found: Mapping[str, Any], fields: Iterable[str]) -> list[str]:
-    return [f"{field}: checkpoint has {found.get(field)!r}, this run has {expected.get(field)!r}" for field in fields if expected.get(field) != found.get(field)]

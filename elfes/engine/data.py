@@ -7,6 +7,7 @@ times the run was paused, and skipped batches of a mid-epoch resume are skipped 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -22,6 +23,17 @@ from torch.utils.data import DataLoader, RandomSampler
 from .stop import CAUGHT_SIGNALS
 
 _SEED_RANGE = 2**62
+
+
+def check_process_group(accelerator: Accelerator) -> None:
+    """Refuse a launch of several processes in which Accelerate formed no process group."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes == 1:
+        raise RuntimeError(
+            f"This process was launched as one of WORLD_SIZE={launched} processes, but the Accelerator runs "
+            "alone (num_processes=1), so every process would train and write its own copy of the run. On a "
+            "machine without GPUs, create Accelerator(cpu=True) or set ACCELERATE_USE_CPU=1."
+        )
 
 
 def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader) -> None:
@@ -114,17 +126,26 @@ class EpochData:
         if start:
             loader = skip_first_batches(loader, start)
         _base_loader(loader).generator = self._worker_seeds
-        _ignore_stop_signals_in_workers(loader)
-        iterator = iter(loader)
-        # Workers fork on the first fetch: block the stop signals meanwhile so no worker is born with
-        # the trainer's handlers, and none dies of a SIGTERM sent to the whole process group.
-        with _stop_signals_blocked():
-            try:
-                first = next(iterator)
-            except StopIteration:
-                return
-        yield first
-        yield from iterator
+        yield from iterate_sparing_workers(loader)
+
+
+def iterate_sparing_workers(loader: DataLoader) -> Iterator[Any]:
+    """Iterate ``loader`` so that its worker processes ignore SIGINT and SIGTERM.
+
+    SLURM signals every process of a job; a worker killed by it would crash the trainer instead of
+    letting it stop at the next window boundary.
+    """
+    _ignore_stop_signals_in_workers(loader)
+    iterator = iter(loader)
+    # Workers fork on the first fetch: block the stop signals meanwhile so that no worker can die of
+    # one before its worker_init_fn has set it to ignore them.
+    with _stop_signals_blocked():
+        try:
+            first = next(iterator)
+        except StopIteration:
+            return
+    yield first
+    yield from iterator
 
 
 def _base_loader(loader: DataLoader) -> DataLoader:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +24,13 @@ class ExponentialMovingAverage:
             name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad
         }
         self.average = {name: parameter.detach().clone() for name, parameter in self._parameters.items()}
+        # Tied parameters appear once above; every other name of the same tensor reads the same average.
+        canonical = {id(parameter): name for name, parameter in self._parameters.items()}
+        self._aliases = {
+            name: canonical[id(parameter)]
+            for name, parameter in model.named_parameters(remove_duplicate=False)
+            if id(parameter) in canonical
+        }
 
     @torch.no_grad()
     def update(self) -> None:
@@ -32,19 +38,20 @@ class ExponentialMovingAverage:
         torch._foreach_lerp_(averages, [p.detach() for p in self._parameters.values()], 1.0 - self.decay)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.average)
+        """The averaged parameters under every name the model gives them (tied names included)."""
+        return {name: self.average[canonical] for name, canonical in self._aliases.items()}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if set(state) != set(self.average):
-            missing = sorted(set(self.average) - set(state))
-            unexpected = sorted(set(state) - set(self.average))
+        if set(state) != set(self._aliases):
+            missing = sorted(set(self._aliases) - set(state))
+            unexpected = sorted(set(state) - set(self._aliases))
             raise ValueError(
                 f"EMA state does not match the model: missing {missing}, unexpected {unexpected}. "
                 "Resume with the same model definition."
             )
-        for name, tensor in state.items():
-            self.average[name].copy_(tensor)
+        for name, average in self.average.items():
+            average.copy_(state[name])
 
     @contextmanager
     def swapped_in(self) -> Iterator[None]:
@@ -59,8 +66,3 @@ class ExponentialMovingAverage:
             with torch.no_grad():
                 for name, parameter in self._parameters.items():
                     parameter.copy_(raw[name])
-
-
-def half_life_steps(decay: float) -> float:
-    """How many updates halve an old parameter's weight in the average (for run records)."""
-    return math.log(0.5) / math.log(decay)

@@ -11,6 +11,7 @@ from accelerate.data_loader import prepare_data_loader
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .data import iterate_sparing_workers
 from .metrics import MetricAccumulator
 from .objective import (
     Objective,
@@ -88,7 +89,7 @@ class Evaluator:
 
     def _evaluate_loader(self, module: nn.Module, loader: DataLoader) -> dict[str, float]:
         accumulator = MetricAccumulator()
-        for batch in loader:
+        for batch in iterate_sparing_workers(loader):
             counts = None
             if self.objective is not None:
                 counts = self.objective.batch_counts(batch, self.accelerator.device)

@@ -9,6 +9,7 @@ maybe logs, maybe evaluates, maybe checkpoints, and maybe stops.
 from __future__ import annotations
 
 import itertools
+import operator
 from contextlib import closing, nullcontext
 import math
 import time
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
+
+from elfes.records import RunLogger
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -41,6 +44,7 @@ from .config import TrainConfig, TrainState, planned_steps
 from .data import (
     EpochData,
     check_distributed_batching,
+    check_process_group,
     give_shuffle_its_own_generator,
     shared_data_seed,
     verify_rank_lengths,
@@ -58,6 +62,7 @@ from .objective import (
     scalar_loss_and_weight,
 )
 from .rng import capture_rng, restore_rng
+from .schedule import WarmupDecay
 from .stop import StopRequest
 
 Scheduler = LRScheduler | ReduceLROnPlateau
@@ -71,13 +76,25 @@ class Progress:
 
     data_seed: int | None = None
     last_evaluation: list[int] | None = None  # [step, batches] of the latest evaluation
+    # The previous window's global loss denominator. The next window's backward divides by it so that
+    # fp16 gradients keep mean-sized magnitudes; the exact denominator is applied after the window.
+    weight_reference: float = 1.0
+    # An evaluation (and checkpoint) that a stop deferred from the paused boundary to the resume.
+    deferred_boundary: dict[str, bool] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data_seed": self.data_seed, "last_evaluation": self.last_evaluation}
+        return {
+            "data_seed": self.data_seed,
+            "last_evaluation": self.last_evaluation,
+            "weight_reference": self.weight_reference,
+            "deferred_boundary": self.deferred_boundary,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.data_seed = state["data_seed"]
         self.last_evaluation = state["last_evaluation"]
+        self.weight_reference = state["weight_reference"]
+        self.deferred_boundary = state["deferred_boundary"]
 
 
 @dataclass
@@ -146,8 +163,9 @@ class Trainer:
         objective: Objective | None = None,
         scheduler: Scheduler | None = None,
         ema_decay: float | None = None,
-        logger: Any | None = None,
+        logger: RunLogger | None = None,
     ) -> None:
+        check_process_group(accelerator)
         check_distributed_batching(accelerator, train_dataloader)
         self.accelerator = accelerator
         self.optimizer = optimizer
@@ -170,6 +188,11 @@ class Trainer:
         self.progress = Progress()
         self._parameters = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = PhaseClock()
+        self._saved: CheckpointName | None = None  # the position this train() call last published
+        self._max_grad_norm: float | None = None
+        self._scheduler_interval = "step"
+        self._scheduler_steps_per_update = True
+        self._last_learning_rates = [float(group["lr"]) for group in optimizer.param_groups]
 
     # ----------------------------------------------------------------------------------------
     # Public API
@@ -195,12 +218,18 @@ class Trainer:
         """
         self._check_setup(config)
         self._clock = PhaseClock()
-        self._saved: CheckpointName | None = None
+        self._saved = None
         directory = CheckpointDirectory(Path(checkpoint_dir)) if checkpoint_dir is not None else None
         stop = stop if stop is not None else StopRequest()
+        fresh = resume_from is None and self.state.batches == 0
+        if fresh and directory is not None and directory.checkpoints():
+            raise ValueError(
+                f"checkpoint_dir {directory.path} already holds checkpoints of another run. Continue it with "
+                f"resume_from={directory.path / 'last'}, or give this run an empty directory."
+            )
         resumed_from = None
         if resume_from is not None:
-            resumed_from = self._restore(Path(resume_from))
+            resumed_from = self._restore(Path(resume_from), config)
         elif self.progress.data_seed is None:
             self.progress.data_seed = shared_data_seed(self.accelerator)
         self._log_start(config, metadata or {}, resumed_from)  # with the restored state, stop reason included
@@ -209,7 +238,7 @@ class Trainer:
         self.model.train()
         data = EpochData(self.train_dataloader, self.progress.data_seed)
         interval = LogInterval()
-        early_stop = False
+        early_stop = self._finish_deferred_boundary(config, directory) or self._patience_exhausted(config)
         while not early_stop and not self._budget_spent(config):
             with closing(data.batches(self.state.epoch, self.state.next_batch)) as batches:
                 epoch_ended = False
@@ -222,17 +251,11 @@ class Trainer:
                     epoch_ended = self._advance(result)
                     self._record_interval(interval, result, seconds, config)
 
-                    improved = None
-                    if self._evaluation_due(config, result, epoch_ended):
-                        early_stop, improved = self._evaluate_and_monitor(config)
+                    evaluate = self._evaluation_due(config, result, epoch_ended)
+                    checkpoint = self._checkpoint_due(config, result, epoch_ended)
                     if result.stop_requested:
-                        self._agree_on_stop(stop)
-                    reason = self._checkpoint_reason(config, result, epoch_ended, improved)
-                    if directory is not None and reason is not None:
-                        self._save(directory, config, reason=reason, best=bool(improved))
-                    if result.stop_requested:
-                        self._log("stopped", reason=self.state.stop_reason, state=self.state.state_dict(), **self._clock.totals())
-                        return self.state
+                        return self._pause(stop, config, directory, evaluate=evaluate, checkpoint=checkpoint)
+                    early_stop = self._close_boundary(config, directory, evaluate=evaluate, checkpoint=checkpoint)
 
         if early_stop:
             self.state.stop_reason = "early_stopping"
@@ -282,15 +305,20 @@ class Trainer:
         metrics = MetricAccumulator()
         losses: list[tuple[int, torch.Tensor]] = []
         local_weight = torch.zeros((), dtype=torch.float64, device=device)
+        invalid_weights: list[tuple[int, torch.Tensor]] = []
         local_samples = 0
 
         labelled = True
+        reference = self.progress.weight_reference
         if self.objective is not None:
             window = list(window)  # counts of the whole global window are needed before any backward
-            coefficients, present = self._objective_coefficients(window)
+            batch_counts = [self.objective.batch_counts(batch, device) for batch in window]
+            coefficients, present = self._objective_coefficients(batch_counts)
             labelled = any(present)
 
+        consumed = 0
         for index, batch in enumerate(window):
+            consumed += 1
             last = index == size - 1
             grad_enabled = labelled
             # Gradients are all-reduced once per window, on its last microbatch.
@@ -300,16 +328,17 @@ class Trainer:
                 check_metric_names(output.metrics, self.objective)
                 if self.objective is None:
                     loss, weight = scalar_loss_and_weight(output)
+                    invalid_weights.append((index, ~torch.isfinite(weight) | (weight < 0)))
                     record_scalar_loss(metrics, loss, weight)
                     local_weight = local_weight + weight
                     # A batch that declares weight 0 (no tokens, no labels) contributes nothing, even when
                     # its mean over nothing is NaN; every rank still runs backward so DDP stays in step.
-                    contribution = torch.where(weight > 0, loss * weight.to(loss.dtype), torch.zeros_like(loss))
+                    scaled = loss * (weight / reference).to(loss.dtype)
+                    contribution = torch.where(weight > 0, scaled, torch.zeros_like(loss))
                     losses.append((index, torch.where(weight > 0, loss.detach(), torch.zeros_like(loss))))
                 else:
                     terms = self.objective.term_losses(output)
-                    counts = self.objective.batch_counts(batch, device)
-                    record_objective_losses(metrics, self.objective, terms, counts)
+                    record_objective_losses(metrics, self.objective, terms, batch_counts[index])
                     # Terms absent from the whole window have coefficient 0 and contribute nothing.
                     observed = [(c, t) for c, t, p in zip(coefficients.tolist(), terms, present) if p]
                     contribution = sum((c * t for c, t in observed), start=torch.zeros((), device=device))
@@ -317,8 +346,15 @@ class Trainer:
                 if grad_enabled:
                     self._backward(contribution)
             metrics.update(output.metrics)
-            local_samples += int(output.num_samples)
+            local_samples += _sample_count(output.num_samples, self.state.epoch, self.state.next_batch + index)
+        if consumed != size:
+            raise RuntimeError(
+                f"The training DataLoader yielded {self.state.next_batch + consumed} batches in epoch "
+                f"{self.state.epoch} where its length promised {self.batches_per_epoch}. Exact training needs a "
+                "map-style Dataset whose sampler yields exactly len(dataloader) batches."
+            )
 
+        self._check_weights_of_window(invalid_weights)
         nonfinite = torch.stack([(~torch.isfinite(loss)).any() for _, loss in losses]).any().double()
         flags = torch.stack(
             [
@@ -339,6 +375,8 @@ class Trainer:
         )
         if nonfinite_flag > 0:
             self._raise_nonfinite_loss(losses)
+        if self.objective is None and weight_total > 0:
+            self.progress.weight_reference = weight_total
         if not labelled or (self.objective is None and weight_total == 0):
             result.skip_reason = "unlabelled_window"
             return result
@@ -346,17 +384,26 @@ class Trainer:
         # DDP averaged the gradients of local sums over ranks; undo the average and divide by the
         # window's global denominator (the objective's terms are already normalised).
         world = self.accelerator.num_processes
-        factor = world / weight_total if self.objective is None else float(world)
+        factor = world * reference / weight_total if self.objective is None else float(world)
         result.grad_norm, result.learning_rates = self._optimizer_update(factor, size)
         result.stepped = result.grad_norm is not None
         if not result.stepped:
             result.skip_reason = "amp_overflow"
         return result
 
-    def _objective_coefficients(self, window: list[Any]) -> tuple[torch.Tensor, list[bool]]:
+    def _check_weights_of_window(self, invalid_weights: list[tuple[int, torch.Tensor]]) -> None:
+        if not invalid_weights or not bool(torch.stack([bad for _, bad in invalid_weights]).any()):
+            return
+        index = next(index for index, bad in invalid_weights if bool(bad))
+        raise ValueError(
+            f"StepOutput.loss_weight at epoch {self.state.epoch}, batch {self.state.next_batch + index} is negative or "
+            "nonfinite; a loss denominator must be a finite count >= 0 (tokens, atoms, labelled components)."
+        )
+
+    def _objective_coefficients(self, batch_counts: list[torch.Tensor]) -> tuple[torch.Tensor, list[bool]]:
         """Each term's weight over its count summed across the global window, and whether it is present."""
         device = self.accelerator.device
-        local_counts = torch.stack([self.objective.batch_counts(batch, device) for batch in window]).sum(0)
+        local_counts = torch.stack(batch_counts).sum(0)
         global_counts = self._sum_over_ranks(local_counts)
         weights = torch.tensor(list(self.objective.weights.values()), dtype=torch.float64, device=device)
         present = global_counts > 0
@@ -448,14 +495,48 @@ class Trainer:
             and config.evaluate_every.due(step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended)
         )
 
-    def _checkpoint_reason(self, config: TrainConfig, result: WindowResult, epoch_ended: bool, improved: bool | None) -> str | None:
-        """Why this boundary needs a checkpoint (a pause, the interval, a new best), or None."""
-        if result.stop_requested:
-            return "stop"
+    def _checkpoint_due(self, config: TrainConfig, result: WindowResult, epoch_ended: bool) -> bool:
         every = config.checkpoint_every
-        if every is not None and every.due(step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended):
-            return "interval"
-        return "best" if improved else None
+        return every is not None and every.due(
+            step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended
+        )
+
+    def _patience_exhausted(self, config: TrainConfig) -> bool:
+        monitor = config.monitor
+        exhausted = bool(monitor and monitor.patience and self.state.evaluations_without_improvement >= monitor.patience)
+        if exhausted:
+            self.state.stop_reason = "early_stopping"
+        return exhausted
+
+    def _close_boundary(self, config: TrainConfig, directory: CheckpointDirectory | None, *, evaluate: bool, checkpoint: bool) -> bool:
+        """Evaluate and checkpoint as this window boundary requires; returns whether to stop early."""
+        early_stop, improved = False, None
+        if evaluate:
+            early_stop, improved = self._evaluate_and_monitor(config)
+        if early_stop:
+            self.state.stop_reason = "early_stopping"
+        if directory is not None and (checkpoint or improved):
+            self._save(directory, config, reason="interval" if checkpoint else "best", best=bool(improved))
+        return early_stop
+
+    def _pause(
+        self, stop: StopRequest, config: TrainConfig, directory: CheckpointDirectory | None, *, evaluate: bool, checkpoint: bool
+    ) -> TrainState:
+        """Save ``last`` at once and return. An evaluation due here runs first thing after the resume,
+        so a job within its preemption grace period is not killed while evaluating."""
+        self._agree_on_stop(stop)
+        if evaluate:
+            self.progress.deferred_boundary = {"evaluate": True, "checkpoint": checkpoint}
+        if directory is not None:
+            self._save(directory, config, reason="stop")
+        self._log("stopped", reason=self.state.stop_reason, state=self.state.state_dict(), **self._clock.totals())
+        return self.state
+
+    def _finish_deferred_boundary(self, config: TrainConfig, directory: CheckpointDirectory | None) -> bool:
+        deferred, self.progress.deferred_boundary = self.progress.deferred_boundary, None
+        if deferred is None:
+            return False
+        return self._close_boundary(config, directory, evaluate=deferred["evaluate"], checkpoint=deferred["checkpoint"])
 
     def _budget_spent(self, config: TrainConfig) -> bool:
         return self.state.epoch >= config.epochs or (config.max_steps is not None and self.state.step >= config.max_steps)
@@ -480,6 +561,11 @@ class Trainer:
             raise ValueError(
                 "ReduceLROnPlateau steps on the monitored metric, but TrainConfig.monitor is None; set "
                 "monitor=Monitor('<loader>/<metric>') (and mode to match the scheduler's mode)."
+            )
+        if isinstance(self.scheduler, ReduceLROnPlateau) and self.scheduler.mode != config.monitor.mode:
+            raise ValueError(
+                f"ReduceLROnPlateau(mode={self.scheduler.mode!r}) would read {config.monitor.metric!r} the opposite "
+                f"way from Monitor(mode={config.monitor.mode!r}); give both the same mode."
             )
         if self.scheduler is not None and not isinstance(self.scheduler, (LRScheduler, ReduceLROnPlateau)):
             raise TypeError(f"Trainer.scheduler is a {type(self.scheduler).__name__}; use a torch LR scheduler.")
@@ -576,7 +662,7 @@ class Trainer:
         elif self.accelerator.is_main_process:
             payload = {"format": FORMAT, "version": VERSION, "layout": self._layout(), "rng": rng_states}
             for key, component in self._stateful().items():
-                payload[key] = _cpu_state(component)
+                payload[key] = _component_state(component)
             path, size = directory.save(payload, name)
         if self.accelerator.is_main_process:
             directory.point("last", path)
@@ -602,7 +688,8 @@ class Trainer:
             duration_s=duration,
         )
 
-    def _restore(self, source: Path) -> str:
+    def _restore(self, source: Path, config: TrainConfig) -> str:
+        """Load every stateful part from a checkpoint, after checking that all of it fits this run."""
         payload = read_checkpoint(source)
         resolved = source.resolve()
         expected, found = self._layout(), payload["layout"]
@@ -611,6 +698,7 @@ class Trainer:
             for key in expected
             if key not in _ADVISORY_LAYOUT and found.get(key) != expected[key]
         ]
+        mismatches += _model_mismatches(payload["model"], self.module.state_dict())
         if mismatches:
             raise CheckpointError(
                 f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
@@ -627,9 +715,20 @@ class Trainer:
         for key, component in self._stateful().items():
             if component is not None:
                 component.load_state_dict(payload[key])
-        rng_states = payload["rng"]
-        restore_rng(rng_states[self.accelerator.process_index])
+        restore_rng(payload["rng"][self.accelerator.process_index])
+        self._warn_if_schedule_budget_differs(config, resolved)
         return str(resolved)
+
+    def _warn_if_schedule_budget_differs(self, config: TrainConfig, source: Path) -> None:
+        planned = self.planned_steps(config)
+        for schedule in getattr(self.scheduler, "lr_lambdas", []):
+            if isinstance(schedule, WarmupDecay) and schedule.total_steps != planned:
+                warnings.warn(
+                    f"The learning-rate schedule restored from {source} decays until step {schedule.total_steps}, "
+                    f"but this run now plans {planned} steps. The checkpoint's schedule is kept, as exact "
+                    "continuation requires; to decay over the new budget, start a new run from its weights.",
+                    stacklevel=4,
+                )
 
     def _agree_on_stop(self, stop: StopRequest) -> None:
         """Give every rank the same stop reason (the first rank's that has one) and record it."""
@@ -736,11 +835,41 @@ def _monitored_value(results: Mapping[str, Mapping[str, float]], metric: str) ->
     return value
 
 
+def _sample_count(num_samples: Any, epoch: int, batch: int) -> int:
+    try:
+        count = operator.index(num_samples)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ValueError(
+            f"StepOutput.num_samples at epoch {epoch}, batch {batch} is {num_samples!r}; give the batch's number of "
+            "samples as an int >= 0 (e.g. len(inputs))."
+        )
+    return count
+
+
 def _batch_range(first: int, size: int) -> str:
     return f"batch {first}" if size == 1 else f"batches {first}-{first + size - 1}"
 
 
-def _cpu_state(component: Any) -> Any:
+def _model_mismatches(saved: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor]) -> list[str]:
+    """Differences between a checkpoint's model and this run's, at most a few of each kind."""
+    missing = sorted(set(current) - set(saved))
+    unexpected = sorted(set(saved) - set(current))
+    reshaped = sorted(
+        f"{name} {tuple(saved[name].shape)} -> {tuple(current[name].shape)}"
+        for name in set(saved) & set(current)
+        if saved[name].shape != current[name].shape
+    )
+    problems = []
+    for label, names in (("missing from the checkpoint", missing), ("unknown to this model", unexpected), ("reshaped", reshaped)):
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            problems.append(f"model parameters {label}: {shown}")
+    return problems
+
+
+def _component_state(component: Any) -> Any:
     if component is None:
         return None
     if isinstance(component, nn.Module):

@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     accelerator.end_training()  # tears the process group down cleanly on every rank
     if accelerator.is_main_process:
         outcome = f"stopped ({state.stop_reason})" if stop.reason else "finished"
-        print(f"{outcome} at epoch {state.epoch}, step {state.step}; best validation/loss {state.best_metric:.5f} "
-              f"at step {state.best_step}")
+        best = "no evaluation yet" if state.best_metric is None else (
+            f"best validation/loss {state.best_metric:.5f} at step {state.best_step}")
+        print(f"{outcome} at epoch {state.epoch}, step {state.step}; {best}")
 
 
 if __name__ == "__main__":
