@@ -325,6 +325,7 @@ class Trainer:
             synchronisation = nullcontext() if last else self.accelerator.no_sync(self.model)
             with synchronisation, torch.set_grad_enabled(grad_enabled):
                 output = self.step(self.model, batch)
+                local_samples += _sample_count(output.num_samples, self.state.epoch, self.state.next_batch + index)
                 check_metric_names(output.metrics, self.objective)
                 if self.objective is None:
                     loss, weight = scalar_loss_and_weight(output)
@@ -346,7 +347,6 @@ class Trainer:
                 if grad_enabled:
                     self._backward(contribution)
             metrics.update(output.metrics)
-            local_samples += _sample_count(output.num_samples, self.state.epoch, self.state.next_batch + index)
         if consumed != size:
             raise RuntimeError(
                 f"The training DataLoader yielded {self.state.next_batch + consumed} batches in epoch "

@@ -34,6 +34,31 @@ def group_sigterm(directory: Path) -> None:
     print(f"stopped {state.stop_reason} at step {state.step}", flush=True)
 
 
+def group_sigterm_during_evaluation(directory: Path) -> None:
+    """The same signal while the evaluation loader's two workers are alive."""
+    from torch.utils.data import DataLoader
+    from workloads import RegressionData
+
+    from elfes.engine import Evaluator
+
+    run = build(RunSpec(num_workers=2))
+    stop = StopRequest()
+    sent = False
+
+    def evaluation_step(model, batch):
+        nonlocal sent
+        if not sent:
+            sent = True
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+        return mse_step(model, batch)
+
+    validation = DataLoader(RegressionData(13, seed=2), batch_size=4, num_workers=2)
+    run.trainer.evaluator = Evaluator(run.accelerator, {"validation": validation}, evaluation_step)
+    with stop.catch_signals():
+        state = run.trainer.train(run.config, checkpoint_dir=directory, stop=stop)
+    print(f"stopped {state.stop_reason} at step {state.step}", flush=True)
+
+
 if __name__ == "__main__":
     case, output = sys.argv[1], Path(sys.argv[2])
-    {"group-sigterm": group_sigterm}[case](output)
+    {"group-sigterm": group_sigterm, "group-sigterm-evaluation": group_sigterm_during_evaluation}[case](output)

@@ -596,3 +596,48 @@ def test_load_weights_refuses_a_ddp_model(tmp_path):
     finally:
         dist.destroy_process_group()
     assert_state_equal(before, model.state_dict(), "model after a refused load")
+
+
+class TiedModel(nn.Module):
+    """An embedding and an output layer sharing one weight, as language models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(6, 4)
+        self.output = nn.Linear(4, 6, bias=False)
+        self.output.weight = self.embedding.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.output(self.embedding(tokens)).logsumexp(-1, keepdim=True)
+
+
+def test_ema_weights_of_tied_parameters_are_exported_under_every_name(tmp_path):
+    fresh_accelerate()
+    model = TiedModel()
+    tokens = torch.arange(12) % 6
+    loader = DataLoader(torch.utils.data.TensorDataset(tokens, torch.zeros(12, 1)), batch_size=4)
+    trainer = Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.05), loader, mse_step,
+                      ema_decay=0.5)
+    trainer.train(TrainConfig(epochs=2, evaluate_every=None), checkpoint_dir=tmp_path)
+    export_weights(tmp_path / "final", tmp_path / "ema.pt", weights="ema")
+    exported = torch.load(tmp_path / "ema.pt", weights_only=True)
+    average = trainer.ema.average["embedding.weight"]
+    assert not torch.equal(average, model.embedding.weight.detach())  # EMA really differs from raw
+    assert torch.equal(exported["embedding.weight"], average)
+    assert torch.equal(exported["output.weight"], average)
+    fresh = TiedModel()
+    load_weights(fresh, tmp_path / "final", weights="ema")
+    assert torch.equal(fresh.output.weight.detach(), average) and fresh.output.weight is fresh.embedding.weight
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_anything_is_loaded(tmp_path):
+    trained(RunSpec(epochs=1), tmp_path / "run")
+    fresh_accelerate()
+    other = build(RunSpec(epochs=1))
+    other.trainer.module.output = nn.Linear(16, 2)  # a different head
+    other.trainer.optimizer.param_groups[0]["params"] = [p for p in other.trainer.module.parameters() if p.ndim >= 2]
+    before = {name: tensor.clone() for name, tensor in other.trainer.module.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"model parameters reshaped: output.bias \(1,\) -> \(2,\), output.weight \(1, 16\) -> \(2, 16\)"):
+        other.trainer.train(other.config, resume_from=tmp_path / "run" / "final")
+    after = other.trainer.module.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -211,3 +212,97 @@ def test_resuming_with_another_torch_thread_count_warns(tmp_path):
             resumed.trainer.train(resumed.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "last")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_early_stopping_survives_a_pause_and_a_resume(tmp_path):
+    """The uninterrupted run stops early; paused at that very boundary and resumed, it stops there too."""
+    from elfes.engine import Monitor
+
+    spec = RunSpec(epochs=3, warmup=False)
+
+    def early_stopping(run):
+        run.config = dataclasses.replace(run.config, monitor=Monitor("validation/loss", patience=1, min_delta=1e9))
+        return run
+
+    fresh_accelerate()
+    reference = early_stopping(build(spec))
+    stopped = reference.trainer.train(reference.config, checkpoint_dir=tmp_path / "reference")
+    assert stopped.stop_reason == "early_stopping"
+    expected = snapshot(reference.trainer)
+    final = torch.load(tmp_path / "reference" / "final", weights_only=True)
+    assert final["state"]["stop_reason"] == "early_stopping"  # the final file holds the final state
+
+    # The second evaluation (step 4) exhausts patience: pause in the window that ends there.
+    directory = tmp_path / "paused"
+    fresh_accelerate()
+    paused = early_stopping(build(spec))
+    stop = StopRequest()
+    paused.trainer.step = StopInWindow(stop, first_call_of_window(spec, 3))
+    assert paused.trainer.train(paused.config, checkpoint_dir=directory, stop=stop).step == 4
+    fresh_accelerate()
+    resumed = early_stopping(build(spec))
+    state = resumed.trainer.train(resumed.config, checkpoint_dir=directory, resume_from=directory / "last")
+    assert (state.step, state.stop_reason) == (stopped.step, "early_stopping")
+    assert_bitwise_equal(expected, snapshot(resumed.trainer), "early stop after a pause")
+
+    # Resuming the finished run with the same configuration trains no further.
+    fresh_accelerate()
+    again = early_stopping(build(spec))
+    state = again.trainer.train(again.config, checkpoint_dir=directory, resume_from=directory / "final")
+    assert state.step == stopped.step
+    assert_bitwise_equal(expected, snapshot(again.trainer), "resumed after early stopping")
+
+
+def test_a_stop_saves_last_before_a_due_evaluation_which_runs_after_the_resume(tmp_path):
+    """Within a preemption grace period, `last` must not wait for an evaluation."""
+    import io
+
+    from rich.console import Console
+
+    from elfes.engine import RunLogger
+    from elfes.records import read_events
+
+    spec = RunSpec()  # evaluation every 2 steps
+    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-deferred"))
+    fresh_accelerate()
+    with RunLogger(tmp_path, is_main_process=True, console=Console(file=io.StringIO())) as logger:
+        paused = build(spec, logger=logger)
+        stop = StopRequest()
+        paused.trainer.step = StopInWindow(stop, first_call_of_window(spec, 1))  # the window ending at step 2
+        paused.trainer.train(paused.config, checkpoint_dir=tmp_path / "checkpoints", stop=stop)
+    fresh_accelerate()
+    with RunLogger(tmp_path, is_main_process=True, console=Console(file=io.StringIO())) as logger:
+        resumed = build(spec, logger=logger)
+        state = resumed.trainer.train(resumed.config, checkpoint_dir=tmp_path / "checkpoints",
+                                      resume_from=tmp_path / "checkpoints" / "last")
+    names = [(event["event"], event.get("step")) for event in read_events(tmp_path)]
+    stopped = next(index for index, (name, _) in enumerate(names) if name == "stopped")
+    assert ("evaluation", 2) not in names[:stopped], "the pause saved last without evaluating first"
+    assert names[stopped + 1] == ("resumed", None)
+    assert names[stopped + 2] == ("evaluation", 2), "the deferred evaluation runs first after the resume"
+    assert (state.epoch, state.step, state.batches, state.samples) == position
+    assert_bitwise_equal(expected, snapshot(resumed.trainer), "deferred evaluation")
+
+
+def test_a_fresh_run_refuses_a_directory_that_holds_another_runs_checkpoints(tmp_path):
+    fresh_accelerate()
+    first = build(RunSpec(epochs=1))
+    first.trainer.train(first.config, checkpoint_dir=tmp_path)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.iterdir() if not p.is_symlink())
+    fresh_accelerate()
+    second = build(RunSpec(epochs=1))
+    with pytest.raises(ValueError, match=r"already holds checkpoints.*resume_from=.*last"):
+        second.trainer.train(second.config, checkpoint_dir=tmp_path)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.iterdir() if not p.is_symlink()) == before
+
+
+def test_sigterm_to_the_process_group_during_evaluation_spares_its_workers(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "signal_cases.py"), "group-sigterm-evaluation", str(tmp_path)],
+        env=launch_environment(OMP_NUM_THREADS=str(torch.get_num_threads())),
+        capture_output=True, text=True, timeout=120, start_new_session=True,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    # The first evaluation ends at step 2; the stop takes effect at the next window boundary.
+    assert "stopped SIGTERM at step 3" in completed.stdout, completed.stdout
+    assert (tmp_path / "last").is_symlink()

@@ -1,0 +1,86 @@
+"""Bad input gets a clear error that names the value and the fix, before anything changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+from torch.utils.data import DataLoader, TensorDataset
+from workloads import RunSpec, build
+
+from elfes.engine import Monitor, StepOutput, TrainConfig, Trainer
+
+QUIET = dict(evaluate_every=None, checkpoint_every=None)
+
+
+def tiny_trainer(step, *, batches: int = 4, batch_sampler=None) -> Trainer:
+    data = TensorDataset(torch.arange(batches * 2, dtype=torch.float32).unsqueeze(1))
+    model = nn.Linear(1, 1)
+    loader = DataLoader(data, batch_sampler=batch_sampler) if batch_sampler is not None else DataLoader(data, batch_size=2)
+    return Trainer(Accelerator(cpu=True, gradient_accumulation_steps=2), model,
+                   torch.optim.SGD(model.parameters(), lr=0.1), loader, step)
+
+
+@pytest.mark.parametrize("weight", [-1.0, float("nan"), float("inf")])
+def test_a_negative_or_nonfinite_loss_weight_is_refused_before_the_update(weight):
+    def step(model, batch):
+        (inputs,) = batch
+        bad = inputs[0, 0] >= 4  # the third batch
+        return StepOutput(loss=model(inputs).square().mean(), num_samples=len(inputs),
+                          loss_weight=torch.tensor(weight) if bad else torch.tensor(2.0))
+
+    trainer = tiny_trainer(step)
+    with pytest.raises(ValueError, match=r"loss_weight at epoch 0, batch 2 is negative or nonfinite"):
+        trainer.train(TrainConfig(epochs=1, **QUIET))
+    assert trainer.state.step == 1  # the first window trained; the second was refused before updating
+
+
+@pytest.mark.parametrize("num_samples", [-1, 2.5, "2", None])
+def test_num_samples_must_be_a_count(num_samples):
+    def step(model, batch):
+        (inputs,) = batch
+        return StepOutput(loss=model(inputs).square().mean(), num_samples=num_samples)
+
+    with pytest.raises(ValueError, match=rf"num_samples at epoch 0, batch 0 is {num_samples!r}.*int >= 0"):
+        tiny_trainer(step).train(TrainConfig(epochs=1, **QUIET))
+
+
+def test_a_loader_that_yields_fewer_batches_than_its_length_is_refused():
+    class ShortBatchSampler:
+        def __len__(self) -> int:
+            return 4
+
+        def __iter__(self):
+            yield from ([0, 1], [2, 3], [4, 5])  # one batch fewer than promised
+
+    def step(model, batch):
+        (inputs,) = batch
+        return StepOutput(loss=model(inputs).square().mean(), num_samples=len(inputs))
+
+    trainer = tiny_trainer(step, batch_sampler=ShortBatchSampler())
+    with pytest.raises(RuntimeError, match=r"yielded 3 batches in epoch 0 where its length promised 4"):
+        trainer.train(TrainConfig(epochs=1, **QUIET))
+
+
+def test_reduce_lr_on_plateau_must_read_the_monitor_the_same_way():
+    run = build(RunSpec(warmup=False))
+    run.trainer.scheduler = ReduceLROnPlateau(run.trainer.optimizer, mode="max")
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='max'\).*Monitor\(mode='min'\).*same mode"):
+        run.trainer.train(run.config)
+    assert run.trainer.state.batches == 0
+
+
+def test_a_process_of_a_multi_process_launch_that_trains_alone_is_refused(monkeypatch):
+    accelerator = Accelerator(cpu=True)
+    model = nn.Linear(1, 1)
+    loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun exports to each of its processes
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2.*num_processes=1.*Accelerator\(cpu=True\) or set ACCELERATE_USE_CPU=1"):
+        Trainer(accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1), loader, lambda m, b: None)
+
+
+def test_monitor_mode_and_patience_are_validated_by_name():
+    with pytest.raises(ValueError, match="Monitor.patience is 0"):
+        Monitor("validation/loss", patience=0)
