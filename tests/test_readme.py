@@ -68,3 +68,14 @@ def test_the_elfes_command_reports_its_version_without_importing_torch():
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
     )
     assert probe.stdout.strip().endswith("False")
+
+
+def test_the_overhead_benchmark_prints_its_table():
+    completed = subprocess.run(
+        [sys.executable, str(REPOSITORY / "benchmarks" / "engine_overhead.py"), "--rounds", "1", "--samples", "512"],
+        capture_output=True, text=True, timeout=300, env=launch_environment(OMP_NUM_THREADS="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "ELFES Trainer / plain loop" in completed.stdout and "ratio" in completed.stdout
+    rows = [line for line in completed.stdout.splitlines() if re.match(r"^│\s+\d+ │", line)]
+    assert len(rows) == 3
