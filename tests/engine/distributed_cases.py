@@ -323,6 +323,7 @@ def resume_case(out: Path, name: str) -> None:
     sizes = window_sizes(full.trainer, spec.epochs)
     state = full.trainer.train(full.config, checkpoint_dir=out / "full" / "checkpoints")
     torch.save(snapshot(full.trainer), out / f"full.rank{RANK}.pt")
+    full.trainer.save_model(out / "full-ema-export.pt", weights="ema")  # DDP-wrapped: the main process writes
     report["full"] = {"state": state.state_dict(), "reads": full.train_data.reads, "accelerator": describe(full.accelerator)}
     report["window_sizes"] = sizes
 

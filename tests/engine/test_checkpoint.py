@@ -641,3 +641,19 @@ def test_a_checkpoint_of_another_model_is_refused_before_anything_is_loaded(tmp_
         other.trainer.train(other.config, resume_from=tmp_path / "run" / "final")
     after = other.trainer.module.state_dict()
     assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_a_compiled_model_is_checkpointed_and_exported_without_compile_prefixes(tmp_path):
+    fresh_accelerate()
+    model = torch.compile(DropoutMLP(), backend="eager")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = DataLoader(RegressionData(16, seed=1), batch_size=4)
+    trainer = Trainer(Accelerator(cpu=True), model, optimizer, loader, mse_step, ema_decay=0.9)
+    trainer.train(TrainConfig(epochs=1, evaluate_every=None), checkpoint_dir=tmp_path / "checkpoints")
+    trainer.save_model(tmp_path / "model.pt", weights="ema")
+    plain_names = set(DropoutMLP().state_dict())
+    assert set(torch.load(tmp_path / "model.pt", weights_only=True)) == plain_names
+    payload = torch.load(tmp_path / "checkpoints" / "final", weights_only=True)
+    assert set(payload["model"]) == plain_names and set(payload["ema"]) <= plain_names
+    fresh = DropoutMLP()
+    load_weights(fresh, tmp_path / "checkpoints" / "final", weights="ema")

@@ -289,3 +289,14 @@ def test_a_two_rank_checkpoint_refuses_to_resume_on_one_rank(launch):
     assert "world_size: the checkpoint has 2, this run has 1" in message
     assert "batches_per_epoch: the checkpoint has 5, this run has 10" in message
     assert run.trainer.state.step == 0  # nothing was loaded
+
+
+def test_exports_of_a_ddp_model_are_plain_state_dicts(launch):
+    output = launch("resume")
+    exported = torch.load(output / "full-ema-export.pt", weights_only=True)
+    full = per_rank_tensors(output, "full")[0]
+    assert not any(name.startswith("module.") for name in exported)
+    assert set(exported) == {name.removeprefix("raw/") for name in full if name.startswith("raw/")}
+    for name, tensor in exported.items():
+        expected = full.get(f"ema/{name}", full[f"raw/{name}"])  # EMA parameters, raw buffers
+        assert torch.equal(tensor, expected), name
