@@ -13,8 +13,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import random
+import signal
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -30,6 +30,7 @@ from rich.console import Console
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
+from workloads import RunSpec, build, mse_step, snapshot
 
 from elfes.engine import (
     Evaluator,
@@ -42,7 +43,6 @@ from elfes.engine import (
     TrainConfig,
     Trainer,
 )
-from workloads import RunSpec, build, mse_step, snapshot
 
 RANK = int(os.environ.get("RANK", "0"))  # set by torchrun; pytest imports the specs only
 CASES: dict[str, Callable[[Path], None]] = {}

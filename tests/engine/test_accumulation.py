@@ -7,34 +7,24 @@ own actual total. A mean of the per-batch means (what many trainers do) is a dif
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
-from rich.console import Console
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from workloads import events_named, fresh_accelerate, quiet_logger
 
-from elfes.engine import RunLogger, StepOutput, TrainConfig, Trainer
-from elfes.records import read_events
+from elfes.engine import StepOutput, TrainConfig, Trainer
 
 QUIET = dict(evaluate_every=None, checkpoint_every=None)
 
 
-def _logger(run_dir: Path) -> RunLogger:
-    return RunLogger(run_dir, is_main_process=True, console=Console(file=io.StringIO()))
 
 
-def _events(run_dir: Path, name: str) -> list[dict]:
-    return [event for event in read_events(run_dir) if event["event"] == name]
 
 
-def _reset_accelerate() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 class ScalarWeight(nn.Module):
@@ -68,13 +58,13 @@ def test_hand_example_003_window_of_3_and_1_samples_with_mean_losses_2_and_6_has
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model = ScalarWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.0)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, loader, linear_step, logger=logger)
         state = trainer.train(TrainConfig(epochs=1, log_every=1, **QUIET))
 
     assert model.w.item() == -2.0
     assert state.step == 1 and state.batches == 2 and state.samples == 4
-    (train,) = _events(tmp_path, "train")
+    (train,) = events_named(tmp_path, "train")
     assert train["metrics"]["loss"] == 3.0
     assert train["metrics"]["last_update_samples"] == 4
     assert train["metrics"]["grad_norm"] == 2.0  # the window-mean gradient, not the sum (8) or mean of means (3)
@@ -120,12 +110,12 @@ def test_token_weighted_window_uses_loss_weight_not_sample_count(tmp_path):
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model = ScalarWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, loader, token_step, logger=logger)
         state = trainer.train(TrainConfig(epochs=1, log_every=1, **QUIET))
 
     assert model.w.item() == -2.0
-    (train,) = _events(tmp_path, "train")
+    (train,) = events_named(tmp_path, "train")
     assert train["metrics"]["loss"] == 3.0
     assert train["metrics"]["loss"] != pytest.approx(10.0 / 3.0)
     # samples still count samples, not tokens
@@ -141,13 +131,13 @@ def test_a_batch_without_tokens_contributes_nothing_and_an_all_empty_window_is_s
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
     model = ScalarWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, loader, token_step, logger=logger)
         state = trainer.train(TrainConfig(epochs=1, log_every=1, **QUIET))
     assert model.w.item() == -3.0  # (1*1 + 1*5) / 2 tokens; the empty batch adds neither loss nor weight
-    (train,) = _events(tmp_path, "train")
+    (train,) = events_named(tmp_path, "train")
     assert train["metrics"]["loss"] == 4.0
-    (skipped,) = _events(tmp_path, "skipped")
+    (skipped,) = events_named(tmp_path, "skipped")
     assert skipped["reason"] == "unlabelled_window"
     assert state.step == 1 and state.samples == 5
 
@@ -191,7 +181,7 @@ def _train(loader: DataLoader, accumulation: int, run_dir: Path, epochs: int = 2
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
     model = MLP()
     optimizer = _adamw(model)
-    with _logger(run_dir) as logger:
+    with quiet_logger(run_dir) as logger:
         trainer = Trainer(accelerator, model, optimizer, loader, mse_step, logger=logger)
         state = trainer.train(TrainConfig(epochs=epochs, log_every=1, **QUIET))
     return trainer, model, optimizer, state
@@ -237,15 +227,15 @@ def test_accumulation_with_incomplete_tail_equals_one_batch_of_the_union_over_tw
     assert accumulated.updates_per_epoch == 2
     assert state.step == 4 and state.batches == 10 and state.samples == 36
     result = _tensors(model, optimizer)
-    accumulated_losses = [e["metrics"]["loss"] for e in _events(tmp_path / "accumulated", "train")]
-    accumulated_samples = [e["metrics"]["last_update_samples"] for e in _events(tmp_path / "accumulated", "train")]
+    accumulated_losses = [e["metrics"]["loss"] for e in events_named(tmp_path / "accumulated", "train")]
+    accumulated_samples = [e["metrics"]["last_update_samples"] for e in events_named(tmp_path / "accumulated", "train")]
 
-    _reset_accelerate()
+    fresh_accelerate()
     union_loader = DataLoader(data, batch_sampler=[list(range(0, 12)), list(range(12, 18))])
     _, union_model, union_optimizer, union_state = _train(union_loader, 1, tmp_path / "union")
     assert union_state.step == 4 and union_state.samples == 36
     reference = _tensors(union_model, union_optimizer)
-    union_losses = [e["metrics"]["loss"] for e in _events(tmp_path / "union", "train")]
+    union_losses = [e["metrics"]["loss"] for e in events_named(tmp_path / "union", "train")]
 
     assert _max_difference(result, reference) <= 1e-12
     assert any(name.endswith("exp_avg_sq") for name in result)
@@ -271,14 +261,14 @@ def test_tail_window_alone_uses_its_own_sample_total(tmp_path):
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model = ScalarWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, loader, linear_step, logger=logger)
         state = trainer.train(TrainConfig(epochs=1, log_every=1, **QUIET))
     # window 1: mean g over 4 samples = 2; window 2 (tail): mean g over 2 samples = 8 (not 4)
     assert model.w.item() == -10.0
     assert state.step == 2 == trainer.updates_per_epoch
-    assert [e["metrics"]["grad_norm"] for e in _events(tmp_path, "train")] == [2.0, 8.0]
-    assert [e["metrics"]["last_update_samples"] for e in _events(tmp_path, "train")] == [4, 2]
+    assert [e["metrics"]["grad_norm"] for e in events_named(tmp_path, "train")] == [2.0, 8.0]
+    assert [e["metrics"]["last_update_samples"] for e in events_named(tmp_path, "train")] == [4, 2]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,7 +286,7 @@ def test_updates_per_epoch_includes_incomplete_tail(tmp_path, batches, accumulat
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
     model = ScalarWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, loader, linear_step, logger=logger)
         assert trainer.updates_per_epoch == expected
         config = TrainConfig(epochs=2, log_every=1, **QUIET)
@@ -304,7 +294,7 @@ def test_updates_per_epoch_includes_incomplete_tail(tmp_path, batches, accumulat
         state = trainer.train(config)
     # the plan is what training does when nothing is skipped
     assert state.step == 2 * expected
-    (started,) = _events(tmp_path, "started")
+    (started,) = events_named(tmp_path, "started")
     assert started["budget"]["updates_per_epoch"] == expected
     assert started["budget"]["planned_steps"] == 2 * expected
 

@@ -18,12 +18,18 @@ import pytest
 import torch
 import torch._dynamo  # Accelerate imports it lazily (seconds); pay that at collection, not in a test
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 from rich.console import Console
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from workloads import DropoutMLP, RegressionData, RunSpec, build, mse_step
+from workloads import (
+    DropoutMLP,
+    RegressionData,
+    RunSpec,
+    build,
+    fresh_accelerate,
+    mse_step,
+)
 
 from elfes.engine import (
     CheckpointError,
@@ -46,9 +52,6 @@ PAYLOAD_KEYS = {"format", "version", "layout", "rng", "model", "ema", "optimizer
 QUIET = {"evaluate_every": None, "checkpoint_every": None}
 
 
-def fresh_accelerate() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def published(directory: Path) -> list[Path]:

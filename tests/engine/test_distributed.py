@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
+from workloads import assert_bitwise_equal, build, snapshot
 
 from elfes.records import read_events
-from workloads import assert_bitwise_equal, build, snapshot
 
 pytestmark = pytest.mark.distributed
 

@@ -6,7 +6,6 @@ with :func:`elfes.records.read_events`; nothing is mocked.
 
 from __future__ import annotations
 
-import io
 import random
 import re
 import signal
@@ -19,10 +18,16 @@ import pytest
 import torch
 import torch._dynamo  # Accelerate imports it lazily (seconds); pay that at collection, not in a test
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
-from rich.console import Console
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
-from workloads import DropoutMLP, RegressionData, RunSpec, build, mse_step
+from workloads import (
+    DropoutMLP,
+    RegressionData,
+    RunSpec,
+    build,
+    fresh_accelerate,
+    mse_step,
+    quiet_logger,
+)
 
 from elfes.engine import (
     Evaluator,
@@ -42,13 +47,8 @@ from elfes.records import read_events
 PUBLISHED = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
 
 
-def fresh_accelerate() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
-def quiet_logger(run_dir: Path) -> RunLogger:
-    return RunLogger(run_dir, is_main_process=True, console=Console(file=io.StringIO()))
 
 
 def events(run_dir: Path, name: str) -> list[dict]:

@@ -7,46 +7,34 @@ observed contributes nothing; a window nobody labelled is skipped entirely.
 
 from __future__ import annotations
 
-import io
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
-from rich.console import Console
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
+from workloads import events_named, fresh_accelerate, quiet_logger
 
 from elfes.engine import (
     Evaluator,
     MeanMetric,
     Objective,
-    RunLogger,
     StepOutput,
     SumMetric,
     TrainConfig,
     Trainer,
 )
-from elfes.records import read_events
 
 QUIET = dict(evaluate_every=None, checkpoint_every=None)
 WEIGHTS = {"primary": 1.0, "aux": 0.25}
 
 
-def _logger(run_dir: Path) -> RunLogger:
-    return RunLogger(run_dir, is_main_process=True, console=Console(file=io.StringIO()))
 
 
-def _events(run_dir: Path, name: str) -> list[dict]:
-    return [event for event in read_events(run_dir) if event["event"] == name]
 
 
-def _reset_accelerate() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 class MaskedData(Dataset):
@@ -129,7 +117,7 @@ def _train(data, batch_sampler, accumulation, run_dir, *, optimizer_factory=None
     scheduler = scheduler_factory(optimizer) if scheduler_factory else None
     loader = DataLoader(data, batch_sampler=batch_sampler)
     objective = objective or Objective(WEIGHTS, counts)
-    with _logger(run_dir) as logger:
+    with quiet_logger(run_dir) as logger:
         trainer = Trainer(accelerator, model, optimizer, loader, step, objective=objective,
                           scheduler=scheduler, ema_decay=ema_decay, logger=logger)
         state = trainer.train(TrainConfig(epochs=epochs, log_every=1, **QUIET))
@@ -180,7 +168,7 @@ def test_masked_auxiliary_term_is_normalised_by_its_own_global_window_count(tmp_
     assert float((wrong["v"] - gradient["v"]).abs()) > 1e-6
 
     assert state.step == 1 and state.samples == 7
-    (train,) = _events(tmp_path, "train")
+    (train,) = events_named(tmp_path, "train")
     metrics = train["metrics"]
     assert metrics["loss_count/primary"] == 7
     assert metrics["loss_count/aux"] == 3
@@ -213,7 +201,7 @@ def test_globally_absent_term_contributes_no_gradient_and_no_nan(tmp_path, sums)
     assert float((model.w.detach() - (initial["w"] - gradient["w"])).abs().max()) <= 1e-12
     assert not torch.equal(model.w.detach(), initial["w"])
 
-    (train,) = _events(tmp_path, "train")
+    (train,) = events_named(tmp_path, "train")
     metrics = train["metrics"]
     assert metrics["loss_count/aux"] == 0
     assert "loss/aux" not in metrics  # unobserved, not a perfect zero
@@ -253,7 +241,7 @@ def test_wholly_unlabelled_window_touches_no_parameter_optimizer_scheduler_or_em
     trainer_a, model_a, optimizer_a, scheduler_a, state_a = a
     tensors_a = _all_tensors(model_a, optimizer_a, scheduler_a, trainer_a)
 
-    _reset_accelerate()
+    fresh_accelerate()
     b = _train(data, [[0, 1], [2], [3, 4], [5]], 2, tmp_path / "b", optimizer_factory=adamw, scheduler_factory=scheduler, ema_decay=0.5)
     trainer_b, model_b, optimizer_b, scheduler_b, state_b = b
     tensors_b = _all_tensors(model_b, optimizer_b, scheduler_b, trainer_b)
@@ -265,7 +253,7 @@ def test_wholly_unlabelled_window_touches_no_parameter_optimizer_scheduler_or_em
     assert state_a.step == state_b.step == 1
     assert state_b.samples == state_a.samples + 3
     assert state_b.batches == state_a.batches + 2
-    (skipped,) = _events(tmp_path / "b", "skipped")
+    (skipped,) = events_named(tmp_path / "b", "skipped")
     assert skipped["reason"] == "unlabelled_window"
     assert skipped["step"] == 1
     # and the labelled window did train (the comparison above is not vacuous)
@@ -317,11 +305,11 @@ def test_ordinary_metric_names_are_accepted(tmp_path):
     data = MaskedData([True, True], [True, False], seed=4)
     accelerator = Accelerator(cpu=True)
     model = TwoHeads()
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1),
                           DataLoader(data, batch_size=2), step, logger=logger)
         trainer.train(TrainConfig(epochs=1, log_every=1, **QUIET))
-    (train,) = _events(tmp_path, "train")
+    (train,) = events_named(tmp_path, "train")
     assert "losses" in train["metrics"] and "loss" in train["metrics"]
 
 

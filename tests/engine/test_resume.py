@@ -12,18 +12,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from conftest import launch_environment
-from workloads import RunSpec, assert_bitwise_equal, build, mse_step, snapshot, windows_per_epoch
+from workloads import (
+    RunSpec,
+    assert_bitwise_equal,
+    build,
+    fresh_accelerate,
+    mse_step,
+    snapshot,
+    windows_per_epoch,
+)
 
 from elfes.engine import Interval, StopRequest
 
 HERE = Path(__file__).resolve().parent
 
 
-def fresh_accelerate() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 @cache

@@ -8,19 +8,21 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 from rich.console import Console
-from workloads import RunSpec, build, mse_step
+from workloads import RunSpec, build, fresh_accelerate, mse_step
 
 from elfes.engine import RunLogger, StopRequest
-from elfes.records import EVENT_FIELDS, EventsFileWarning, events_path, read_events, summarize
+from elfes.records import (
+    EVENT_FIELDS,
+    EventsFileWarning,
+    events_path,
+    read_events,
+    summarize,
+)
 
 SPEC = RunSpec(epochs=2, log_every=2)
 
 
-def fresh_accelerate() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def pause_then_resume(run_dir: Path, console: Console) -> int:

@@ -3,38 +3,31 @@ plateau scheduling and configuration validation."""
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate import Accelerator
-from rich.console import Console
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 from torch.utils.data import DataLoader, TensorDataset
+from workloads import events_named, quiet_logger
 
 from elfes.engine import (
     Evaluator,
     Interval,
     Monitor,
-    RunLogger,
     StepOutput,
     TrainConfig,
     Trainer,
 )
-from elfes.records import read_events
 
 QUIET = dict(evaluate_every=None, checkpoint_every=None)
 
 
-def _logger(run_dir: Path) -> RunLogger:
-    return RunLogger(run_dir, is_main_process=True, console=Console(file=io.StringIO()))
 
 
-def _events(run_dir: Path, name: str) -> list[dict]:
-    return [event for event in read_events(run_dir) if event["event"] == name]
 
 
 class Linear(nn.Module):
@@ -163,11 +156,11 @@ def _clipping_run(tmp_path: Path, max_grad_norm: float):
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model = Linear(2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, DataLoader(data, batch_sampler=[[0, 1, 2], [3]]),
                           linear_step, logger=logger)
         trainer.train(TrainConfig(epochs=1, log_every=1, max_grad_norm=max_grad_norm, **QUIET))
-    (train,) = _events(tmp_path, "train")
+    (train,) = events_named(tmp_path, "train")
     return model.w.detach().clone(), train["metrics"]["grad_norm"]
 
 
@@ -226,7 +219,7 @@ def test_amp_overflow_skips_update_ema_and_scheduler_but_advances_the_data_posit
         return overflow_step(model, batch)
 
     ema_before_skip: list[torch.Tensor] = []
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, DataLoader(data, batch_size=1), step,
                           scheduler=scheduler, ema_decay=0.5, logger=logger)
         state = trainer.train(TrainConfig(epochs=1, max_steps=2, log_every=1, **QUIET))
@@ -238,10 +231,10 @@ def test_amp_overflow_skips_update_ema_and_scheduler_but_advances_the_data_posit
     assert accelerator.scaler.get_scale() == 2.0**15
     assert (state.step, state.batches, state.samples, state.next_batch, state.epoch) == (2, 3, 3, 3, 0)
 
-    (skipped,) = _events(tmp_path, "skipped")
+    (skipped,) = events_named(tmp_path, "skipped")
     assert skipped["reason"] == "amp_overflow"
     assert skipped["step"] == 1
-    train = _events(tmp_path, "train")
+    train = events_named(tmp_path, "train")
     assert [event["step"] for event in train] == [1, 2]
     assert [event["metrics"]["lr/0"] for event in train] == [1.0, 0.5]
     assert [event["metrics"]["grad_norm"] for event in train] == [1.0, 1.0]  # unscaled, successful updates only
@@ -258,11 +251,11 @@ def _scheduled_run(tmp_path: Path, interval: str):
     model = Linear()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = LambdaLR(optimizer, lambda count: 0.5**count)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, DataLoader(data, batch_size=1), linear_step,
                           scheduler=scheduler, logger=logger)
         trainer.train(TrainConfig(epochs=3, log_every=1, scheduler_interval=interval, **QUIET))
-    return scheduler, [event["metrics"]["lr/0"] for event in _events(tmp_path, "train")], model
+    return scheduler, [event["metrics"]["lr/0"] for event in events_named(tmp_path, "train")], model
 
 
 def test_epoch_scheduler_steps_once_per_epoch(tmp_path):
@@ -294,16 +287,16 @@ def test_reduce_lr_on_plateau_steps_on_the_monitored_metric(tmp_path):
         return StepOutput(loss=((g @ model.w) - 5.0).square().mean(), num_samples=len(v))
 
     evaluator = Evaluator(accelerator, {"val": DataLoader(validation, batch_size=1)}, validation_step)
-    with _logger(tmp_path) as logger:
+    with quiet_logger(tmp_path) as logger:
         trainer = Trainer(accelerator, model, optimizer, DataLoader(train_data, batch_size=1), linear_step,
                           evaluator=evaluator, scheduler=scheduler, logger=logger)
         state = trainer.train(TrainConfig(epochs=1, log_every=1, evaluate_every=Interval(1, "step"),
                                           checkpoint_every=None, monitor=Monitor("val/loss")))
 
-    rates = [event["metrics"]["lr/0"] for event in _events(tmp_path, "train")]
+    rates = [event["metrics"]["lr/0"] for event in events_named(tmp_path, "train")]
     assert rates == [1.0, 1.0, 1.0, 0.5, 0.5]
     assert optimizer.param_groups[0]["lr"] == 0.25
-    assert len(_events(tmp_path, "evaluation")) == 5
+    assert len(events_named(tmp_path, "evaluation")) == 5
     assert state.best_step == 1 and state.evaluations_without_improvement == 4
     assert model.w.item() == -(1.0 + 1.0 + 1.0 + 0.5 + 0.5)
 

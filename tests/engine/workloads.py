@@ -7,6 +7,7 @@ after a resume: raw and EMA weights, optimizer state, scheduler and scaler state
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,7 +15,9 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import set_seed
+from rich.console import Console
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
@@ -25,12 +28,29 @@ from elfes.engine import (
     MaxMetric,
     MeanMetric,
     Monitor,
+    RunLogger,
     StepOutput,
     TrainConfig,
     Trainer,
     WarmupDecay,
     weight_decay_groups,
 )
+from elfes.records import read_events
+
+
+def fresh_accelerate() -> None:
+    """Forget accelerate's process-wide singletons before building another Accelerator in one process."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def quiet_logger(run_dir: Path, *, is_main_process: bool = True) -> RunLogger:
+    """A real RunLogger whose console output goes nowhere."""
+    return RunLogger(run_dir, is_main_process=is_main_process, console=Console(file=io.StringIO()))
+
+
+def events_named(run_dir: Path, name: str) -> list[dict]:
+    return [event for event in read_events(run_dir) if event["event"] == name]
 
 
 class RegressionData(Dataset):
