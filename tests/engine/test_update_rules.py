@@ -365,3 +365,34 @@ def test_valid_configs_are_accepted():
                 checkpoint_every=Interval(2, "epoch"), keep_checkpoints=1, max_grad_norm=0.5,
                 monitor=Monitor("val/loss", mode="max", patience=1, min_delta=0.0), scheduler_interval="epoch")
     Monitor("val/sub/metric")
+
+
+def test_large_loss_denominators_do_not_overflow_the_grad_scaler_window_after_window(tmp_path):
+    """Each backward divides by the previous window's global denominator, so a token-weighted loss
+    keeps mean-sized scaled gradients: only the first window (no previous denominator) overflows.
+    Without it, gradient * weight * scale = 2**110 * 2**20 * 2**16 exceeds float32 in every window
+    until the scaler has shrunk. Powers of two keep every number exact."""
+
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def forward(self, values: torch.Tensor) -> torch.Tensor:
+            return values * self.w
+
+    def step(model, batch):
+        (values,) = batch
+        return StepOutput(loss=model(values).mean(), num_samples=len(values), loss_weight=2.0**19 * len(values))
+
+    data = TensorDataset(torch.full((16, 1), 2.0**110))
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    model = Scale()
+    with quiet_logger(tmp_path) as logger:
+        trainer = Trainer(accelerator, model, torch.optim.SGD(model.parameters(), lr=2.0**-110),
+                          DataLoader(data, batch_size=2), step, logger=logger)
+        state = trainer.train(TrainConfig(epochs=1, log_every=1, **QUIET))
+    assert [event["step"] for event in events_named(tmp_path, "skipped")] == [0]
+    assert state.step == 3  # every window after the first updated
+    assert model.w.item() == -3.0  # each update moved w by exactly lr * mean(values) = 1
