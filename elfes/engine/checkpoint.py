@@ -92,9 +92,12 @@ class CheckpointDirectory:
     def point(self, pointer: str, target: Path) -> None:
         """Make ``pointer`` a relative symlink to ``target``, replacing any old link atomically."""
         link = self.pointer(pointer)
+        relative = os.path.relpath(target, self.path)
+        if link.is_symlink() and os.readlink(link) == relative:
+            return
         temporary = self.path / f"{_TEMPORARY_PREFIX}{pointer}.{os.getpid()}"
         temporary.unlink(missing_ok=True)
-        os.symlink(os.path.relpath(target, self.path), temporary)
+        os.symlink(relative, temporary)
         os.replace(temporary, link)
         _fsync_directory(self.path)
 

@@ -189,6 +189,7 @@ class Trainer:
         self._parameters = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = PhaseClock()
         self._saved: CheckpointName | None = None  # the position this train() call last published
+        self._restored: tuple[Path, dict[str, Any], dict[str, Any]] | None = None  # file, state, progress
         self._max_grad_norm: float | None = None
         self._scheduler_interval = "step"
         self._scheduler_steps_per_update = True
@@ -218,7 +219,7 @@ class Trainer:
         """
         self._check_setup(config)
         self._clock = PhaseClock()
-        self._saved = None
+        self._saved, self._restored = None, None
         directory = CheckpointDirectory(Path(checkpoint_dir)) if checkpoint_dir is not None else None
         stop = stop if stop is not None else StopRequest()
         fresh = resume_from is None and self.state.batches == 0
@@ -656,8 +657,7 @@ class Trainer:
             rng_states = gathered
         name = CheckpointName(self.state.step, self.state.batches)
         path, size = directory.file(name), 0
-        if self.accelerator.is_main_process and name == self._saved and path.exists():
-            # The same position was already published by this call (an interval save before the final one).
+        if self.accelerator.is_main_process and self._already_published(path, name):
             size = path.stat().st_size
         elif self.accelerator.is_main_process:
             payload = {"format": FORMAT, "version": VERSION, "layout": self._layout(), "rng": rng_states}
@@ -688,6 +688,15 @@ class Trainer:
             duration_s=duration,
         )
 
+    def _already_published(self, path: Path, name: CheckpointName) -> bool:
+        """Whether ``path`` already holds exactly this state: written earlier in this call (an interval
+        save before the final one), or the checkpoint this call resumed from, unchanged since."""
+        if name == self._saved and path.exists():
+            return True
+        if self._restored is None or not path.exists() or path.resolve() != self._restored[0]:
+            return False
+        return self._restored[1:] == (self.state.state_dict(), self.progress.state_dict())
+
     def _restore(self, source: Path, config: TrainConfig) -> str:
         """Load every stateful part from a checkpoint, after checking that all of it fits this run."""
         payload = read_checkpoint(source)
@@ -716,6 +725,7 @@ class Trainer:
             if component is not None:
                 component.load_state_dict(payload[key])
         restore_rng(payload["rng"][self.accelerator.process_index])
+        self._restored = (resolved, payload["state"], payload["progress"])
         self._warn_if_schedule_budget_differs(config, resolved)
         return str(resolved)
 

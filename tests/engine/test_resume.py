@@ -191,13 +191,13 @@ def test_resuming_a_finished_run_with_the_same_budget_changes_nothing(tmp_path):
     run = build(spec)
     run.trainer.train(run.config, checkpoint_dir=tmp_path)
     before = snapshot(run.trainer)
-    checkpoints = sorted(p.name for p in tmp_path.iterdir())
+    checkpoints = sorted((p.name, os.lstat(p).st_ino, os.lstat(p).st_mtime_ns) for p in tmp_path.iterdir())
     fresh_accelerate()
     again = build(spec)
     state = again.trainer.train(again.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "final")
     assert state.epoch == 1
     assert_bitwise_equal(before, snapshot(again.trainer), "idempotent resume")
-    assert sorted(p.name for p in tmp_path.iterdir()) == checkpoints
+    assert sorted((p.name, os.lstat(p).st_ino, os.lstat(p).st_mtime_ns) for p in tmp_path.iterdir()) == checkpoints
 
 
 def test_resuming_with_another_torch_thread_count_warns(tmp_path):
