@@ -315,6 +315,10 @@ def test_terminal_console_renders_bar_and_evaluation_lines(tmp_path):
         logger.log(started(30, resumed_from="/runs/a/checkpoints/step-30"))
         logger.log(train(40))
     output = console.file.getvalue()
+    assert "━" in output, "a drawn progress bar"
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output)  # what a terminal shows, colours removed
+    assert re.search(r"epoch 0 [━╺╸]+ +40/100 loss 0\.1234 5012\.3 samples/s", shown), "the bar and its columns"
+    assert "\x1b[" in output  # a live display redraws in place
     assert "30/100" in output
     assert "samples/s" in output
     assert "evaluation epoch=0 step=30 weights=ema" in output

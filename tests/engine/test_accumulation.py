@@ -316,3 +316,24 @@ def test_planned_steps_with_and_without_max_steps(tmp_path):
     assert state.step == 7
     # 7 updates: two full epochs (6) and the first window of the third
     assert (state.epoch, state.next_batch, state.batches) == (2, 2, 12)
+
+
+def test_a_logging_interval_reports_its_own_exact_metrics_and_mean_grad_norm(tmp_path):
+    """Two one-batch windows per train event (log_every=2): batches of 3 samples (loss 2, g 1) and 1
+    sample (loss 6, g 3). The event's loss covers the interval's 4 samples: 3 (the last window alone
+    would say 6, the mean of windows 4); grad_norm is the mean over its updates: 2 (the last alone 3);
+    lr/0 is the last attempted update's; last_update_samples is the last window's 1."""
+    v = torch.tensor([2.0, 2.0, 2.0, 6.0], dtype=torch.float64)
+    g = torch.tensor([1.0, 1.0, 1.0, 3.0], dtype=torch.float64)
+    loader = DataLoader(TensorDataset(v, g), batch_sampler=[[0, 1, 2], [3]])
+    model = ScalarWeight()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with quiet_logger(tmp_path) as logger:
+        trainer = Trainer(Accelerator(cpu=True), model, optimizer, loader, linear_step, logger=logger)
+        trainer.train(TrainConfig(epochs=1, log_every=2, **QUIET))
+    (event,) = events_named(tmp_path, "train")
+    assert event["step"] == 2 and event["samples"] == 4
+    assert event["metrics"]["loss"] == 3.0
+    assert event["metrics"]["grad_norm"] == 2.0
+    assert event["metrics"]["last_update_samples"] == 1
+    assert event["metrics"]["lr/0"] == 0.0

@@ -420,8 +420,10 @@ def _assert_names_mismatch(message: str, field: str, checkpoint_value, run_value
         ({"accumulation": 2}, "gradient_accumulation_steps", 3, 2),
         ({"optimizer": "sgd"}, "optimizer", "AdamW", "SGD"),
         ({"ema_decay": None}, "ema_decay", 0.9, None),
+        ({"mixed_precision": "bf16"}, "mixed_precision", "no", "bf16"),
+        ({"warmup": False}, "scheduler", "LambdaLR", None),
     ],
-    ids=["batching", "optimizer", "ema"],
+    ids=["batching", "optimizer", "ema", "precision", "scheduler"],
 )
 def test_layout_mismatch_is_refused_naming_the_field_and_both_values(tmp_path, change, field, checkpoint_value, run_value):
     spec = RunSpec(epochs=1, evaluate=False, checkpoint_every=None)
@@ -661,3 +663,29 @@ def test_a_compiled_model_is_checkpointed_and_exported_without_compile_prefixes(
     assert set(payload["model"]) == plain_names and set(payload["ema"]) <= plain_names
     fresh = DropoutMLP()
     load_weights(fresh, tmp_path / "checkpoints" / "final", weights="ema")
+
+
+def test_a_checkpoint_is_fsynced_under_its_temporary_name_renamed_and_its_folder_fsynced(tmp_path, monkeypatch):
+    """The real os calls run; a recorder only notes their order and targets."""
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor):
+        calls.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def replace(source, destination):
+        calls.append(("replace", str(source), str(destination)))
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    directory = CheckpointDirectory(tmp_path)
+    path, size = directory.save({"tensor": torch.ones(3)}, CheckpointName(step=5, batches=9))
+    directory.point("last", path)
+    folder = str(tmp_path)
+    (_, written), (_, temporary, final), (_, synced_folder), (_, link_source, link), (_, pointer_folder) = calls
+    assert written == temporary and Path(temporary).name.startswith(".tmp-") and Path(temporary).parent == tmp_path
+    assert final == str(path) and synced_folder == folder
+    assert Path(link_source).name.startswith(".tmp-last") and link == str(tmp_path / "last") and pointer_folder == folder
+    assert size == path.stat().st_size and torch.load(path, weights_only=True)["tensor"].sum() == 3

@@ -29,7 +29,10 @@ def run_launch(context, directory, kill, output) -> int:
     process = context.Process(target=kill_harness.launch, args=(str(directory), kill, str(output)))
     process.start()
     process.join(timeout=120)
-    assert process.exitcode is not None, "a training launch hung"
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+        pytest.fail(f"a training launch with kill point {kill} hung and was killed")
     return process.exitcode
 
 

@@ -224,9 +224,9 @@ def _all_tensors(model, optimizer, scheduler, trainer) -> dict[str, torch.Tensor
 
 def test_wholly_unlabelled_window_touches_no_parameter_optimizer_scheduler_or_ema(tmp_path):
     """Run A trains on one labelled window; run B on the same window then a window with no label of
-    any term. AdamW with weight decay would move every parameter (and its moments, and its step) even
-    with zero gradients, so B's tensors equal A's only if the second window skipped the optimizer,
-    the step scheduler and the EMA entirely."""
+    any term. B's parameters, AdamW state, learning rate, scheduler and EMA equal A's only if the
+    second window stepped neither the scheduler nor the EMA (torch optimizers themselves skip
+    parameters whose gradient is None, which is what an unlabelled window leaves)."""
     primary_mask = [True, False, True, False, False, False]
     aux_mask = [True, False, False, False, False, False]
     data = MaskedData(primary_mask, aux_mask, seed=3)

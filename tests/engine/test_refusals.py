@@ -43,8 +43,12 @@ def test_num_samples_must_be_a_count(num_samples):
         (inputs,) = batch
         return StepOutput(loss=model(inputs).square().mean(), num_samples=num_samples)
 
+    trainer = tiny_trainer(step)
+    before = {name: tensor.clone() for name, tensor in trainer.module.state_dict().items()}
     with pytest.raises(ValueError, match=rf"num_samples at epoch 0, batch 0 is {num_samples!r}.*int >= 0"):
-        tiny_trainer(step).train(TrainConfig(epochs=1, **QUIET))
+        trainer.train(TrainConfig(epochs=1, **QUIET))
+    assert trainer.state.step == 0 and trainer.state.samples == 0
+    assert all(torch.equal(before[name], tensor) for name, tensor in trainer.module.state_dict().items())
 
 
 def test_a_loader_that_yields_fewer_batches_than_its_length_is_refused():
@@ -62,6 +66,7 @@ def test_a_loader_that_yields_fewer_batches_than_its_length_is_refused():
     trainer = tiny_trainer(step, batch_sampler=ShortBatchSampler())
     with pytest.raises(RuntimeError, match=r"yielded 3 batches in epoch 0 where its length promised 4"):
         trainer.train(TrainConfig(epochs=1, **QUIET))
+    assert trainer.state.step == 1 and trainer.state.next_batch == 2  # the short window was not counted
 
 
 def test_reduce_lr_on_plateau_must_read_the_monitor_the_same_way():
