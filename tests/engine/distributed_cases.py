@@ -139,6 +139,8 @@ EQUIVALENCE_SPECS = {
     f"shuffle{int(shuffle)}": RunSpec(samples=37, dtype="float64", dropout=0.0, accumulation=2, shuffle=shuffle)
     for shuffle in (False, True)
 }
+# The Objective path: a sparse auxiliary term, normalised by its count over the whole global window.
+EQUIVALENCE_SPECS["objective"] = EQUIVALENCE_SPECS["shuffle1"].with_(objective=True)
 
 
 @case

@@ -91,19 +91,20 @@ def test_hand_example_updates_with_the_window_mean_loss(launch):
 # 2. Two ranks with accumulation k equal one rank with accumulation 2k
 
 
-@pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])
-def test_two_ranks_equal_one_rank_with_the_same_global_windows(launch, shuffle):
+@pytest.mark.parametrize("name", ["shuffle0", "shuffle1", "objective"], ids=["in_order", "shuffled", "objective"])
+def test_two_ranks_equal_one_rank_with_the_same_global_windows(launch, name):
     """37 samples in batches of 4: 10 batches, the last one of a single sample; 2 epochs.
 
     Two ranks with accumulation 2 (per-rank windows of 2, 2, 1 batches: the tail window pairs a full
     batch on rank 0 with the one-sample batch on rank 1) against one rank with accumulation 4 over the
     same batch sequence (windows of 4, 4, 2 batches). Global batch i goes to rank i % 2, so both
     optimise the same window means; a mean of per-rank means weights the tail window's 1-sample batch
-    like the 4-sample one and fails this.
+    like the 4-sample one and fails this. The objective case trains a sparse auxiliary term whose
+    count differs between the ranks' halves of a window: it passes only if each term is divided by its
+    count summed over both ranks.
     """
     from distributed_cases import EQUIVALENCE_SPECS
 
-    name = f"shuffle{int(shuffle)}"
     spec = EQUIVALENCE_SPECS[name]
     output = launch("equivalence")
     reports = per_rank_json(output, f"equivalence-{name}")

@@ -28,6 +28,7 @@ from elfes.engine import (
     MaxMetric,
     MeanMetric,
     Monitor,
+    Objective,
     RunLogger,
     StepOutput,
     TrainConfig,
@@ -83,6 +84,31 @@ class DropoutMLP(nn.Module):
         return self.output(self.dropout(torch.tanh(self.norm(self.hidden(inputs)))))
 
 
+def auxiliary_mask(inputs: torch.Tensor) -> torch.Tensor:
+    """Which samples carry the auxiliary label: a data property, so counts need no model."""
+    return inputs[:, 0] > 0.5
+
+
+def two_term_step(model: nn.Module, batch: Any) -> StepOutput:
+    """An Objective step: squared-error sums of a primary term and a sparsely labelled auxiliary one."""
+    inputs, targets = batch
+    prediction = model(inputs)
+    mask = auxiliary_mask(inputs)
+    return StepOutput(
+        loss={
+            "primary": (prediction - targets).square().sum(),
+            "auxiliary": (prediction[mask] - 2 * targets[mask]).square().sum(),
+        },
+        num_samples=len(inputs),
+    )
+
+
+TWO_TERMS = Objective(
+    weights={"primary": 1.0, "auxiliary": 0.5},
+    counts=lambda batch: {"primary": batch[1].numel(), "auxiliary": auxiliary_mask(batch[0]).sum()},
+)
+
+
 def mse_step(model: nn.Module, batch: Any) -> StepOutput:
     inputs, targets = batch
     error = model(inputs) - targets
@@ -120,6 +146,7 @@ class RunSpec:
     seed: int = 1234
     log_every: int = 1
     keep_checkpoints: int | None = None
+    objective: bool = False  # train TWO_TERMS with two_term_step instead of the mean squared error
 
     def with_(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)
@@ -160,12 +187,13 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
     train_data = RegressionData(spec.samples, seed=1, dtype=dtype)
     train_loader = DataLoader(train_data, batch_size=spec.batch_size, shuffle=spec.shuffle, num_workers=spec.num_workers)
     evaluator = None
+    step, objective = (two_term_step, TWO_TERMS) if spec.objective else (mse_step, None)
     if spec.evaluate:
         validation = DataLoader(RegressionData(13, seed=2, dtype=dtype), batch_size=4)
-        evaluator = Evaluator(accelerator, {"validation": validation}, mse_step)
+        evaluator = Evaluator(accelerator, {"validation": validation}, step, objective=objective)
     trainer = Trainer(
-        accelerator, model, optimizer, train_loader, mse_step,
-        evaluator=evaluator, ema_decay=spec.ema_decay, logger=logger,
+        accelerator, model, optimizer, train_loader, step,
+        evaluator=evaluator, objective=objective, ema_decay=spec.ema_decay, logger=logger,
     )
     config = TrainConfig(
         epochs=spec.epochs,
