@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch._dynamo  # Accelerate imports it lazily (seconds); pay that at collection, not in a test
 from accelerate import Accelerator
+from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 from workloads import (
     DropoutMLP,
@@ -479,3 +480,30 @@ def test_an_empty_or_non_string_reason_is_refused(reason):
     with pytest.raises(ValueError, match="non-empty string"):
         stop.request(reason)
     assert stop.reason is None and stop.signal is None
+
+
+def test_requires_grad_lets_an_evaluation_step_differentiate_its_predictions(tmp_path):
+    """Forces as the negative gradient of a predicted energy: autograd must be on during evaluation."""
+    fresh_accelerate()
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = accelerator.prepare_model(nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)))
+    positions = torch.randn(10, 3)
+
+    def force_step(model, batch):
+        (inputs,) = batch
+        inputs = inputs.clone().requires_grad_(True)
+        energy = model(inputs).sum()
+        (forces,) = torch.autograd.grad(energy, inputs)
+        forces = -forces
+        return StepOutput(loss=forces.square().mean(), num_samples=len(inputs),
+                          metrics={"force_norm": MeanMetric(forces.norm(dim=1).sum(), len(inputs))})
+
+    loader = DataLoader(torch.utils.data.TensorDataset(positions), batch_size=4)
+    results = Evaluator(accelerator, {"md": loader}, force_step, requires_grad=True).evaluate(model)
+    inputs = positions.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(model(inputs).sum(), inputs)
+    assert results["md"]["force_norm"] == pytest.approx(expected.norm(dim=1).mean().item(), rel=1e-6)
+    assert all(parameter.grad is None for parameter in model.parameters())
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Evaluator(accelerator, {"md": loader}, force_step).evaluate(model)
