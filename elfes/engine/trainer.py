@@ -9,12 +9,12 @@ maybe logs, maybe evaluates, maybe checkpoints, and maybe stops.
 from __future__ import annotations
 
 import itertools
-import operator
-from contextlib import closing, nullcontext
 import math
+import operator
 import time
 import warnings
 from collections.abc import Iterator, Mapping
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-
-from elfes.records import RunLogger
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
+
+from elfes.records import RunLogger
 
 from .checkpoint import (
     FORMAT,
