@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPOSITORY, launch_environment
@@ -63,7 +64,8 @@ def test_the_event_table_matches_the_schema():
 
 
 def test_the_elfes_command_reports_its_version_without_importing_torch():
-    command = shutil.which("elfes")
+    beside_python = Path(sys.executable).with_name("elfes")  # where pip puts this interpreter's scripts
+    command = str(beside_python) if beside_python.exists() else shutil.which("elfes")
     assert command, "the elfes console script is installed with the package (pip install -e .)"
     completed = subprocess.run([command, "--version"], capture_output=True, text=True)
     assert completed.returncode == 0 and completed.stdout.strip() == "elfes 0.1.0"
