@@ -310,3 +310,19 @@ def test_sigterm_to_the_process_group_during_evaluation_spares_its_workers(tmp_p
     # The first evaluation ends at step 2; the stop takes effect at the next window boundary.
     assert "stopped SIGTERM at step 3" in completed.stdout, completed.stdout
     assert (tmp_path / "last").is_symlink()
+
+
+def test_raising_max_steps_of_a_run_that_ended_mid_epoch_continues_it(tmp_path):
+    """A normal end at max_steps=3 (inside the first epoch) adds a final evaluation, which restores
+    the RNG; raising the limit continues from the same data position to the same bits."""
+    spec = RunSpec(warmup=False)
+    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-max-steps"))
+    fresh_accelerate()
+    short = build(spec.with_(max_steps=3))
+    first = short.trainer.train(short.config, checkpoint_dir=tmp_path)
+    assert (first.epoch, first.step, first.next_batch) == (0, 3, 3 * spec.accumulation)
+    fresh_accelerate()
+    longer = build(spec)
+    final = longer.trainer.train(longer.config, checkpoint_dir=tmp_path, resume_from=tmp_path / "final")
+    assert (final.epoch, final.step, final.batches, final.samples) == position
+    assert_bitwise_equal(expected, snapshot(longer.trainer), "continued after raising max_steps")
