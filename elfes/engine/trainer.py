@@ -258,15 +258,7 @@ class Trainer:
                         return self._pause(stop, config, directory, evaluate=evaluate, checkpoint=checkpoint)
                     early_stop = self._close_boundary(config, directory, evaluate=evaluate, checkpoint=checkpoint)
 
-        if early_stop:
-            self.state.stop_reason = "early_stopping"
-        improved = None
-        if self.evaluator is not None and self.progress.last_evaluation != self._position():
-            _, improved = self._evaluate_and_monitor(config)
-        if directory is not None:
-            self._save(directory, config, reason="final", best=bool(improved), final=True)
-        self._log("finished", state=self.state.state_dict(), **self._clock.totals())
-        return self.state
+        return self._finish(config, directory)
 
     def evaluate(self, *, weights: Weights = "raw") -> dict[str, dict[str, float]]:
         """Evaluate the raw or EMA weights with the trainer's evaluator. Call on every rank.
@@ -531,6 +523,16 @@ class Trainer:
         if directory is not None:
             self._save(directory, config, reason="stop")
         self._log("stopped", reason=self.state.stop_reason, state=self.state.state_dict(), **self._clock.totals())
+        return self.state
+
+    def _finish(self, config: TrainConfig, directory: CheckpointDirectory | None) -> TrainState:
+        """A normal end (budget spent or early stop): evaluate this position unless done, save ``final``."""
+        improved = None
+        if self.evaluator is not None and self.progress.last_evaluation != self._position():
+            _, improved = self._evaluate_and_monitor(config)
+        if directory is not None:
+            self._save(directory, config, reason="final", best=bool(improved), final=True)
+        self._log("finished", state=self.state.state_dict(), **self._clock.totals())
         return self.state
 
     def _finish_deferred_boundary(self, config: TrainConfig, directory: CheckpointDirectory | None) -> bool:
