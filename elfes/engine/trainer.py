@@ -40,7 +40,7 @@ from .checkpoint import (
     read_checkpoint,
     save_state_dict,
 )
-from .config import TrainConfig, TrainState, planned_steps
+from .config import Monitor, TrainConfig, TrainState, planned_steps
 from .data import (
     EpochData,
     check_distributed_batching,
@@ -267,7 +267,7 @@ class Trainer:
         """
         if self.evaluator is None:
             raise ValueError("Trainer.evaluate() needs an evaluator; pass Trainer(..., evaluator=Evaluator(...)).")
-        self._check_weights(weights)
+        self._check_weight_choice(weights)
         if weights == "ema":
             with self.ema.swapped_in():
                 return self.evaluator.evaluate(self.model)
@@ -280,7 +280,7 @@ class Trainer:
 
         >>> trainer.save_model(run_dir / "model.pt", weights="ema")
         """
-        self._check_weights(weights)
+        self._check_weight_choice(weights)
         state = plain_state_dict(self.module)
         if weights == "ema":
             state.update({name: tensor.detach().cpu().clone() for name, tensor in self.ema.state_dict().items()})
@@ -595,7 +595,7 @@ class Trainer:
         self._saved = None  # the monitor and progress changed: a checkpoint of this position is now stale
         monitor, improved, stop_early = config.monitor, None, False
         if monitor is not None:
-            value = _monitored_value(results, monitor.metric)
+            value = _monitored_value(results, monitor)
             improved = monitor.improves(value, self.state.best_metric)
             if improved:
                 self.state.best_metric = value
@@ -825,7 +825,7 @@ class Trainer:
         if self.logger is not None:
             self.logger.log({"event": event, **fields})
 
-    def _check_weights(self, weights: str) -> None:
+    def _check_weight_choice(self, weights: str) -> None:
         if weights not in ("raw", "ema"):
             raise ValueError(f"weights is {weights!r}; use 'raw' or 'ema'.")
         if weights == "ema" and self.ema is None:
@@ -835,13 +835,12 @@ class Trainer:
             )
 
 
-def _monitored_value(results: Mapping[str, Mapping[str, float]], metric: str) -> float:
-    loader, name = metric.split("/", 1)
-    value = results.get(loader, {}).get(name)
+def _monitored_value(results: Mapping[str, Mapping[str, float]], monitor: Monitor) -> float:
+    value = results.get(monitor.loader, {}).get(monitor.name)
     if value is None:
         available = sorted(f"{key}/{inner}" for key, values in results.items() for inner in values)
         raise ValueError(
-            f"Monitor metric {metric!r} is not among the evaluation results {available}; name one of them "
+            f"Monitor metric {monitor.metric!r} is not among the evaluation results {available}; name one of them "
             "(an unobserved mean is omitted rather than reported as zero)."
         )
     return value

@@ -89,3 +89,11 @@ def test_a_process_of_a_multi_process_launch_that_trains_alone_is_refused(monkey
 def test_monitor_mode_and_patience_are_validated_by_name():
     with pytest.raises(ValueError, match="Monitor.patience is 0"):
         Monitor("validation/loss", patience=0)
+
+
+def test_a_monitor_naming_a_metric_the_evaluation_does_not_report_is_refused_with_the_choices(tmp_path):
+    run = build(RunSpec(warmup=False))
+    run.config = TrainConfig(epochs=1, monitor=Monitor("validation/accuracy"))
+    with pytest.raises(ValueError, match=r"'validation/accuracy' is not among the evaluation results \[.*'validation/loss'.*\]; name one of them"):
+        run.trainer.train(run.config, checkpoint_dir=tmp_path)
+    assert run.trainer.state.step == 4  # raised at the first evaluation, the end of epoch 0
