@@ -20,13 +20,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
+
 FORMAT = "elfes-checkpoint"
 VERSION = 1
 POINTERS = ("last", "best", "final")
 Weights = Literal["raw", "ema"]
 
 _NAME = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
-_TEMPORARY_PREFIX = ".tmp-"
 
 
 class CheckpointError(RuntimeError):
@@ -77,29 +78,13 @@ class CheckpointDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
         final = self.file(name)
-        temporary = self.path / f"{_TEMPORARY_PREFIX}{name.filename}.{os.getpid()}"
-        try:
-            with open(temporary, "wb") as stream:
-                torch.save(dict(payload), stream)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temporary, final)
-        finally:
-            temporary.unlink(missing_ok=True)
-        _fsync_directory(self.path)
+        with atomic_writer(final) as stream:
+            torch.save(dict(payload), stream)
         return final, final.stat().st_size
 
     def point(self, pointer: str, target: Path) -> None:
         """Make ``pointer`` a relative symlink to ``target``, replacing any old link atomically."""
-        link = self.pointer(pointer)
-        relative = os.path.relpath(target, self.path)
-        if link.is_symlink() and os.readlink(link) == relative:
-            return
-        temporary = self.path / f"{_TEMPORARY_PREFIX}{pointer}.{os.getpid()}"
-        temporary.unlink(missing_ok=True)
-        os.symlink(relative, temporary)
-        os.replace(temporary, link)
-        _fsync_directory(self.path)
+        replace_symlink(self.pointer(pointer), os.path.relpath(target, self.path))
 
     def pointer_targets(self) -> set[Path]:
         targets = set()
@@ -121,21 +106,13 @@ class CheckpointDirectory:
                 path.unlink()
                 deleted.append(path)
         if deleted:
-            _fsync_directory(self.path)
+            fsync_directory(self.path)
         return deleted
 
     def _remove_stale_temporaries(self) -> None:
         # A single process writes this folder, so any temporary left here belongs to a killed writer.
-        for entry in self.path.glob(f"{_TEMPORARY_PREFIX}*"):
+        for entry in self.path.glob(f"{TEMPORARY_PREFIX}*"):
             entry.unlink(missing_ok=True)
-
-
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -238,16 +215,8 @@ def export_weights(checkpoint: Path, path: Path, *, weights: Weights = "raw") ->
 def save_state_dict(state: Mapping[str, torch.Tensor], path: Path) -> None:
     """Write a plain state dict atomically (temporary name, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{_TEMPORARY_PREFIX}{path.name}.{os.getpid()}")
-    try:
-        with open(temporary, "wb") as stream:
-            torch.save(dict(state), stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    _fsync_directory(path.parent)
+    with atomic_writer(path) as stream:
+        torch.save(dict(state), stream)
 
 
 def _check_unwrapped(model: nn.Module) -> None:

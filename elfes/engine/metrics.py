@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-Scalar = Union[torch.Tensor, float, int]
+Scalar = torch.Tensor | float | int
 
 
 def _as_statistic(value: Scalar, what: str) -> torch.Tensor:

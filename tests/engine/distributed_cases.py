@@ -339,7 +339,14 @@ def resume_case(out: Path, name: str) -> None:
         reset_accelerate()
         paused = build(spec)
 
-        def step(model: nn.Module, batch: Any, calls: dict[str, int] = calls, first: int = first_microbatch) -> StepOutput:
+        def step(
+            model: nn.Module,
+            batch: Any,
+            calls: dict[str, int] = calls,
+            first: int = first_microbatch,
+            stop: StopRequest = stop,
+            reason: str = reason,
+        ) -> StepOutput:
             if RANK == 1 and calls["count"] == first:
                 stop.request(reason)
             calls["count"] += 1
