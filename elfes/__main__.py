@@ -1,0 +1,5 @@
+"""``python -m elfes``: the ``elfes`` command line (login-node commands never import torch)."""
+
+from elfes.launcher.cli import main
+
+raise SystemExit(main())
