@@ -17,6 +17,8 @@ RUN_DIR/
   submitit/controller.log       a local job's controller output (detached from the submitter)
   cancel-requested              marker left by `elfes cancel` before it signals the job
   .submit.lock                  held while a submission or resume writes the run directory
+  .state.lock                   held while state.json is read, changed and rewritten (launcher/state.py)
+  pids/rank-<R>.starts          starts of rank R in the current local job (submitit sets no restart count)
 ```
 
 >>> paths = RunPaths("runs/quickstart")
@@ -60,6 +62,11 @@ class RunPaths:
     def submit_lock(self) -> Path:
         """Held (``fcntl.flock``) while ``submit``/``resume`` write the run directory."""
         return self.run_dir / ".submit.lock"
+
+    @property
+    def state_lock(self) -> Path:
+        """Held (``fcntl.flock``) while ``state.json`` is read, changed and rewritten."""
+        return self.run_dir / ".state.lock"
 
     @property
     def cancel_marker(self) -> Path:
@@ -113,6 +120,11 @@ class RunPaths:
     def pid_file(self, rank: int) -> Path:
         """JSON ``{"pid", "host", "attempt", "rank"}`` of the task of ``rank`` (replaced each attempt)."""
         return self.pids / f"rank-{int(rank)}.json"
+
+    def start_count(self, rank: int) -> Path:
+        """JSON ``{"job_id", "starts"}``: how often rank R started in that local job (the runtime's own
+        restart count; submitit's local controller sets none)."""
+        return self.pids / f"rank-{int(rank)}.starts"
 
     # -- the executor's own files ----------------------------------------------------------------
     @property

@@ -1,0 +1,368 @@
+"""``state.json``: where a run is, its submissions and attempts. Torch-free; pure transitions plus load/save.
+
+Two kinds of process write it, each through :func:`update_state` (a read-modify-write under an
+``fcntl.flock`` on ``RunPaths.state_lock``, published with ``elfes.files.write_text_atomically``):
+the submitter (``elfes submit``/``resume``/``cancel``, and a local job's rank 0 when it resubmits past
+submitit's six starts) and rank 0 of the job (attempt begins, stops, ends). Readers (``elfes status``)
+use :func:`load_state` and never lock.
+
+The state machine (``RunState.status``)::
+
+    submitted --(executor accepted, job id known)--> pending --(rank 0 started)--> running
+    running --(a stop signal arrived)--> stopping
+    running|stopping --> requeued --(relaunch)--> running
+    running|stopping --> finished | stopped | failed | cancelled     (terminal until `elfes resume`)
+    stopped|failed|cancelled --(elfes resume)--> submitted
+
+A transition is a pure function ``RunState -> RunState`` (it returns a new object and refuses an
+impossible move with :class:`StateError`), so the submitter and the job share them:
+
+>>> paths = RunPaths(run_dir)
+>>> update_state(paths, lambda s: record_submission(s, executor="local", kind="submit", max_requeues=20))
+>>> update_state(paths, lambda s: mark_pending(s, job_id="4242"))
+>>> state = load_state(paths)
+>>> state.status, state.requeues_used, state.requeues_left
+('pending', 0, 20)
+
+Requeues are counted from the attempts: an attempt whose ``launch`` is ``"requeue"`` used one (a
+relaunch by the job itself, by SLURM after a preemption or node failure (``SLURM_RESTART_COUNT``),
+or a resubmission past submitit's local start limit). ``elfes submit``/``resume`` use none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from elfes.files import write_text_atomically
+
+from .paths import RunPaths
+
+FORMAT_VERSION = 1
+
+Status = Literal["submitted", "pending", "running", "stopping", "requeued", "finished", "stopped", "failed", "cancelled"]
+STATUSES: tuple[str, ...] = (
+    "submitted", "pending", "running", "stopping", "requeued", "finished", "stopped", "failed", "cancelled",
+)
+# States in which no job of the run is alive or queued: `elfes resume` may submit again.
+ENDED: frozenset[str] = frozenset({"finished", "stopped", "failed", "cancelled"})
+# States from which `elfes resume` continues (a finished run has nothing left to do).
+RESUMABLE: frozenset[str] = frozenset({"stopped", "failed", "cancelled"})
+
+Outcome = Literal["finished", "requeued", "stopped", "cancelled", "failed", "lost"]
+# How an attempt ended. "lost": it never recorded an end (killed, node failure); the next start or
+# `elfes status` noticed.
+OUTCOMES: tuple[str, ...] = ("finished", "requeued", "stopped", "cancelled", "failed", "lost")
+_STATUS_AFTER: dict[str, str] = {
+    "finished": "finished", "requeued": "requeued", "stopped": "stopped", "cancelled": "cancelled",
+    "failed": "failed", "lost": "failed",
+}
+
+Launch = Literal["submit", "resume", "requeue"]
+LAUNCHES: tuple[str, ...] = ("submit", "resume", "requeue")
+
+
+class StateError(ValueError):
+    """An impossible transition, or a ``state.json`` that cannot be read."""
+
+
+def now() -> str:
+    """The current UTC time as ISO 8601 with seconds, the format of every time in ``state.json``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One hand-over of the run to an executor: ``elfes submit``, ``elfes resume``, or a local job's
+    resubmission past submitit's start limit (``kind="requeue"``)."""
+
+    at: str
+    executor: str
+    kind: str  # one of LAUNCHES
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the job (all its ranks together), numbered from 1 across the whole run.
+
+    ``token`` identifies the start on every rank (job id and restart number), so that ranks that
+    read ``state.json`` before or after rank 0 recorded the attempt agree on its number.
+    ``launch`` is how it came about: "submit", "resume" (the first start of such a submission) or
+    "requeue" (a relaunch; it used one requeue).
+    """
+
+    number: int
+    token: str
+    job_id: str
+    launch: str
+    started_at: str
+    hosts: tuple[str, ...] = ()
+    world_size: int = 1
+    ended_at: str | None = None
+    outcome: str | None = None  # one of OUTCOMES once ended
+    signal: str | None = None  # the signal that ended it (e.g. "SIGUSR2"), if one did
+    step: int | None = None  # the optimizer step saved in `last` when it ended, if known
+    error: str | None = None  # why it failed, or why a stop could not requeue
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The content of ``state.json``. Build it with the transition functions below."""
+
+    status: str
+    executor: str
+    max_requeues: int
+    job_id: str | None = None
+    submissions: tuple[Submission, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
+    stopping_signal: str | None = None  # set while status is "stopping"
+    updated_at: str = field(default_factory=now)
+    version: int = FORMAT_VERSION
+
+    @property
+    def requeues_used(self) -> int:
+        """Relaunches so far (by the job itself, by SLURM, or resubmissions past the local start limit)."""
+        return sum(1 for attempt in self.attempts if attempt.launch == "requeue")
+
+    @property
+    def requeues_left(self) -> int:
+        return max(0, self.max_requeues - self.requeues_used)
+
+    @property
+    def last_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def error(self) -> str | None:
+        """The error message of the latest attempt when it failed (or could not requeue), else None."""
+        attempt = self.last_attempt
+        return attempt.error if attempt is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["requeues_used"] = self.requeues_used  # derived; written for readers of the raw file
+        data["requeues_left"] = self.requeues_left
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunState:
+        data = dict(data)
+        data.pop("requeues_used", None)
+        data.pop("requeues_left", None)
+        if data.get("version") != FORMAT_VERSION:
+            raise StateError(f"state.json has format version {data.get('version')!r}; this elfes reads {FORMAT_VERSION}.")
+        data["submissions"] = tuple(Submission(**item) for item in data.get("submissions", ()))
+        data["attempts"] = tuple(
+            Attempt(**{**item, "hosts": tuple(item.get("hosts", ()))}) for item in data.get("attempts", ())
+        )
+        return cls(**data)
+
+
+def _replace(state: RunState, **changes: Any) -> RunState:
+    return dataclasses.replace(state, updated_at=now(), **changes)
+
+
+def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise StateError(f"{what} must be one of {', '.join(allowed)}; got {value!r}.")
+
+
+# -- transitions (pure) ---------------------------------------------------------------------------------------
+
+
+def record_submission(
+    state: RunState | None, *, executor: str, kind: str, max_requeues: int, job_id: str | None = None
+) -> RunState:
+    """The submitter hands the run to ``executor``: status "submitted" (or "pending" with ``job_id``).
+
+    ``kind``: "submit" (``elfes submit``), "resume" (``elfes resume``), or "requeue" (a local job's
+    rank 0 resubmitting past submitit's start limit). Refused while a job of the run may still be
+    alive (status not in :data:`ENDED`), except for "requeue" from a requeued run, and for "submit"
+    onto a run that never started.
+    """
+    _check(kind, LAUNCHES, "the submission kind")
+    if max_requeues < 0:
+        raise StateError(f"max_requeues must be >= 0; got {max_requeues}.")
+    submission = Submission(at=now(), executor=executor, kind=kind, job_id=job_id)
+    status = "submitted" if job_id is None else "pending"
+    if state is None:
+        if kind != "submit":
+            raise StateError(f"a {kind} needs an existing run; this run directory has no state.json yet (use elfes submit).")
+        return RunState(status=status, executor=executor, max_requeues=max_requeues, job_id=job_id,
+                        submissions=(submission,))
+    allowed = {"submit": ENDED | {"submitted"}, "resume": RESUMABLE | {"submitted"}, "requeue": {"requeued"}}[kind]
+    if state.status not in allowed:
+        raise StateError(
+            f"cannot record a {kind} while the run is {state.status}"
+            + (f" (job {state.job_id})" if state.job_id else "")
+            + {"submit": "; wait for it to end or `elfes cancel` it first.",
+               "resume": "; only a stopped, cancelled or failed run can be resumed.",
+               "requeue": "; only a requeued run is resubmitted."}[kind]
+        )
+    return _replace(state, status=status, executor=executor, max_requeues=max_requeues, job_id=job_id,
+                    submissions=(*state.submissions, submission), stopping_signal=None)
+
+
+def mark_pending(state: RunState, *, job_id: str) -> RunState:
+    """The executor accepted the latest submission as ``job_id``. A job that already started keeps its status."""
+    if not state.submissions:
+        raise StateError("mark_pending needs a recorded submission; call record_submission first.")
+    latest = dataclasses.replace(state.submissions[-1], job_id=str(job_id))
+    status = "pending" if state.status == "submitted" else state.status
+    return _replace(state, status=status, job_id=str(job_id), submissions=(*state.submissions[:-1], latest))
+
+
+def mark_submission_failed(state: RunState, *, error: str) -> RunState:
+    """The executor refused the latest submission (e.g. sbatch failed): the run is failed with ``error``."""
+    attempt = Attempt(number=len(state.attempts) + 1, token="submission", job_id=state.job_id or "",
+                      launch=state.submissions[-1].kind if state.submissions else "submit",
+                      started_at=now(), ended_at=now(), outcome="failed", error=error)
+    return _replace(state, status="failed", attempts=(*state.attempts, attempt))
+
+
+def begin_attempt(
+    state: RunState, *, token: str, job_id: str, launch: str, hosts: tuple[str, ...] | list[str], world_size: int
+) -> RunState:
+    """Rank 0 started attempt ``len(attempts_without(token)) + 1``: status "running".
+
+    A previous attempt that never recorded its end is closed as "lost" first. Recording the same
+    ``token`` again is a no-op (idempotent).
+    """
+    _check(launch, LAUNCHES, "launch")
+    if any(attempt.token == token for attempt in state.attempts):
+        return state
+    attempts = list(state.attempts)
+    if attempts and not attempts[-1].ended:
+        attempts[-1] = dataclasses.replace(
+            attempts[-1], ended_at=now(), outcome="lost",
+            error=attempts[-1].error or "the attempt ended without recording an outcome (killed, or its node failed)",
+        )
+    attempt = Attempt(number=len(attempts) + 1, token=token, job_id=str(job_id), launch=launch, started_at=now(),
+                      hosts=tuple(hosts), world_size=world_size)
+    return _replace(state, status="running", job_id=str(job_id), attempts=(*attempts, attempt), stopping_signal=None)
+
+
+def mark_stopping(state: RunState, *, signal: str | None) -> RunState:
+    """A stop was requested (``signal``, e.g. "SIGUSR2"); the job is saving ``last``. Only from "running"."""
+    if state.status != "running":
+        return state
+    return _replace(state, status="stopping", stopping_signal=signal)
+
+
+def end_attempt(
+    state: RunState,
+    *,
+    token: str,
+    outcome: str,
+    signal: str | None = None,
+    step: int | None = None,
+    error: str | None = None,
+) -> RunState:
+    """Rank 0 ends the attempt ``token`` with ``outcome``; the run's status follows it
+    ("lost" makes the run "failed"). Ending an attempt twice is refused."""
+    _check(outcome, OUTCOMES, "outcome")
+    index = next((i for i, attempt in enumerate(state.attempts) if attempt.token == token), None)
+    if index is None:
+        raise StateError(f"no attempt with token {token!r} in state.json; begin_attempt must record it first.")
+    attempt = state.attempts[index]
+    if attempt.ended:
+        raise StateError(f"attempt {attempt.number} already ended ({attempt.outcome}); it cannot end again.")
+    ended = dataclasses.replace(attempt, ended_at=now(), outcome=outcome, signal=signal, step=step, error=error)
+    attempts = (*state.attempts[:index], ended, *state.attempts[index + 1:])
+    status = _STATUS_AFTER[outcome] if index == len(state.attempts) - 1 else state.status
+    return _replace(state, status=status, attempts=attempts, stopping_signal=None)
+
+
+def mark_lost(state: RunState, *, cancelled: bool, error: str | None = None) -> RunState:
+    """The job is gone (no live process, not queued) while the state says it was alive: close the
+    open attempt as "lost" and end the run "cancelled" (``cancelled``: a cancel marker exists) or
+    "failed". For ``elfes status``/``resume``, which see the job's liveness; no-op on an ended run."""
+    if state.status in ENDED:
+        return state
+    message = error or "the job ended without recording an outcome (killed, or its node failed); see `elfes logs`"
+    attempts = list(state.attempts)
+    if attempts and not attempts[-1].ended:
+        attempts[-1] = dataclasses.replace(attempts[-1], ended_at=now(), outcome="lost", error=message)
+    return _replace(state, status="cancelled" if cancelled else "failed", attempts=tuple(attempts),
+                    stopping_signal=None)
+
+
+# -- what every rank computes the same way at a start -----------------------------------------------------------
+
+
+def attempt_number(state: RunState | None, token: str) -> int:
+    """The number of the attempt identified by ``token``, the same on every rank whether or not rank 0
+    has recorded it yet."""
+    if state is None:
+        return 1
+    return 1 + sum(1 for attempt in state.attempts if attempt.token != token)
+
+
+def requeues_used_by(state: RunState | None, token: str, launch: str) -> int:
+    """Requeues used once the start ``token`` (launched as ``launch``) is counted, on every rank alike."""
+    earlier = 0 if state is None else sum(1 for a in state.attempts if a.token != token and a.launch == "requeue")
+    return earlier + (launch == "requeue")
+
+
+def latest_submission_kind(state: RunState | None) -> str:
+    """How the latest submission came about ("submit", "resume", "requeue"); "submit" without one."""
+    return state.submissions[-1].kind if state is not None and state.submissions else "submit"
+
+
+# -- files ------------------------------------------------------------------------------------------------------
+
+
+def load_state(paths: RunPaths) -> RunState | None:
+    """The run's state, or None when ``state.json`` does not exist yet. Any process; takes no lock."""
+    try:
+        text = paths.state.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return RunState.from_json(json.loads(text))
+    except (ValueError, TypeError, KeyError) as error:
+        raise StateError(
+            f"{paths.state} cannot be read ({error}); it is written atomically, so it was edited or written by "
+            "another elfes version. Restore it or remove the run directory."
+        ) from None
+
+
+def save_state(paths: RunPaths, state: RunState) -> None:
+    """Publish ``state`` atomically. Prefer :func:`update_state`, which also serialises writers."""
+    write_text_atomically(paths.state, json.dumps(state.to_json(), indent=2) + "\n")
+
+
+@contextmanager
+def _locked(paths: RunPaths) -> Iterator[None]:
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(paths.state_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def update_state(paths: RunPaths, change: Callable[[RunState | None], RunState]) -> RunState:
+    """Load, apply ``change`` (a transition) and save, holding the run's state lock. Returns the new state.
+
+    Submitter and rank 0 only. Nothing is written when ``change`` raises or returns the state unchanged.
+    """
+    with _locked(paths):
+        before = load_state(paths)
+        after = change(before)
+        if after is not before:
+            save_state(paths, after)
+        return after
