@@ -1,0 +1,164 @@
+"""Plain rendering: one human line per event, for log files, CI and the rich console alike.
+
+Torch-free and rich-free; the lines carry no control characters, whatever strings users put in
+metric names or paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+
+def format_number(value: Any) -> str:
+    """A metric value for humans: 4 significant digits for floats, ``n/a`` for None.
+
+    Example:
+        >>> format_number(0.123456), format_number(None), format_number(7)
+        ('0.1235', 'n/a', '7')
+    """
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "n/a" if value is None else str(value)
+
+
+def format_rate(value: Any) -> str:
+    """A throughput with one decimal, ``n/a`` when unknown.
+
+    Example:
+        >>> format_rate(5012.34)
+        '5012.3'
+    """
+    return f"{value:.1f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def format_seconds(value: Any) -> str:
+    """A duration in seconds with two decimals, ``n/a`` when unknown.
+
+    Example:
+        >>> format_seconds(1.5)
+        '1.50s'
+    """
+    return f"{value:.2f}s" if isinstance(value, (int, float)) else "n/a"
+
+
+def _pairs(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    return [f"{prefix}{key}={format_number(value)}" for key, value in values.items()]
+
+
+def _render_run_start(event: Mapping[str, Any]) -> str:
+    state, budget = event["state"], event["budget"]
+    parts = [
+        event["event"],
+        f"epoch={state['epoch']}",
+        f"step={state['step']}/{budget['planned_steps']}",
+        f"world_size={event['world_size']}",
+        f"precision={event['precision']}",
+        f"device={event['device']}",
+        f"grad_accum={event['gradient_accumulation_steps']}",
+    ]
+    if event["event"] == "resumed":
+        parts.append(f"from={event['resumed_from']}")
+    return " ".join(parts)
+
+
+def _render_train(event: Mapping[str, Any]) -> str:
+    metrics = dict(event["metrics"])
+    loss = metrics.pop("loss", None)
+    speed = metrics.pop("samples_per_second", None)
+    metrics.pop("last_update_samples", None)
+    return " ".join(
+        [
+            "train",
+            f"epoch={event['epoch']}",
+            f"step={event['step']}/{event['planned_steps']}",
+            f"loss={format_number(loss)}",
+            *_pairs(metrics),
+            f"samples/s={format_rate(speed)}",
+        ]
+    )
+
+
+def _render_skipped(event: Mapping[str, Any]) -> str:
+    return f"skipped epoch={event['epoch']} step={event['step']} reason={event['reason']}"
+
+
+def _render_evaluation(event: Mapping[str, Any]) -> str:
+    parts = ["evaluation", f"epoch={event['epoch']}", f"step={event['step']}", f"weights={event['weights']}"]
+    for loader, metrics in event["metrics"].items():
+        parts += _pairs(metrics, prefix=f"{loader}/")
+    parts.append(f"duration={format_seconds(event['duration_s'])}")
+    if event["improved"]:
+        parts.append("best")
+    return " ".join(parts)
+
+
+def _render_checkpoint(event: Mapping[str, Any]) -> str:
+    parts = [
+        "checkpoint",
+        f"epoch={event['epoch']}",
+        f"step={event['step']}",
+        f"reason={event['reason']}",
+        f"size={event['bytes'] / 1e6:.1f}MB",
+        f"duration={format_seconds(event['duration_s'])}",
+        f"path={event['path']}",
+    ]
+    parts += [flag for flag in ("best", "final") if event[flag]]
+    return " ".join(parts)
+
+
+def _render_export(event: Mapping[str, Any]) -> str:
+    return f"export weights={event['weights']} path={event['path']}"
+
+
+def _render_stop_requested(event: Mapping[str, Any]) -> str:
+    return (
+        f"stop_requested epoch={event['epoch']} step={event['step']} "
+        f"reason={event['reason']} signal={event['signal']}"
+    )
+
+
+def _render_run_end(event: Mapping[str, Any]) -> str:
+    state = event["state"]
+    parts = [event["event"]]
+    if event["event"] == "stopped":
+        parts.append(f"reason={event['reason']}")
+    parts += [f"epoch={state['epoch']}", f"step={state['step']}", f"samples={state['samples']}"]
+    if state["best_metric"] is not None:
+        parts.append(f"best={format_number(state['best_metric'])}@{state['best_step']}")
+    parts += [
+        f"train={format_seconds(event['train_s'])}",
+        f"evaluation={format_seconds(event['evaluation_s'])}",
+        f"checkpoint={format_seconds(event['checkpoint_s'])}",
+        f"wall={format_seconds(event['wall_s'])}",
+    ]
+    return " ".join(parts)
+
+
+_RENDERERS = {
+    "started": _render_run_start,
+    "resumed": _render_run_start,
+    "train": _render_train,
+    "skipped": _render_skipped,
+    "evaluation": _render_evaluation,
+    "checkpoint": _render_checkpoint,
+    "export": _render_export,
+    "stop_requested": _render_stop_requested,
+    "finished": _render_run_end,
+    "stopped": _render_run_end,
+}
+
+# Log files must stay plain text, whatever strings users put in metric names or paths.
+_CONTROL_CHARACTERS = {code: "?" for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def plain_line(stamp: datetime, event: Mapping[str, Any]) -> str:
+    """One timestamped line for a validated event, without control characters.
+
+    Example:
+        >>> plain_line(datetime(2026, 1, 2, 3, 4, 5), {"event": "export", "weights": "ema", "path": "m.pt"})
+        '2026-01-02T03:04:05Z export weights=ema path=m.pt'
+    """
+    text = f"{stamp:%Y-%m-%dT%H:%M:%SZ} {_RENDERERS[event['event']](event)}"
+    return text.translate(_CONTROL_CHARACTERS)

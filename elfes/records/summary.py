@@ -1,0 +1,145 @@
+"""Where a run stands: :func:`summarize` derives a :class:`RunSummary` from its events. Torch-free and rich-free."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .plain import format_number, format_seconds
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Where a run stands, as derived by :func:`summarize`.
+
+    ``status`` is "finished" or "stopped" when the last start (started or
+    resumed) was followed by that event, else "running", which also covers a
+    job killed without a stop: compare ``last_event_time`` with the clock.
+    Progress fields come from the last event that carries them and are None
+    when no event does. Durations are summed over finished/stopped events.
+    """
+
+    status: Literal["running", "finished", "stopped"]
+    step: int | None
+    planned_steps: int | None
+    epoch: int | None
+    samples: int | None
+    best_metric: float | None
+    best_step: int | None
+    monitor: str | None
+    starts: int
+    resumes: int
+    stops: tuple[str, ...]
+    checkpoints: int
+    last_checkpoint: str | None
+    train_s: float
+    evaluation_s: float
+    checkpoint_s: float
+    last_event_time: str | None
+
+
+_PROGRESS_KEYS = ("step", "epoch", "samples", "best_metric", "best_step")
+
+
+def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
+    """Summarise a run's events (as returned by :func:`~elfes.records.read_events`). Any process.
+
+    Unknown event names are ignored, so older tools can read newer runs.
+    ``stops`` lists the reasons of ``stopped`` events, in order.
+
+    Example:
+        >>> summarize(read_events(Path("runs/a"))).status  # doctest: +SKIP
+        'finished'
+    """
+    events = list(events)
+    if not events:
+        raise ValueError(
+            "no events to summarise; the events file is empty or holds only torn "
+            "lines, so wait for the run to log its first event"
+        )
+    status: Literal["running", "finished", "stopped"] = "running"
+    progress: dict[str, Any] = dict.fromkeys(_PROGRESS_KEYS)
+    planned_steps = monitor = last_checkpoint = None
+    starts = resumes = checkpoints = 0
+    stops: list[str] = []
+    totals = dict.fromkeys(("train_s", "evaluation_s", "checkpoint_s"), 0.0)
+
+    for event in events:
+        name = event.get("event")
+        state = event.get("state")
+        state = state if isinstance(state, Mapping) else {}
+        for key in _PROGRESS_KEYS:
+            if key in event:
+                progress[key] = event[key]
+            elif key in state:
+                progress[key] = state[key]
+        budget = event.get("budget")
+        if isinstance(budget, Mapping) and "planned_steps" in budget:
+            planned_steps = budget["planned_steps"]
+        elif "planned_steps" in event:
+            planned_steps = event["planned_steps"]
+
+        if name in ("started", "resumed"):
+            status = "running"
+            starts += 1
+            if name == "resumed":
+                resumes += 1
+        elif name in ("finished", "stopped"):
+            status = name
+            for key in totals:
+                totals[key] += event.get(key) or 0.0
+            if name == "stopped":
+                stops.append(str(event.get("reason")))
+        elif name == "evaluation":
+            monitor = event.get("monitor")
+        elif name == "checkpoint":
+            checkpoints += 1
+            last_checkpoint = event.get("path")
+
+    return RunSummary(
+        status=status,
+        planned_steps=planned_steps,
+        monitor=monitor,
+        starts=starts,
+        resumes=resumes,
+        stops=tuple(stops),
+        checkpoints=checkpoints,
+        last_checkpoint=last_checkpoint,
+        last_event_time=events[-1].get("time"),
+        **progress,
+        **totals,
+    )
+
+
+def format_summary(summary: RunSummary) -> str:
+    """Render a :class:`RunSummary` as a few plain lines for humans. Any process.
+
+    Example:
+        >>> print(format_summary(summarize(read_events(Path("runs/a")))))  # doctest: +SKIP
+        status: finished (1 start(s), 0 resume(s))
+        progress: epoch 2, step 100/100, 6400 samples
+        ...
+    """
+    status = summary.status
+    if status == "running":
+        status = "running (or killed: no finish or stop after the last start)"
+    lines = [
+        f"status: {status} ({summary.starts} start(s), {summary.resumes} resume(s))",
+        f"progress: epoch {format_number(summary.epoch)}, step {format_number(summary.step)}/"
+        f"{format_number(summary.planned_steps)}, {format_number(summary.samples)} samples",
+    ]
+    if summary.best_metric is not None:
+        lines.append(
+            f"best: {summary.monitor or 'metric'} = {format_number(summary.best_metric)} "
+            f"at step {format_number(summary.best_step)}"
+        )
+    if summary.stops:
+        lines.append(f"stops: {', '.join(summary.stops)}")
+    lines.append(f"checkpoints: {summary.checkpoints}, last: {summary.last_checkpoint or 'none'}")
+    lines.append(
+        f"time: train {format_seconds(summary.train_s)}, evaluation "
+        f"{format_seconds(summary.evaluation_s)}, checkpoint {format_seconds(summary.checkpoint_s)}"
+    )
+    lines.append(f"last event: {summary.last_event_time or 'n/a'}")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""The writer: :class:`RunLogger` validates events, appends them to ``events.jsonl`` and shows them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .schema import event_json_line, events_path, validate_event
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .console import ConsoleDisplay
+
+
+class RunLogger:
+    """Validate, record and display the events of one training run.
+
+    Every process constructs one and calls :meth:`log` with the same events, so
+    that a schema error is raised on all ranks alike; only the main process
+    (``is_main_process=True``) writes ``events.jsonl`` and prints. The run
+    directory is created on the first event. On an interactive console the
+    train events drive a progress bar; otherwise (SLURM log files, CI) each
+    event becomes one timestamped plain line without escape codes.
+
+    Example:
+        >>> with RunLogger(Path("runs/a"), is_main_process=rank == 0) as logger:  # doctest: +SKIP
+        ...     logger.log({"event": "export", "weights": "ema", "path": "runs/a/model.pt"})
+    """
+
+    def __init__(self, run_dir: Path, *, is_main_process: bool, console: Console | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = events_path(self.run_dir)
+        self.is_main_process = is_main_process
+        self._display: ConsoleDisplay | None = None
+        if is_main_process:
+            # Imported here so that `import elfes.records` stays free of rich for login-node readers.
+            from .console import ConsoleDisplay
+
+            self._display = ConsoleDisplay(console)
+        self.console = None if self._display is None else self._display.console
+        self._file: TextIO | None = None
+        self._closed = False
+        # Checkpoint or evaluation code may log from a helper thread; lines must not interleave.
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def log(self, event: Mapping[str, Any]) -> None:
+        """Validate an event, append it to ``events.jsonl`` and show it. Any process.
+
+        The event is ``{"event": name, **fields}`` with the fields of
+        :data:`~elfes.records.EVENT_FIELDS`; ``time`` is added here. Non-finite
+        floats are recorded as null and paths as strings. The line is flushed
+        before returning. On other than the main process nothing is written or shown.
+
+        Raises ``ValueError`` for an unknown event name or a missing field and
+        ``TypeError`` for a value that has no JSON form, on every process.
+
+        Example:
+            >>> logger.log({"event": "skipped", "epoch": 1, "step": 7,  # doctest: +SKIP
+            ...             "reason": "amp_overflow"})
+        """
+        name = validate_event(event)
+        now = datetime.now(timezone.utc)
+        line = event_json_line(event, name, now.isoformat())
+        if self._closed:
+            raise RuntimeError(
+                f"RunLogger for {self.run_dir} is closed; create a new RunLogger to log more events"
+            )
+        if self._display is None:
+            return
+        with self._lock:
+            events_file = self._open()
+            events_file.write(line + "\n")
+            events_file.flush()
+            self._display.show(event, now)
+
+    def close(self) -> None:
+        """Stop the progress bar and close the events file. Any process; idempotent.
+
+        Example:
+            >>> logger.close()  # doctest: +SKIP
+        """
+        with self._lock:
+            self._closed = True
+            if self._display is not None:
+                self._display.close()
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def _open(self) -> TextIO:
+        if self._file is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            torn = self.path.exists() and not _ends_with_newline(self.path)
+            self._file = self.path.open("a", encoding="utf-8")
+            if torn:
+                # A kill mid-write left a partial line; isolate it so ours stay parseable.
+                self._file.write("\n")
+        return self._file
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as file:
+        if file.seek(0, 2) == 0:
+            return True
+        file.seek(-1, 2)
+        return file.read(1) == b"\n"

@@ -1,0 +1,37 @@
+"""The rich console on a terminal: a progress bar driven by train events, other events as lines above it."""
+
+from __future__ import annotations
+
+import re
+
+from synthetic_events import checkpoint, evaluation, run_end, started, terminal_console, train
+
+from elfes.records import RunLogger, read_events
+
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def shown(output: str) -> str:
+    """What a terminal shows, colours and cursor movements removed."""
+    return ESCAPES.sub("", output)
+
+
+def test_terminal_console_renders_bar_and_evaluation_lines(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started())
+        for step in (10, 20, 30):
+            logger.log(train(step))
+        logger.log(evaluation(30, 0.8, improved=True, best=0.8, best_step=30))
+        logger.log(checkpoint(30))
+        logger.log(run_end(30, reason="signal", next_batch=30))
+        logger.log(started(30, resumed_from="/runs/a/checkpoints/step-30", next_batch=30))
+        logger.log(train(40))
+    output = console.file.getvalue()
+    assert "━" in output, "a drawn progress bar"
+    assert re.search(r"epoch 1\S* [━╺╸]+ +40/100 loss 0\.1234 5012\.3 samples/s", shown(output)), "the bar and its columns"
+    assert "\x1b[" in output  # a live display redraws in place
+    assert "30/100" in output
+    assert "evaluation epoch=1" in output and "step=30 weights=ema" in output
+    assert "checkpoint epoch=1" in output
+    assert len(read_events(tmp_path)) == 9

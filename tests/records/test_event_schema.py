@@ -1,0 +1,37 @@
+"""The event schema: every event kind described, violations refused with what to do."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic_events import every_event_kind, started, train
+
+from elfes.records import EVENT_DESCRIPTIONS, EVENT_FIELDS
+from elfes.records.schema import event_json_line, validate_event
+
+
+def test_schema_covers_every_event_with_a_description():
+    assert set(EVENT_FIELDS) == set(EVENT_DESCRIPTIONS)
+    logged = {event["event"] for event in every_event_kind()}
+    assert logged | {"resumed", "finished"} == set(EVENT_FIELDS)
+    assert all(EVENT_DESCRIPTIONS.values())
+
+
+@pytest.mark.parametrize(
+    ("event", "pattern"),
+    [
+        ({"event": "nonsense", "step": 1}, "unknown event name 'nonsense'"),
+        ({"step": 1}, "unknown event name None"),
+        ({"event": "export", "weights": "raw"}, "'export'.*missing.*'path'"),
+        ({**train(1), "time": "yesterday"}, "'train'.*'time'"),
+        ({**started(), "state": {"step": 0}}, "'started'.*'state'.*'best_metric'"),
+        ({**started(), "budget": 100}, "'started'.*'budget' must be a dict"),
+    ],
+)
+def test_schema_violations_say_what_to_change(event, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        validate_event(event)
+
+
+def test_json_line_names_a_value_without_json_form():
+    with pytest.raises(TypeError, match=r"train\.metrics\.loss.*\.item\(\)"):
+        event_json_line({**train(1), "metrics": {"loss": object()}}, "train", "T")

@@ -1,0 +1,43 @@
+"""Plain lines: one timestamped line per event, without control characters (SLURM logs, CI)."""
+
+from __future__ import annotations
+
+import re
+
+from synthetic_events import every_event_kind, plain_console
+
+from elfes.records import RunLogger
+
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
+
+
+def logged_lines(tmp_path, events) -> list[str]:
+    console = plain_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        for event in events:
+            logger.log(event)
+    return console.file.getvalue().splitlines()
+
+
+def test_plain_console_prints_timestamped_lines_without_control_characters(tmp_path):
+    events = every_event_kind()
+    events.append({"event": "skipped", "epoch": 1, "step": 46, "reason": "bad\x1b[31m\rname"})
+    console = plain_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        for event in events:
+            logger.log(event)
+    output = console.file.getvalue()
+
+    control = [char for char in output if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0]
+    assert set(control) == {"\n"}
+    lines = output.splitlines()
+    assert len(lines) == len(events)
+    assert all(TIMESTAMP.match(line) for line in lines)
+    train_line = lines[1]
+    assert "train epoch=1 step=20/100 loss=0.1234" in train_line
+    assert "samples/s=5012.3" in train_line
+    assert "evaluation" in lines[3] and "val/accuracy=0.7" in lines[3]
+    assert lines[3].endswith(" best")
+    assert "checkpoint" in lines[4] and "step=40" in lines[4]
+    assert "SIGTERM" in lines[6]
+    assert lines[7].split(" ", 2)[1] == "stopped"
