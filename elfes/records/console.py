@@ -33,13 +33,16 @@ class ConsoleDisplay:
     def show(self, event: Mapping[str, Any], now: datetime) -> None:
         """Print or draw one validated event."""
         name = event["event"]
-        interactive = self.console.is_terminal
-        if interactive and name in ("finished", "stopped"):
-            self.close()
-        if not (interactive and name == "train"):
+        if not self.console.is_terminal:
             self.console.out(plain_line(now, event), highlight=False)
-        if interactive and name in ("started", "resumed", "train"):
-            self._update_bar(event)
+            return
+        if name in ("started", "resumed"):
+            self._start_bar(event)
+        self._move_bar(event)
+        if name in _RUN_ENDS:
+            self.close()
+        if name != "train":
+            self.console.out(plain_line(now, event), highlight=False)
 
     def close(self) -> None:
         """Stop the progress bar, leaving its last state on screen; idempotent."""
@@ -48,32 +51,52 @@ class ConsoleDisplay:
             self._progress = None
             self._task = None
 
-    def _update_bar(self, event: Mapping[str, Any]) -> None:
-        if event["event"] == "train":
+    def _start_bar(self, event: Mapping[str, Any]) -> None:
+        self.close()
+        state = event["state"]
+        self._progress = Progress(
+            TextColumn("epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[speed]} samples/s"),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        # Start at the current step so a resume does not count as instant progress in the ETA.
+        self._task = self._progress.add_task(
+            "train",
+            total=event["budget"]["planned_steps"],
+            completed=state["step"],
+            epoch=state["epoch"],
+            loss="n/a",
+            speed="n/a",
+        )
+        self._progress.start()
+
+    def _move_bar(self, event: Mapping[str, Any]) -> None:
+        """Put the bar at the event's step: every event that carries one, so that it ends where the run did."""
+        if self._progress is None or self._task is None:
+            return
+        name = event["event"]
+        state = event.get("state")
+        step = event["step"] if "step" in event else state["step"] if isinstance(state, Mapping) else None
+        if step is None:
+            return
+        fields: dict[str, Any] = {"completed": step}
+        if name == "train":
             metrics = event["metrics"]
-            total, step, epoch = event["planned_steps"], event["step"], event["epoch"]
-            fields = {
-                "loss": format_number(metrics.get("loss")),
-                "speed": format_rate(metrics.get("samples_per_second")),
-            }
-        else:
-            state = event["state"]
-            total, step, epoch = event["budget"]["planned_steps"], state["step"], state["epoch"]
-            fields = {}
-        if self._progress is None:
-            self._progress = Progress(
-                TextColumn("epoch {task.fields[epoch]}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"),
-                TextColumn("{task.fields[speed]} samples/s"),
-                TimeRemainingColumn(),
-                console=self.console,
+            fields.update(
+                total=event["planned_steps"],
+                epoch=event["epoch"],
+                loss=format_number(metrics.get("loss")),
+                speed=format_rate(metrics.get("samples_per_second")),
             )
-            # Start at the current step so a resume does not count as instant progress in the ETA.
-            self._task = self._progress.add_task(
-                "train", total=total, completed=step, epoch=epoch, loss="n/a", speed="n/a"
-            )
-            self._progress.start()
-        assert self._task is not None
-        self._progress.update(self._task, total=total, completed=step, epoch=epoch, **fields)
+        elif name == "finished":
+            # A finished run is complete, also when it ended early on the monitor or was already past its budget.
+            fields["total"] = step
+        self._progress.update(self._task, **fields)
+
+
+# Events after which the run no longer trains in this process: the bar stops where they say.
+_RUN_ENDS = ("finished", "stopped")

@@ -35,3 +35,36 @@ def test_terminal_console_renders_bar_and_evaluation_lines(tmp_path):
     assert "evaluation epoch=1" in output and "step=30 weights=ema" in output
     assert "checkpoint epoch=1" in output
     assert len(read_events(tmp_path)) == 9
+
+
+def last_bar_position(output: str) -> str:
+    """The M/N of the bar as last drawn."""
+    return re.findall(r"[━╺╸]+ +(\d+/\d+) loss", shown(output))[-1]
+
+
+def test_the_bar_of_a_finished_run_ends_complete(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        for step in range(5, 48, 5):  # the last train event is at step 45
+            logger.log(train(step, epoch=1 + (step - 1) // 16, planned_steps=48))
+        logger.log(run_end(48, epoch=3))
+    assert last_bar_position(console.file.getvalue()) == "48/48"
+
+
+def test_the_bar_of_a_finished_run_ends_complete_when_it_stopped_early(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        logger.log(train(20, epoch=2, planned_steps=48))
+        logger.log(run_end(22, epoch=1, next_batch=12, stop_reason="early_stopping"))
+    assert last_bar_position(console.file.getvalue()) == "22/22"
+
+
+def test_the_bar_of_a_stopped_run_ends_at_the_step_it_stopped_at(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        logger.log(train(15, planned_steps=48))
+        logger.log(run_end(17, reason="SIGTERM", epoch=1, next_batch=2))
+    assert last_bar_position(console.file.getvalue()) == "17/48"
