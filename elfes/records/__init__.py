@@ -25,6 +25,7 @@ from .schema import (
     EVENT_FIELDS,
     EVENTS_FILE_NAME,
     STATE_FIELDS,
+    epoch_number,
     event_reference,
     events_path,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "RunLogger",
     "RunSummary",
     "STATE_FIELDS",
+    "epoch_number",
     "event_reference",
     "events_path",
     "format_summary",

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from .plain import format_number, format_rate, plain_line
+from .plain import PlainLines, format_number, format_rate
 
 
 class ConsoleDisplay:
@@ -27,14 +27,16 @@ class ConsoleDisplay:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console if console is not None else Console(stderr=False)
+        self._lines = PlainLines()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 
     def show(self, event: Mapping[str, Any], now: datetime) -> None:
         """Print or draw one validated event."""
         name = event["event"]
+        line = self._lines.line(now, event)
         if not self.console.is_terminal:
-            self.console.out(plain_line(now, event), highlight=False)
+            self.console.out(line, highlight=False)
             return
         if name in ("started", "resumed"):
             self._start_bar(event)
@@ -42,7 +44,7 @@ class ConsoleDisplay:
         if name in _RUN_ENDS:
             self.close()
         if name != "train":
-            self.console.out(plain_line(now, event), highlight=False)
+            self.console.out(line, highlight=False)
 
     def close(self) -> None:
         """Stop the progress bar, leaving its last state on screen; idempotent."""
@@ -53,7 +55,6 @@ class ConsoleDisplay:
 
     def _start_bar(self, event: Mapping[str, Any]) -> None:
         self.close()
-        state = event["state"]
         self._progress = Progress(
             TextColumn("epoch {task.fields[epoch]}"),
             BarColumn(),
@@ -67,8 +68,8 @@ class ConsoleDisplay:
         self._task = self._progress.add_task(
             "train",
             total=event["budget"]["planned_steps"],
-            completed=state["step"],
-            epoch=state["epoch"],
+            completed=event["state"]["step"],
+            epoch=self._lines.epoch_label(event),
             loss="n/a",
             speed="n/a",
         )
@@ -83,12 +84,11 @@ class ConsoleDisplay:
         step = event["step"] if "step" in event else state["step"] if isinstance(state, Mapping) else None
         if step is None:
             return
-        fields: dict[str, Any] = {"completed": step}
+        fields: dict[str, Any] = {"completed": step, "epoch": self._lines.epoch_label(event)}
         if name == "train":
             metrics = event["metrics"]
             fields.update(
                 total=event["planned_steps"],
-                epoch=event["epoch"],
                 loss=format_number(metrics.get("loss")),
                 speed=format_rate(metrics.get("samples_per_second")),
             )

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from .schema import epoch_number
+
 
 def format_number(value: Any) -> str:
     """A metric value for humans: 4 significant digits for floats, ``n/a`` for None.
@@ -47,11 +49,11 @@ def _pairs(values: Mapping[str, Any], prefix: str = "") -> list[str]:
     return [f"{prefix}{key}={format_number(value)}" for key, value in values.items()]
 
 
-def _render_run_start(event: Mapping[str, Any]) -> str:
+def _render_run_start(event: Mapping[str, Any], epoch: str) -> str:
     state, budget = event["state"], event["budget"]
     parts = [
         event["event"],
-        f"epoch={state['epoch']}",
+        f"epoch={epoch}",
         f"step={state['step']}/{budget['planned_steps']}",
         f"world_size={event['world_size']}",
         f"precision={event['precision']}",
@@ -63,7 +65,7 @@ def _render_run_start(event: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _render_train(event: Mapping[str, Any]) -> str:
+def _render_train(event: Mapping[str, Any], epoch: str) -> str:
     metrics = dict(event["metrics"])
     loss = metrics.pop("loss", None)
     speed = metrics.pop("samples_per_second", None)
@@ -71,7 +73,7 @@ def _render_train(event: Mapping[str, Any]) -> str:
     return " ".join(
         [
             "train",
-            f"epoch={event['epoch']}",
+            f"epoch={epoch}",
             f"step={event['step']}/{event['planned_steps']}",
             f"loss={format_number(loss)}",
             *_pairs(metrics),
@@ -80,12 +82,12 @@ def _render_train(event: Mapping[str, Any]) -> str:
     )
 
 
-def _render_skipped(event: Mapping[str, Any]) -> str:
-    return f"skipped epoch={event['epoch']} step={event['step']} reason={event['reason']}"
+def _render_skipped(event: Mapping[str, Any], epoch: str) -> str:
+    return f"skipped epoch={epoch} step={event['step']} reason={event['reason']}"
 
 
-def _render_evaluation(event: Mapping[str, Any]) -> str:
-    parts = ["evaluation", f"epoch={event['epoch']}", f"step={event['step']}", f"weights={event['weights']}"]
+def _render_evaluation(event: Mapping[str, Any], epoch: str) -> str:
+    parts = ["evaluation", f"epoch={epoch}", f"step={event['step']}", f"weights={event['weights']}"]
     for loader, metrics in event["metrics"].items():
         parts += _pairs(metrics, prefix=f"{loader}/")
     parts.append(f"duration={format_seconds(event['duration_s'])}")
@@ -94,10 +96,10 @@ def _render_evaluation(event: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _render_checkpoint(event: Mapping[str, Any]) -> str:
+def _render_checkpoint(event: Mapping[str, Any], epoch: str) -> str:
     parts = [
         "checkpoint",
-        f"epoch={event['epoch']}",
+        f"epoch={epoch}",
         f"step={event['step']}",
         f"reason={event['reason']}",
         f"size={event['bytes'] / 1e6:.1f}MB",
@@ -108,23 +110,23 @@ def _render_checkpoint(event: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _render_export(event: Mapping[str, Any]) -> str:
+def _render_export(event: Mapping[str, Any], epoch: str) -> str:
     return f"export weights={event['weights']} path={event['path']}"
 
 
-def _render_stop_requested(event: Mapping[str, Any]) -> str:
+def _render_stop_requested(event: Mapping[str, Any], epoch: str) -> str:
     return (
-        f"stop_requested epoch={event['epoch']} step={event['step']} "
+        f"stop_requested epoch={epoch} step={event['step']} "
         f"reason={event['reason']} signal={event['signal']}"
     )
 
 
-def _render_run_end(event: Mapping[str, Any]) -> str:
+def _render_run_end(event: Mapping[str, Any], epoch: str) -> str:
     state = event["state"]
     parts = [event["event"]]
     if event["event"] == "stopped":
         parts.append(f"reason={event['reason']}")
-    parts += [f"epoch={state['epoch']}", f"step={state['step']}", f"samples={state['samples']}"]
+    parts += [f"epoch={epoch}", f"step={state['step']}", f"samples={state['samples']}"]
     if state["best_metric"] is not None:
         parts.append(f"best={format_number(state['best_metric'])}@{state['best_step']}")
     parts += [
@@ -153,12 +155,44 @@ _RENDERERS = {
 _CONTROL_CHARACTERS = {code: "?" for code in (*range(0x20), *range(0x7F, 0xA0))}
 
 
-def plain_line(stamp: datetime, event: Mapping[str, Any]) -> str:
-    """One timestamped line for a validated event, without control characters.
+def event_epoch(event: Mapping[str, Any]) -> int | None:
+    """The 1-based epoch the run is in at an event: its ``epoch`` field, else derived from its ``state``.
 
     Example:
-        >>> plain_line(datetime(2026, 1, 2, 3, 4, 5), {"event": "export", "weights": "ema", "path": "m.pt"})
+        >>> event_epoch({"event": "finished", "state": {"epoch": 3, "next_batch": 0}})
+        3
+    """
+    if "epoch" in event:
+        return event["epoch"]
+    state = event.get("state")
+    if isinstance(state, Mapping) and "epoch" in state:
+        return epoch_number(state["epoch"], state.get("next_batch", 0))
+    return None
+
+
+class PlainLines:
+    """One timestamped line per event, without control characters; remembers the run's epoch budget.
+
+    Epochs show as ``epoch=<epoch the run is in>/<epochs of the budget>`` once a ``started`` or
+    ``resumed`` event has named the budget.
+
+    Example:
+        >>> lines = PlainLines()
+        >>> lines.line(datetime(2026, 1, 2, 3, 4, 5), {"event": "export", "weights": "ema", "path": "m.pt"})
         '2026-01-02T03:04:05Z export weights=ema path=m.pt'
     """
-    text = f"{stamp:%Y-%m-%dT%H:%M:%SZ} {_RENDERERS[event['event']](event)}"
-    return text.translate(_CONTROL_CHARACTERS)
+
+    def __init__(self) -> None:
+        self.epochs: int | None = None
+
+    def epoch_label(self, event: Mapping[str, Any]) -> str:
+        """``1/3`` for the epoch an event is in, or ``1`` while the budget is unknown."""
+        epoch = format_number(event_epoch(event))
+        return epoch if self.epochs is None else f"{epoch}/{self.epochs}"
+
+    def line(self, stamp: datetime, event: Mapping[str, Any]) -> str:
+        """The line of a validated event; a started or resumed event sets the epoch budget first."""
+        if event["event"] in ("started", "resumed"):
+            self.epochs = event["budget"].get("epochs")
+        text = f"{stamp:%Y-%m-%dT%H:%M:%SZ} {_RENDERERS[event['event']](event, self.epoch_label(event))}"
+        return text.translate(_CONTROL_CHARACTERS)

@@ -136,11 +136,41 @@ Example:
 EVENT_DESCRIPTIONS: dict[str, str] = {name: spec.description for name, spec in EVENT_SPECS.items()}
 """Event name -> one-paragraph description, for generated documentation."""
 
+FIELD_NOTES: dict[str, str] = {
+    "time": "UTC ISO 8601 time, added by RunLogger.",
+    "epoch": (
+        "The 1-based number of the epoch the run is in; a boundary at the end of an epoch belongs to the "
+        "epoch that just ended. A 3-epoch run starts in epoch 1, its train event and evaluation after the "
+        "last update of epoch 1 both say 1, and it finishes in epoch 3. Consoles show it as `epoch 1/3`."
+    ),
+    "state": (
+        "The training state (STATE_FIELDS). `state.epoch` counts completed epochs and `state.next_batch` the "
+        "batches already consumed of the next one; consoles show `elfes.records.epoch_number(state.epoch, "
+        "state.next_batch)`, the same number as the `epoch` field."
+    ),
+    "budget": "The step budget (BUDGET_FIELDS): `epochs`, `max_steps`, `planned_steps`, `updates_per_epoch`, `batches_per_epoch`.",
+}
+"""Field name -> meaning, for fields shared by several events."""
+
 # Nested dicts whose keys are part of the contract, checked when present.
 _NESTED_FIELDS: dict[str, tuple[str, ...]] = {
     "state": STATE_FIELDS,
     "budget": BUDGET_FIELDS,
 }
+
+
+def epoch_number(completed_epochs: int, next_batch: int) -> int:
+    """The 1-based epoch a run is in, from its state (completed epochs and batches consumed since).
+
+    A boundary at the end of an epoch belongs to the epoch that just ended; a fresh run is in epoch 1.
+
+    Example:
+        >>> epoch_number(0, 0), epoch_number(0, 7), epoch_number(1, 0), epoch_number(1, 3)
+        (1, 1, 1, 2)
+    """
+    if completed_epochs > 0 and next_batch == 0:
+        return completed_epochs
+    return completed_epochs + 1
 
 
 def events_path(run_dir: Path) -> Path:
@@ -232,7 +262,7 @@ def event_json_line(event: Mapping[str, Any], name: str, time: str) -> str:
 
 
 def event_reference() -> str:
-    """The event schema as a Markdown table, for the README; a test keeps the two identical.
+    """The event schema as Markdown (a table, then shared fields), for the README; a test keeps the two identical.
 
     Example:
         >>> event_reference().splitlines()[0]
@@ -242,4 +272,6 @@ def event_reference() -> str:
     for name, spec in EVENT_SPECS.items():
         fields = [f"`{field}`" for field in spec.fields] + [f"`{field}` (optional)" for field in spec.optional]
         rows.append(f"| `{name}` | {', '.join(fields)} | {spec.description} |")
+    rows.append("")
+    rows += [f"- `{field}`: {meaning}" for field, meaning in FIELD_NOTES.items()]
     return "\n".join(rows)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .plain import format_number, format_seconds
+from .plain import event_epoch, format_number, format_seconds
 
 
 @dataclass(frozen=True)
@@ -17,13 +17,16 @@ class RunSummary:
     resumed) was followed by that event, else "running", which also covers a
     job killed without a stop: compare ``last_event_time`` with the clock.
     Progress fields come from the last event that carries them and are None
-    when no event does. Durations are summed over finished/stopped events.
+    when no event does; ``epoch`` is the 1-based epoch the run is in (see
+    :func:`~elfes.records.epoch_number`) and ``epochs`` the budget's. Durations
+    are summed over finished/stopped events.
     """
 
     status: Literal["running", "finished", "stopped"]
     step: int | None
     planned_steps: int | None
     epoch: int | None
+    epochs: int | None
     samples: int | None
     best_metric: float | None
     best_step: int | None
@@ -39,7 +42,7 @@ class RunSummary:
     last_event_time: str | None
 
 
-_PROGRESS_KEYS = ("step", "epoch", "samples", "best_metric", "best_step")
+_PROGRESS_KEYS = ("step", "samples", "best_metric", "best_step")
 
 
 def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
@@ -59,8 +62,8 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
             "lines, so wait for the run to log its first event"
         )
     status: Literal["running", "finished", "stopped"] = "running"
-    progress: dict[str, Any] = dict.fromkeys(_PROGRESS_KEYS)
-    planned_steps = monitor = last_checkpoint = None
+    progress: dict[str, Any] = dict.fromkeys((*_PROGRESS_KEYS, "epoch"))
+    planned_steps = epochs = monitor = last_checkpoint = None
     starts = resumes = checkpoints = 0
     stops: list[str] = []
     totals = dict.fromkeys(("train_s", "evaluation_s", "checkpoint_s"), 0.0)
@@ -74,9 +77,13 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
                 progress[key] = event[key]
             elif key in state:
                 progress[key] = state[key]
+        epoch = event_epoch(event)
+        if epoch is not None:
+            progress["epoch"] = epoch
         budget = event.get("budget")
         if isinstance(budget, Mapping) and "planned_steps" in budget:
             planned_steps = budget["planned_steps"]
+            epochs = budget.get("epochs")
         elif "planned_steps" in event:
             planned_steps = event["planned_steps"]
 
@@ -100,6 +107,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
     return RunSummary(
         status=status,
         planned_steps=planned_steps,
+        epochs=epochs,
         monitor=monitor,
         starts=starts,
         resumes=resumes,
@@ -118,15 +126,16 @@ def format_summary(summary: RunSummary) -> str:
     Example:
         >>> print(format_summary(summarize(read_events(Path("runs/a")))))  # doctest: +SKIP
         status: finished (1 start(s), 0 resume(s))
-        progress: epoch 2, step 100/100, 6400 samples
+        progress: epoch 2/2, step 100/100, 6400 samples
         ...
     """
     status = summary.status
     if status == "running":
         status = "running (or killed: no finish or stop after the last start)"
+    epoch = format_number(summary.epoch) + ("" if summary.epochs is None else f"/{summary.epochs}")
     lines = [
         f"status: {status} ({summary.starts} start(s), {summary.resumes} resume(s))",
-        f"progress: epoch {format_number(summary.epoch)}, step {format_number(summary.step)}/"
+        f"progress: epoch {epoch}, step {format_number(summary.step)}/"
         f"{format_number(summary.planned_steps)}, {format_number(summary.samples)} samples",
     ]
     if summary.best_metric is not None:

@@ -68,3 +68,17 @@ def test_the_bar_of_a_stopped_run_ends_at_the_step_it_stopped_at(tmp_path):
         logger.log(train(15, planned_steps=48))
         logger.log(run_end(17, reason="SIGTERM", epoch=1, next_batch=2))
     assert last_bar_position(console.file.getvalue()) == "17/48"
+
+
+def test_the_bar_and_the_lines_show_the_same_epoch(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        first_frame = shown(console.file.getvalue())
+        for step in range(5, 48, 5):
+            logger.log(train(step, epoch=1 + (step - 1) // 16, planned_steps=48))
+        logger.log(run_end(48, epoch=3))
+    output = shown(console.file.getvalue())
+    assert "epoch 1/3 " in first_frame and "started epoch=1/3 " in first_frame
+    assert re.findall(r"epoch (\S+) [━╺╸]+", output)[-1] == "3/3"
+    assert "finished epoch=3/3 " in output

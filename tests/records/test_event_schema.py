@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from synthetic_events import every_event_kind, started, train
 
-from elfes.records import EVENT_DESCRIPTIONS, EVENT_FIELDS
+from elfes.records import EVENT_DESCRIPTIONS, EVENT_FIELDS, epoch_number, event_reference
 from elfes.records.schema import event_json_line, validate_event
 
 
@@ -35,3 +35,19 @@ def test_schema_violations_say_what_to_change(event, pattern):
 def test_json_line_names_a_value_without_json_form():
     with pytest.raises(TypeError, match=r"train\.metrics\.loss.*\.item\(\)"):
         event_json_line({**train(1), "metrics": {"loss": object()}}, "train", "T")
+
+
+@pytest.mark.parametrize(
+    ("completed_epochs", "next_batch", "expected"),
+    [(0, 0, 1), (0, 15, 1), (1, 0, 1), (1, 1, 2), (2, 7, 3), (3, 0, 3)],
+)
+def test_epoch_number_is_the_epoch_the_run_is_in_and_a_boundary_belongs_to_the_epoch_that_ended(
+    completed_epochs, next_batch, expected
+):
+    assert epoch_number(completed_epochs, next_batch) == expected
+
+
+def test_the_reference_explains_the_epoch_field_and_the_state_epoch():
+    reference = event_reference()
+    assert "- `epoch`: The 1-based number of the epoch the run is in" in reference
+    assert "`state.epoch` counts completed epochs" in reference

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from synthetic_events import every_event_kind, plain_console
+from synthetic_events import evaluation, every_event_kind, plain_console, run_end, started, train
 
 from elfes.records import RunLogger
 
@@ -34,10 +34,29 @@ def test_plain_console_prints_timestamped_lines_without_control_characters(tmp_p
     assert len(lines) == len(events)
     assert all(TIMESTAMP.match(line) for line in lines)
     train_line = lines[1]
-    assert "train epoch=1 step=20/100 loss=0.1234" in train_line
+    assert "train epoch=1/2 step=20/100 loss=0.1234" in train_line
     assert "samples/s=5012.3" in train_line
     assert "evaluation" in lines[3] and "val/accuracy=0.7" in lines[3]
     assert lines[3].endswith(" best")
     assert "checkpoint" in lines[4] and "step=40" in lines[4]
     assert "SIGTERM" in lines[6]
     assert lines[7].split(" ", 2)[1] == "stopped"
+
+
+def test_every_line_names_the_epoch_the_run_is_in_out_of_the_budget(tmp_path):
+    # A 3-epoch run of 16 updates per epoch: step 16 is the last update of epoch 1.
+    events = [
+        started(planned_steps=48, epochs=3),
+        train(15, epoch=1, planned_steps=48),
+        evaluation(16, 0.5, improved=True, best=0.5, best_step=16, epoch=1),
+        run_end(20, reason="SIGTERM", epoch=1, next_batch=4),
+        started(20, resumed_from="/ckpt", planned_steps=48, epochs=3, epoch=1, next_batch=4),
+        run_end(48, epoch=3),
+    ]
+    epochs = [re.search(r" epoch=(\S+)", line)[1] for line in logged_lines(tmp_path, events)]
+    assert epochs == ["1/3", "1/3", "1/3", "2/3", "2/3", "3/3"]
+
+
+def test_a_resume_at_an_epoch_boundary_is_still_in_the_epoch_that_ended(tmp_path):
+    events = [started(32, resumed_from="/ckpt", planned_steps=48, epochs=3, epoch=2, next_batch=0)]
+    assert " epoch=2/3 step=32/48 " in logged_lines(tmp_path, events)[0]

@@ -48,6 +48,14 @@ def test_summarize_a_stopped_and_resumed_run():
 
     text = format_summary(summary)
     assert "status: finished" in text and "step 100/100" in text and "preempted" in text
+    assert "epoch 2/2" in text
+
+
+def test_the_summary_epoch_is_the_epoch_the_run_is_in():
+    # Stopped 4 batches into epoch 2 of 3: the state counts 1 completed epoch.
+    summary = summarize([started(planned_steps=48, epochs=3), run_end(20, reason="SIGTERM", epoch=1, next_batch=4)])
+    assert (summary.epoch, summary.epochs) == (2, 3)
+    assert "progress: epoch 2/3, step 20/48" in format_summary(summary)
 
 
 def test_summarize_status_follows_the_last_start():
