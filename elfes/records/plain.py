@@ -45,6 +45,24 @@ def format_seconds(value: Any) -> str:
     return f"{value:.2f}s" if isinstance(value, (int, float)) else "n/a"
 
 
+def format_bytes(size: Any) -> str:
+    """A size for humans in B, KB, MB or GB (decimal units, 1 KB = 1000 bytes), ``n/a`` when unknown.
+
+    Example:
+        >>> format_bytes(512), format_bytes(27_000), format_bytes(2_500_000)
+        ('512 B', '27.0 KB', '2.5 MB')
+    """
+    if not isinstance(size, (int, float)):
+        return "n/a"
+    if size < 1000:
+        return f"{size:.0f} B"
+    for unit in ("KB", "MB"):
+        size /= 1000
+        if round(size, 1) < 1000:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1000:.1f} GB"
+
+
 def _pairs(values: Mapping[str, Any], prefix: str = "") -> list[str]:
     return [f"{prefix}{key}={format_number(value)}" for key, value in values.items()]
 
@@ -102,7 +120,7 @@ def _render_checkpoint(event: Mapping[str, Any], epoch: str) -> str:
         f"epoch={epoch}",
         f"step={event['step']}",
         f"reason={event['reason']}",
-        f"size={event['bytes'] / 1e6:.1f}MB",
+        f"size={format_bytes(event['bytes'])}",
         f"duration={format_seconds(event['duration_s'])}",
         f"path={event['path']}",
     ]

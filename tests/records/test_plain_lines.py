@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
-from synthetic_events import evaluation, every_event_kind, plain_console, run_end, started, train
+import pytest
+from synthetic_events import checkpoint, evaluation, every_event_kind, plain_console, run_end, started, train
 
 from elfes.records import RunLogger
+from elfes.records.plain import format_bytes
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
 
@@ -60,3 +62,17 @@ def test_every_line_names_the_epoch_the_run_is_in_out_of_the_budget(tmp_path):
 def test_a_resume_at_an_epoch_boundary_is_still_in_the_epoch_that_ended(tmp_path):
     events = [started(32, resumed_from="/ckpt", planned_steps=48, epochs=3, epoch=2, next_batch=0)]
     assert " epoch=2/3 step=32/48 " in logged_lines(tmp_path, events)[0]
+
+
+@pytest.mark.parametrize(
+    ("size_bytes", "expected"),
+    [(0, "0 B"), (512, "512 B"), (27_000, "27.0 KB"), (27_648, "27.6 KB"), (999_960, "1.0 MB"),
+     (2_500_000, "2.5 MB"), (3_200_000_000, "3.2 GB"), (None, "n/a")],
+)
+def test_sizes_are_shown_in_bytes_kilobytes_megabytes_or_gigabytes(size_bytes, expected):
+    assert format_bytes(size_bytes) == expected
+
+
+def test_a_small_checkpoint_shows_its_size_in_kilobytes(tmp_path):
+    (line,) = logged_lines(tmp_path, [checkpoint(16, size_bytes=27_000)])
+    assert " size=27.0 KB " in line
