@@ -99,4 +99,4 @@ class ConsoleDisplay:
 
 
 # Events after which the run no longer trains in this process: the bar stops where they say.
-_RUN_ENDS = ("finished", "stopped")
+_RUN_ENDS = ("finished", "stopped", "failed")

@@ -80,7 +80,28 @@ def _render_run_start(event: Mapping[str, Any], epoch: str) -> str:
     ]
     if event["event"] == "resumed":
         parts.append(f"from={event['resumed_from']}")
+        if is_past_budget(event):
+            parts.append(
+                f"- already at step {state['step']}, past the {budget['planned_steps']} steps this budget "
+                "allows: nothing to train"
+            )
     return " ".join(parts)
+
+
+def is_past_budget(event: Mapping[str, Any]) -> bool:
+    """Whether a ``resumed`` event restored a run already beyond its new budget: nothing left to train.
+
+    Its ``past_budget`` field says so; records written before that field existed compare steps.
+
+    Example:
+        >>> is_past_budget({"event": "resumed", "state": {"step": 320}, "budget": {"planned_steps": 160}})
+        True
+    """
+    if event.get("event") != "resumed":
+        return False
+    if "past_budget" in event:
+        return bool(event["past_budget"])
+    return event["state"]["step"] > event["budget"]["planned_steps"]
 
 
 def _render_train(event: Mapping[str, Any], epoch: str) -> str:
@@ -88,13 +109,17 @@ def _render_train(event: Mapping[str, Any], epoch: str) -> str:
     loss = metrics.pop("loss", None)
     speed = metrics.pop("samples_per_second", None)
     metrics.pop("last_update_samples", None)
+    # Learning rates of every group (lr/<group name> or lr/<index>) come first after the loss.
+    learning_rates = {name: value for name, value in metrics.items() if name.startswith("lr/")}
+    others = {name: value for name, value in metrics.items() if name not in learning_rates}
     return " ".join(
         [
             "train",
             f"epoch={epoch}",
             f"step={event['step']}/{event['planned_steps']}",
             f"loss={format_number(loss)}",
-            *_pairs(metrics),
+            *_pairs(learning_rates),
+            *_pairs(others),
             f"samples/s={format_rate(speed)}",
         ]
     )
@@ -139,6 +164,16 @@ def _render_stop_requested(event: Mapping[str, Any], epoch: str) -> str:
     )
 
 
+def _render_stop_signal(event: Mapping[str, Any], epoch: str) -> str:
+    cause = event["signal"] or event["reason"]
+    return f"stop requested ({cause}): saving at the end of this window; epoch={epoch} step={event['step']}"
+
+
+def _render_failed(event: Mapping[str, Any], epoch: str) -> str:
+    message = " | ".join(str(event["message"]).splitlines())
+    return f"failed epoch={epoch} step={event['step']} {event['exception']}: {message}"
+
+
 def _render_run_end(event: Mapping[str, Any], epoch: str) -> str:
     state = event["state"]
     parts = [event["event"]]
@@ -164,9 +199,11 @@ _RENDERERS = {
     "evaluation": _render_evaluation,
     "checkpoint": _render_checkpoint,
     "export": _render_export,
+    "stop_signal": _render_stop_signal,
     "stop_requested": _render_stop_requested,
     "finished": _render_run_end,
     "stopped": _render_run_end,
+    "failed": _render_failed,
 }
 
 # Log files must stay plain text, whatever strings users put in metric names or paths.

@@ -78,11 +78,15 @@ EVENT_SPECS: dict[str, EventSpec] = {
     ),
     "resumed": EventSpec(
         "A run continued from a checkpoint (resumed_from). Same fields as started; state is the restored "
-        "training state.",
+        "training state. past_budget is true when the restored step is already beyond budget.planned_steps "
+        "(a run resumed with fewer epochs or a smaller max_steps): there is nothing left to train; where it "
+        "is absent (older records) readers compare state.step with budget.planned_steps.",
         (*_RUN_FIELDS, "resumed_from"),
+        optional=("past_budget",),
     ),
     "train": EventSpec(
-        "Training progress at the logging interval: metrics holds loss, lr/<group>, grad_norm, "
+        "Training progress at the logging interval: metrics holds loss, lr/<group> (the parameter group's "
+        "name, such as lr/decay and lr/no_decay, or lr/<index> for a group without one), grad_norm, "
         "last_update_samples, samples_per_second and the user's metrics.",
         ("epoch", "step", "planned_steps", "samples", "metrics"),
     ),
@@ -106,6 +110,13 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "Model weights (raw or ema) were exported to path.",
         ("weights", "path"),
     ),
+    "stop_signal": EventSpec(
+        "The training loop noticed a stop request before the current window ends (signal is its name such as "
+        "SIGTERM, or null when stop.request(reason) was called from code); training goes on to the end of the "
+        "window, where all ranks agree (stop_requested) and last is saved. Consoles print it at once: "
+        "`stop requested (SIGTERM): saving at the end of this window`.",
+        ("signal", "reason", "epoch", "step"),
+    ),
     "stop_requested": EventSpec(
         "All ranks agreed to stop at this window boundary (reason; signal is the signal name such as "
         "SIGTERM, or null); last is saved next.",
@@ -121,6 +132,12 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "The run paused on a stop request (reason) after saving last; resume from it. Same fields as "
         "finished.",
         (*_TOTALS_FIELDS, "reason"),
+    ),
+    "failed": EventSpec(
+        "An exception ended the run at epoch and step (exception is its type name, message its text); the "
+        "engine re-raises it after recording it. summarize reports the run as failed; fix the cause and "
+        "resume from last.",
+        ("exception", "message", "epoch", "step"),
     ),
 }
 """Event name -> :class:`EventSpec`: the single definition of the schema."""

@@ -13,16 +13,19 @@ from .plain import event_epoch, format_number, format_seconds
 class RunSummary:
     """Where a run stands, as derived by :func:`summarize`.
 
-    ``status`` is "finished" or "stopped" when the last start (started or
-    resumed) was followed by that event, else "running", which also covers a
-    job killed without a stop: compare ``last_event_time`` with the clock.
+    ``status`` is "finished", "stopped" or "failed" when the last start
+    (started or resumed) was followed by that event, else "running", which
+    also covers a job killed without a stop: compare ``last_event_time`` with
+    the clock. ``failure`` is the exception of a failed run ("ValueError:
+    message"); ``pending_stop`` the signal or reason of a stop requested since
+    the last start and not yet saved (None once ``stopped`` is recorded).
     Progress fields come from the last event that carries them and are None
     when no event does; ``epoch`` is the 1-based epoch the run is in (see
     :func:`~elfes.records.epoch_number`) and ``epochs`` the budget's. Durations
     are summed over finished/stopped events.
     """
 
-    status: Literal["running", "finished", "stopped"]
+    status: Literal["running", "finished", "stopped", "failed"]
     step: int | None
     planned_steps: int | None
     epoch: int | None
@@ -40,6 +43,8 @@ class RunSummary:
     evaluation_s: float
     checkpoint_s: float
     last_event_time: str | None
+    failure: str | None
+    pending_stop: str | None
 
 
 _PROGRESS_KEYS = ("step", "samples", "best_metric", "best_step")
@@ -61,7 +66,8 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
             "no events to summarise; the events file is empty or holds only torn "
             "lines, so wait for the run to log its first event"
         )
-    status: Literal["running", "finished", "stopped"] = "running"
+    status: Literal["running", "finished", "stopped", "failed"] = "running"
+    failure = pending_stop = None
     progress: dict[str, Any] = dict.fromkeys((*_PROGRESS_KEYS, "epoch"))
     planned_steps = epochs = monitor = last_checkpoint = None
     starts = resumes = checkpoints = 0
@@ -89,6 +95,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
 
         if name in ("started", "resumed"):
             status = "running"
+            failure = pending_stop = None
             starts += 1
             if name == "resumed":
                 resumes += 1
@@ -98,6 +105,12 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
                 totals[key] += event.get(key) or 0.0
             if name == "stopped":
                 stops.append(str(event.get("reason")))
+            pending_stop = None
+        elif name == "failed":
+            status = "failed"
+            failure = f"{event.get('exception')}: {event.get('message')}"
+        elif name in ("stop_signal", "stop_requested") and pending_stop is None:
+            pending_stop = str(event.get("signal") or event.get("reason"))
         elif name == "evaluation":
             monitor = event.get("monitor")
         elif name == "checkpoint":
@@ -115,6 +128,8 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
         checkpoints=checkpoints,
         last_checkpoint=last_checkpoint,
         last_event_time=events[-1].get("time"),
+        failure=failure,
+        pending_stop=pending_stop,
         **progress,
         **totals,
     )
@@ -130,7 +145,9 @@ def format_summary(summary: RunSummary) -> str:
         ...
     """
     status = summary.status
-    if status == "running":
+    if status == "running" and summary.pending_stop is not None:
+        status = f"running, stop requested ({summary.pending_stop}): saving last (or killed before it was saved)"
+    elif status == "running":
         status = "running (or killed: no finish or stop after the last start)"
     epoch = format_number(summary.epoch) + ("" if summary.epochs is None else f"/{summary.epochs}")
     lines = [
@@ -138,6 +155,8 @@ def format_summary(summary: RunSummary) -> str:
         f"progress: epoch {epoch}, step {format_number(summary.step)}/"
         f"{format_number(summary.planned_steps)}, {format_number(summary.samples)} samples",
     ]
+    if summary.failure is not None:
+        lines.append(f"failure: {summary.failure} (fix the cause, then resume from last)")
     if summary.best_metric is not None:
         lines.append(
             f"best: {summary.monitor or 'metric'} = {format_number(summary.best_metric)} "

@@ -118,7 +118,16 @@ def stop_requested(step: int, epoch: int = 1):
     return {"event": "stop_requested", "reason": "signal", "signal": "SIGTERM", "epoch": epoch, "step": step}
 
 
+def stop_signal(step: int, signal: str | None = "SIGTERM", reason: str = "SIGTERM", epoch: int = 1):
+    return {"event": "stop_signal", "signal": signal, "reason": reason, "epoch": epoch, "step": step}
+
+
+def failed(step: int, exception: str = "ValueError", message: str = "bad batch", epoch: int = 1):
+    return {"event": "failed", "exception": exception, "message": message, "epoch": epoch, "step": step}
+
+
 def every_event_kind():
+    """A paused run, resumed, that fails: every event kind once, finished excepted."""
     return [
         started(),
         train(20),
@@ -126,8 +135,11 @@ def every_event_kind():
         evaluation(40, 0.7, improved=True, best=0.7, best_step=40),
         checkpoint(40),
         {"event": "export", "weights": "ema", "path": Path("/runs/a/model.pt")},
+        stop_signal(44),
         stop_requested(45),
         run_end(45, reason="signal", best_metric=0.7, best_step=40, next_batch=45),
+        started(45, resumed_from="/runs/a/checkpoints/step-45", best_metric=0.7, best_step=40, next_batch=45),
+        failed(47),
     ]
 
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import re
 
-from synthetic_events import checkpoint, evaluation, run_end, started, terminal_console, train
+from synthetic_events import (
+    checkpoint,
+    evaluation,
+    failed,
+    run_end,
+    started,
+    stop_signal,
+    terminal_console,
+    train,
+)
 
 from elfes.records import RunLogger, read_events
 
@@ -82,3 +91,23 @@ def test_the_bar_and_the_lines_show_the_same_epoch(tmp_path):
     assert "epoch 1/3 " in first_frame and "started epoch=1/3 " in first_frame
     assert re.findall(r"epoch (\S+) [━╺╸]+", output)[-1] == "3/3"
     assert "finished epoch=3/3 " in output
+
+
+def test_a_stop_signal_is_printed_at_once_above_the_bar(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        logger.log(train(10, planned_steps=48))
+        logger.log(stop_signal(12))
+        assert "stop requested (SIGTERM): saving at the end of this window" in shown(console.file.getvalue())
+
+
+def test_the_bar_of_a_failed_run_ends_at_the_step_it_failed_at(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        logger.log(train(10, planned_steps=48))
+        logger.log(failed(12, "ValueError", "bad batch"))
+        output = shown(console.file.getvalue())
+    assert last_bar_position(output) == "12/48"
+    assert "failed epoch=1/3 step=12 ValueError: bad batch" in output

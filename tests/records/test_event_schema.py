@@ -12,7 +12,7 @@ from elfes.records.schema import event_json_line, validate_event
 def test_schema_covers_every_event_with_a_description():
     assert set(EVENT_FIELDS) == set(EVENT_DESCRIPTIONS)
     logged = {event["event"] for event in every_event_kind()}
-    assert logged | {"resumed", "finished"} == set(EVENT_FIELDS)
+    assert logged | {"finished"} == set(EVENT_FIELDS)
     assert all(EVENT_DESCRIPTIONS.values())
 
 
@@ -25,6 +25,8 @@ def test_schema_covers_every_event_with_a_description():
         ({**train(1), "time": "yesterday"}, "'train'.*'time'"),
         ({**started(), "state": {"step": 0}}, "'started'.*'state'.*'best_metric'"),
         ({**started(), "budget": 100}, "'started'.*'budget' must be a dict"),
+        ({"event": "failed", "exception": "ValueError", "epoch": 1, "step": 3}, "'failed'.*missing.*'message'"),
+        ({"event": "stop_signal", "reason": "SIGTERM", "epoch": 1, "step": 3}, "'stop_signal'.*missing.*'signal'"),
     ],
 )
 def test_schema_violations_say_what_to_change(event, pattern):
@@ -51,3 +53,17 @@ def test_the_reference_explains_the_epoch_field_and_the_state_epoch():
     reference = event_reference()
     assert "- `epoch`: The 1-based number of the epoch the run is in" in reference
     assert "`state.epoch` counts completed epochs" in reference
+
+
+def test_the_reference_documents_the_new_events_and_fields():
+    reference = event_reference()
+    assert "| `failed` | `exception`, `message`, `epoch`, `step` |" in reference
+    assert "| `stop_signal` | `signal`, `reason`, `epoch`, `step` |" in reference
+    assert "`resumed_from`, `past_budget` (optional) |" in reference
+    assert "lr/decay and lr/no_decay" in reference
+
+
+def test_a_resumed_event_without_past_budget_is_still_valid():
+    """Records written before past_budget existed (and engines not yet emitting it) stay readable."""
+    assert validate_event(started(5, resumed_from="/ckpt")) == "resumed"
+    assert validate_event({**started(5, resumed_from="/ckpt"), "past_budget": False}) == "resumed"

@@ -7,10 +7,12 @@ from synthetic_events import (
     checkpoint,
     evaluation,
     every_event_kind,
+    failed,
     plain_console,
     run_end,
     started,
     stop_requested,
+    stop_signal,
     train,
 )
 
@@ -73,6 +75,25 @@ def test_summarize_reads_back_what_the_logger_wrote(tmp_path):
         for event in every_event_kind():
             logger.log(event)
     summary = summarize(read_events(tmp_path))
-    assert summary.status == "stopped"
-    assert summary.step == 45
+    assert summary.status == "failed"
+    assert summary.step == 47
     assert summary.last_event_time is not None
+
+
+def test_a_run_whose_last_attempt_failed_is_failed_with_its_message():
+    summary = summarize([started(), train(10), failed(12, "ValueError", "labels out of range")])
+    assert summary.status == "failed"
+    assert summary.failure == "ValueError: labels out of range"
+    text = format_summary(summary)
+    assert "status: failed" in text and "failure: ValueError: labels out of range" in text
+    resumed = started(10, resumed_from="/ckpt", next_batch=10)
+    again = summarize([started(), failed(12), resumed])
+    assert (again.status, again.failure) == ("running", None)
+
+
+def test_a_stop_requested_but_not_yet_saved_is_reported():
+    summary = summarize([started(), train(10), stop_signal(12)])
+    assert (summary.status, summary.pending_stop) == ("running", "SIGTERM")
+    assert "stop requested (SIGTERM)" in format_summary(summary)
+    saved = summarize([started(), stop_signal(12), run_end(13, reason="SIGTERM", next_batch=13)])
+    assert (saved.status, saved.pending_stop) == ("stopped", None)
