@@ -62,6 +62,9 @@ LOCAL_MAX_STARTS = 6
 TERMINATING_SIGNALS = ("SIGINT", "SIGTERM")
 # A stop reason the trainer sets on a normal end (the monitor stopped improving).
 FINISHING_REASONS = ("early_stopping",)
+# A command job's child gets a stop signal once it catches it (it may be importing torch, when the
+# default action would kill it), or after this long anyway.
+FORWARD_HOLD_S = 60.0
 # How often a waiting loop (the command job's, rank 0's stopping watcher) looks at its flags.
 POLL_S = 0.05
 
@@ -178,10 +181,17 @@ def stop_reason_from_exit_code(returncode: int, *, stop_signal_names: Iterable[s
     )
 
 
-def agreed_stop_reason(reasons: Iterable[str | None]) -> str | None:
-    """One stop reason from several signals seen: a terminating one (SIGTERM, SIGINT) wins, else the first."""
-    seen = [reason for reason in reasons if reason is not None]
-    return next((r for r in seen if r in TERMINATING_SIGNALS), seen[0] if seen else None)
+def catches_signal(pid: int, signum: int) -> bool | None:
+    """Whether process ``pid`` has a handler for ``signum`` (Linux ``/proc/PID/status`` ``SigCgt``); None
+    when that cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool((int(line.split()[1], 16) >> (int(signum) - 1)) & 1)
+    return None
 
 
 # -- signals before the engine ---------------------------------------------------------------------------------
@@ -448,30 +458,36 @@ class _Attempt:
     def _run_command(self) -> tuple[str | None, int | None]:
         argv = self.spec.render_command(python=sys.executable)
         if _cancel_requested(self.paths, self.before):
-            self.flags.received.append(signal.SIGTERM)
+            self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
         child = subprocess.Popen(argv, cwd=os.getcwd())
+        started = time.monotonic()
         forwarded = 0
+        held: list[signal.Signals] = []
         with self._stopping_watcher(lambda: self.flags.received[0].name if self.flags.received else None):
-            while True:
-                # Forward what arrived since the last look; the handler itself only records.
-                while forwarded < len(self.flags.received):
-                    signum = self.flags.received[forwarded]
-                    forwarded += 1
-                    if signum == signal.SIGINT and self.start.executor == "slurm":
-                        continue  # SLURM signals every process of the step; a second SIGINT would interrupt
-                    try:
-                        child.send_signal(signum)
-                    except ProcessLookupError:
-                        pass
-                if child.poll() is not None:
-                    break
+            while child.poll() is None:
+                # The handlers only record; this loop forwards. A signal waits until the child catches it
+                # (it may still be importing torch, when the default action would kill it), or FORWARD_HOLD_S.
+                held += self.flags.received[forwarded:]
+                forwarded = len(self.flags.received)
+                held = [signum for signum in held if not self._forward(child, signum, started)]
                 time.sleep(POLL_S)
         names = [signum.name for signum in self.flags.signals]
+        # The exit code, not this task's own flags, decides: the children's trainer made every rank
+        # agree on one stop reason, while each task may have seen other signals.
         reason = stop_reason_from_exit_code(child.returncode, stop_signal_names=names)
-        if reason is not None:
-            # The child stopped on a signal; if the job itself saw a terminating one, that decides.
-            reason = agreed_stop_reason([*(n for n in self.flags.names() if n in TERMINATING_SIGNALS), reason])
         return reason, _saved_step_from_events(self.paths, self.started_at)
+
+    def _forward(self, child: subprocess.Popen, signum: signal.Signals, started: float) -> bool:
+        """Send ``signum`` to the command if it catches it by now (or waited too long); True once handled."""
+        if signum == signal.SIGINT and self.start.executor == "slurm":
+            return True  # SLURM signals every process of the step; a second SIGINT would interrupt the save
+        if catches_signal(child.pid, signum) is False and time.monotonic() - started < FORWARD_HOLD_S:
+            return False
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+        return True
 
     # -- recording and acting -----------------------------------------------------------------------------------
     def _update(self, change: Callable[[run_state.RunState | None], run_state.RunState]) -> None:
@@ -530,7 +546,7 @@ class _Attempt:
                 s, token=self.start.token, outcome=decision.outcome, signal=decision.signal, step=step,
                 error=decision.error))
             if resubmit:
-                _resubmit_local(self.paths)
+                _resubmit_local(self.paths, self.spec)
         print(f"elfes: attempt {self.attempt} ended {decision.outcome}"
               + (f" ({decision.signal})" if decision.signal else "") + (f" at step {step}" if step is not None else "")
               + (f": {decision.error}" if decision.error else ""), flush=True)
@@ -555,17 +571,19 @@ def _load_spec(paths: RunPaths) -> Any:
     return load_spec(paths.spec, check_files=False)
 
 
-def _resubmit_local(paths: RunPaths) -> None:
-    """Past submitit's local start limit, submit the run again (as a requeue) into the same run directory."""
-    from .actions import resubmit_requeued
+def _resubmit_local(paths: RunPaths, spec: Any) -> None:
+    """Past submitit's local start limit, submit the run again (a "requeue" submission, which the
+    next start counts as a requeue) into the same run directory. Rank 0, after recording "requeued"."""
+    from . import executors
 
-    environment = dict(os.environ)
+    run_state.update_state(paths, lambda s: run_state.record_submission(
+        s, executor="local", kind="requeue", max_requeues=spec.requeue.max_requeues))
     try:
-        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            os.environ.pop(name, None)
-        for name in [name for name in os.environ if name.startswith("SUBMITIT_")]:
-            os.environ.pop(name)
-        resubmit_requeued(paths.run_dir)
-    finally:
-        os.environ.clear()
-        os.environ.update(environment)
+        job_id = executors.submit(spec, paths, "local")  # a detached controller; our rank variables are dropped
+    except Exception as error:
+        message = f"the resubmission past submitit's {LOCAL_MAX_STARTS} local starts failed: {error}"
+        run_state.update_state(paths, lambda s: run_state.mark_submission_failed(s, error=message))
+        raise
+    run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
+    print(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
+          f"resubmitted the run as local job {job_id}", flush=True)
