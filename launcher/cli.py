@@ -1,31 +1,361 @@
-"""The `elfes` command line. Login-node commands never import torch.
+"""The ``elfes`` command line: argparse and printing only; the verbs live in launcher/actions.py.
 
-The job verbs (`validate`, `submit`, `status`) arrive with the orchestrator's issues; until then
-the command only reports its version and usage.
+Login-node commands never import torch (nor numpy): ``--help``, ``validate``, ``status``, ``logs``,
+``schema``, ``init`` and ``submit --dry-run`` are tested for it in a subprocess. Tests call
+:func:`main` directly: ``main(["status", run_dir, "--json"])`` returns the exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
 
 import elfes
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_NOT_NOW = 3
+EXIT_RUN_FAILED = 4
+EXIT_RUN_STOPPED = 5
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = f"""\
+exit codes:
+  {EXIT_OK}    success; with --follow: the run finished
+  1    an internal error (a bug: the traceback is printed)
+  {EXIT_BAD_INPUT}    bad input: a malformed job spec, bad arguments, not a run directory, a run directory
+       holding a different job; nothing was created
+  {EXIT_NOT_NOW}    cannot be done now: SLURM is absent or refused the job, the run is busy or not
+       resumable, no live task to signal
+  {EXIT_RUN_FAILED}    --follow: the run ended failed
+  {EXIT_RUN_STOPPED}    --follow: the run ended stopped or cancelled (`elfes resume` continues it)
+  {EXIT_INTERRUPTED}  --follow interrupted (Ctrl-C): the job keeps running
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elfes",
-        description="ELFES: training jobs that survive preemption bitwise-exactly.",
+        description="ELFES: training jobs that survive preemption bitwise-exactly. "
+        "One YAML file describes a job; `elfes submit` runs it on SLURM or on this machine.",
+        epilog=EXIT_CODES + "\nStart with: elfes init local-debug job.yaml; elfes submit job.yaml --follow",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"elfes {elfes.__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        return verbs.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    submit = verb("submit", "Validate a job spec, create its run directory and submit the job.")
+    submit.add_argument("spec", metavar="JOB.yaml", help="the job spec")
+    submit.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
+                        help="auto (default): slurm where sbatch is on PATH, local otherwise")
+    submit.add_argument("--dry-run", action="store_true",
+                        help="print the sbatch script (slurm) or the local command, touching nothing")
+    submit.add_argument("--follow", action="store_true",
+                        help="show the job live until it ends; the exit code tells how it ended")
+
+    status = verb("status", "Show where runs stand (from their state files and run records).")
+    status.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories")
+    status.add_argument("--json", action="store_true",
+                        help="print JSON: an object per run with a top-level `status` (a list for several runs)")
+
+    logs = verb("logs", "Print a job's stdout and stderr (latest attempt, rank 0 by default).")
+    logs.add_argument("run_dir", metavar="RUN_DIR")
+    logs.add_argument("--rank", type=int, default=0, help="the rank whose logs to show (default 0)")
+    logs.add_argument("--attempt", type=int, default=None, help="the attempt (default: the latest)")
+    logs.add_argument("--follow", action="store_true", help="keep printing new output until the run ends")
+
+    preempt = verb("preempt", "Rehearse a preemption: the job saves `last`, is requeued and resumes.")
+    preempt.add_argument("run_dir", metavar="RUN_DIR")
+
+    cancel = verb("cancel", "Stop a run for good: it saves `last` and ends cancelled.")
+    cancel.add_argument("run_dir", metavar="RUN_DIR")
+
+    resume = verb("resume", "Submit a stopped, cancelled or failed run again; it continues from `last`.")
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--follow", action="store_true", help="show the job live until it ends")
+
+    validate = verb("validate", "Check a job spec without submitting it; creates nothing.")
+    validate.add_argument("spec", metavar="JOB.yaml")
+    validate.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
+                          help="also check that this executor can run it (default: the one submit would use)")
+
+    init = verb("init", "Write a job spec template to start from.")
+    init.add_argument("template", metavar="TEMPLATE", nargs="?", default="local-debug",
+                      help="local-debug (default), slurm-gpu, slurm-node or slurm-multinode")
+    init.add_argument("path", metavar="PATH", nargs="?", default="job.yaml", help="where to write it (job.yaml)")
+
+    verb("schema", "Print the JSON Schema of a job spec (for editors).")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _error(message: str) -> None:
+    print(f"elfes: error: {message}", file=sys.stderr, flush=True)
+
+
+# -- the verbs --------------------------------------------------------------------------------------------------
+def _submit(args: argparse.Namespace) -> int:
+    from . import actions
+
+    result = actions.submit(args.spec, executor=args.executor, dry_run=args.dry_run)
+    if result.dry_run is not None:
+        sys.stdout.write(result.dry_run)
+        sys.stdout.flush()
+        return EXIT_OK
+    verb = "continues" if result.continued else "submitted"
+    _print(f"{result.name}: {verb} as {result.executor} job {result.job_id}")
+    _print(f"run directory: {result.run_dir}")
+    if args.follow:
+        return _follow(result.run_dir, from_start=not result.continued)
+    _print(f"follow it: elfes status {result.run_dir}   (or elfes logs {result.run_dir} --follow)")
+    return EXIT_OK
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from . import actions
+
+    result = actions.resume(args.run_dir)
+    _print(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`")
+    _print(f"run directory: {result.run_dir}")
+    return _follow(result.run_dir, from_start=False) if args.follow else EXIT_OK
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from . import actions
+
+    result = actions.validate(args.spec, executor=args.executor)
+    spec = result.spec
+    what = spec.entrypoint if spec.entrypoint else " ".join(spec.command or ())
+    _print(f"{result.source}: valid job {spec.name!r} ({what})")
+    _print(f"  {spec.resources.nodes} node(s) x {spec.resources.tasks_per_node} task(s), "
+           f"{spec.resources.gpus_per_node} GPU(s) per node; {spec.resources.timeout_min} min per attempt; "
+           f"up to {spec.requeue.max_requeues} requeues")
+    _print(f"  run directory: {spec.run_dir}")
+    _print(f"  executor here: {result.executor}")
+    return EXIT_OK
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from . import actions
+
+    _print(json.dumps(actions.schema(), indent=2))
+    return EXIT_OK
+
+
+def _init(args: argparse.Namespace) -> int:
+    from . import actions
+
+    path = actions.init(args.template, args.path)
+    _print(f"wrote {path} (template {args.template}); edit it, then: elfes validate {path}")
+    return EXIT_OK
+
+
+def _cell(value: Any) -> str:
+    from elfes.records.plain import format_number
+
+    return format_number(value)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from . import actions
+
+    results = actions.status(args.run_dirs)
+    if args.json:
+        data = [result.to_json() for result in results]
+        _print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=False, width=200)  # a file or pipe: do not cut cells
+    table = Table(show_edge=False)
+    for column in ("run", "status", "job", "attempts", "requeues", "step", "best", "last checkpoint"):
+        table.add_column(column)
+    for result in results:
+        best = "-" if result.best_metric is None else (
+            f"{result.monitor or 'metric'} {_cell(result.best_metric)} @ {_cell(result.best_step)}")
+        table.add_row(
+            f"{result.name or '?'} ({result.run_dir})",
+            result.status + (f" [{result.queue_state}]" if result.queue_state else ""),
+            f"{result.executor or '-'} {result.job_id or ''}".strip(),
+            str(len(result.attempts)),
+            f"{result.requeues_used} used, {_cell(result.requeues_left)} left",
+            f"{_cell(result.step)}/{_cell(result.planned_steps)}",
+            best,
+            result.last_checkpoint or "-",
+        )
+    console.print(table)
+    for result in results:
+        if len(results) == 1 and result.attempts:
+            attempts = Table(title="attempts", show_edge=False)
+            for column in ("#", "launch", "job", "hosts", "started", "ended", "outcome", "signal", "step"):
+                attempts.add_column(column)
+            for attempt in result.attempts:
+                attempts.add_row(
+                    str(attempt["number"]), attempt["launch"], attempt["job_id"], ",".join(attempt["hosts"]),
+                    attempt["started_at"], attempt["ended_at"] or "-", attempt["outcome"] or "-",
+                    attempt["signal"] or "-", _cell(attempt["step"]),
+                )
+            console.print(attempts)
+        if result.error:
+            console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False)
+        for note in result.notes:
+            console.print(f"{result.name or result.run_dir}: {note}", markup=False)
+    return EXIT_OK
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from . import actions
+
+    if args.follow:
+        if args.attempt is not None:
+            raise actions.UsageError("--follow shows the latest attempt; leave out --attempt")
+        shown = None
+        for file, text in actions.follow_logs(args.run_dir, rank=args.rank):
+            if file != shown:
+                _print(f"==> {file} <==")
+                shown = file
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        return EXIT_OK
+    found = actions.log_files(args.run_dir, rank=args.rank, attempt=args.attempt)
+    if not found.files:
+        _print(f"no logs yet for rank {args.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
+        return EXIT_OK
+    for file in found.files:
+        _print(f"==> {file} <==")
+        sys.stdout.write(file.read_text(encoding="utf-8", errors="replace"))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def _signalled(result: Any, what: str) -> int:
+    if result.targets:
+        _print(f"{what}: sent {result.signal} to " + "; ".join(result.targets))
+    if result.note:
+        _print(result.note)
+    return EXIT_OK
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    from . import actions
+
+    result = actions.preempt(args.run_dir)
+    _signalled(result, "preempt")
+    _print(f"the job saves `last` at the next window boundary, is requeued and resumes; watch: elfes status {result.run_dir}")
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from . import actions
+
+    result = actions.cancel(args.run_dir)
+    _signalled(result, "cancel")
+    if result.targets:
+        _print(f"the job saves `last` and ends cancelled; continue it later with: elfes resume {result.run_dir}")
+    return EXIT_OK
+
+
+# -- --follow ---------------------------------------------------------------------------------------------------
+def _event_time(event: dict[str, Any]) -> datetime:
+    try:
+        return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return datetime.now(timezone.utc)
+
+
+def _state_lines(before: Any, after: Any) -> list[str]:
+    """Human lines for what changed in state.json between two looks (attempts, requeues, status)."""
+    if after is None:
+        return []
+    lines = []
+    old = {attempt.number: attempt for attempt in (before.attempts if before is not None else ())}
+    for attempt in after.attempts:
+        previous = old.get(attempt.number)
+        if previous is None and attempt.token != "submission":
+            lines.append(f"attempt {attempt.number} started ({attempt.launch}) on {','.join(attempt.hosts) or '?'}, "
+                         f"{after.executor} job {attempt.job_id}; requeues used {after.requeues_used} of "
+                         f"{after.max_requeues}")
+        if attempt.ended and (previous is None or not previous.ended):
+            lines.append(f"attempt {attempt.number} ended {attempt.outcome}"
+                         + (f" ({attempt.signal})" if attempt.signal else "")
+                         + (f" at step {attempt.step}" if attempt.step is not None else "")
+                         + (f": {attempt.error}" if attempt.error else ""))
+    if before is None or before.status != after.status:
+        lines.append(f"run {after.status}" + (f" ({after.stopping_signal})" if after.stopping_signal else ""))
+    return lines
+
+
+def _follow(run_dir: Any, *, from_start: bool) -> int:
+    from rich.console import Console
+
+    from elfes.records import EVENT_FIELDS
+    from elfes.records.console import ConsoleDisplay
+
+    from . import actions
+
+    console = Console(highlight=False)
+    display = ConsoleDisplay(console)
+    previous = None
+    try:
+        for snapshot in actions.watch(run_dir, from_start=from_start):
+            for event in snapshot.events:
+                if event.get("event") in EVENT_FIELDS:
+                    display.show(event, _event_time(event))
+            for line in _state_lines(previous, snapshot.state):
+                console.out(f"elfes: {line}", highlight=False)
+            previous = snapshot.state
+            if snapshot.ended:
+                break
+    except KeyboardInterrupt:
+        display.close()
+        _print(f"\nstopped following; the job keeps running (elfes status {run_dir}; elfes cancel {run_dir})")
+        return EXIT_INTERRUPTED
+    display.close()
+    status = previous.status if previous is not None else "unknown"
+    if status == "finished":
+        return EXIT_OK
+    if previous is not None and previous.error:
+        _print(f"error: {previous.error}")
+    _print(f"see: elfes logs {run_dir}" + ("" if status == "failed" else f"; continue: elfes resume {run_dir}"))
+    return EXIT_RUN_FAILED if status == "failed" else EXIT_RUN_STOPPED
+
+
+VERBS = {
+    "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
+    "resume": _resume, "validate": _validate, "init": _init, "schema": _schema,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (see ``elfes --help``)."""
     parser = build_parser()
-    parser.parse_args(sys.argv[1:] if argv is None else argv)
-    parser.print_help()
-    return 0
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    from . import actions, executors, spec, state
+
+    try:
+        return VERBS[args.verb](args)
+    except (spec.SpecError, executors.ExecutorError, actions.UsageError) as error:
+        _error(str(error))
+        return EXIT_BAD_INPUT
+    except (executors.SubmissionError, actions.ActionFailed, state.StateError) as error:
+        _error(str(error))
+        return EXIT_NOT_NOW
+    except BrokenPipeError:
+        return EXIT_OK  # `elfes logs RUN | head`
 
 
 if __name__ == "__main__":
