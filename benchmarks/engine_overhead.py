@@ -2,7 +2,8 @@
 
 Each round trains one epoch with each, interleaved, on the same model, data and batches; the table
 reports the median over rounds of the per-round time ratio (ELFES / plain), so machine noise that
-hits both alike cancels out.
+hits both alike cancels out. Each round prints a progress line on stderr as it ends; the table goes to
+stdout at the end.
 
     python benchmarks/engine_overhead.py --rounds 7
 """
@@ -70,18 +71,28 @@ def main(argv: list[str] | None = None) -> None:
 
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(args.samples, 64, generator=generator), torch.randn(args.samples, 1, generator=generator))
+    sizes = ((64, 32), (256, 64), (1024, 128))
+    progress = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per round, also in log files
+    progress.print(
+        f"{len(sizes)} model sizes x {args.rounds} rounds, each round one epoch of {args.samples} samples with "
+        "each loop; a line per round:"
+    )
     table = Table(title=f"ELFES Trainer / plain loop, one epoch of {args.samples} samples, median of {args.rounds} rounds")
     for column in ("width", "batch size", "plain s (median)", "ELFES s (median)", "ratio (median of rounds)"):
         table.add_column(column, justify="right")
-    for width, batch_size in ((64, 32), (256, 64), (1024, 128)):
+    for width, batch_size in sizes:
         loader = DataLoader(data, batch_size=batch_size, shuffle=True)
         plain_times, elfes_times, ratios = [], [], []
-        for _ in range(args.rounds):
+        for round_number in range(1, args.rounds + 1):
             started = time.perf_counter()
             plain_epoch(make_model(width), loader, args.accumulation)
             plain_times.append(time.perf_counter() - started)
             elfes_times.append(elfes_epoch(make_model(width), loader, args.accumulation))
             ratios.append(elfes_times[-1] / plain_times[-1])
+            progress.print(
+                f"width {width}, batch size {batch_size}, round {round_number}/{args.rounds}: plain "
+                f"{plain_times[-1]:.3f} s, ELFES {elfes_times[-1]:.3f} s, ratio {ratios[-1]:.2f}"
+            )
         table.add_row(
             str(width), str(batch_size), f"{statistics.median(plain_times):.3f}", f"{statistics.median(elfes_times):.3f}",
             f"{statistics.median(ratios):.2f}",

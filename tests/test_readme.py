@@ -76,12 +76,24 @@ def test_the_elfes_command_reports_its_version_without_importing_torch():
     assert probe.returncode == 0 and probe.stdout.strip().endswith("False")
 
 
-def test_the_overhead_benchmark_prints_its_table():
-    completed = subprocess.run(
-        [sys.executable, str(REPOSITORY / "benchmarks" / "engine_overhead.py"), "--rounds", "1", "--samples", "512"],
-        capture_output=True, text=True, timeout=300, env=launch_environment(OMP_NUM_THREADS="2"),
+def test_the_overhead_benchmark_shows_progress_as_it_runs_then_prints_its_table():
+    benchmark = subprocess.Popen(
+        [sys.executable, str(REPOSITORY / "benchmarks" / "engine_overhead.py"), "--rounds", "2", "--samples", "512"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_environment(OMP_NUM_THREADS="2"),
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "ELFES Trainer / plain loop" in completed.stdout and "ratio" in completed.stdout
-    rows = [line for line in completed.stdout.splitlines() if re.match(r"^│\s+\d+ │", line)]
+    try:
+        plan = benchmark.stderr.readline()
+        first_round = benchmark.stderr.readline()
+        # The first round is reported while the other five still run, not all at the end.
+        still_running = benchmark.poll() is None
+        stdout, rest = benchmark.communicate(timeout=300)
+    finally:
+        benchmark.kill()
+    assert benchmark.returncode == 0, rest[-3000:]
+    assert "3 model sizes x 2 rounds" in plan
+    assert re.match(r"width 64, batch size 32, round 1/2: plain [\d.]+ s, ELFES [\d.]+ s, ratio [\d.]+", first_round)
+    assert still_running
+    assert len(re.findall(r"^width \d+, batch size \d+, round \d/2: ", first_round + rest, flags=re.M)) == 6
+    assert "ELFES Trainer / plain loop" in stdout and "ratio" in stdout
+    rows = [line for line in stdout.splitlines() if re.match(r"^│\s+\d+ │", line)]
     assert len(rows) == 3
