@@ -1,0 +1,52 @@
+"""Every login-node command path runs without importing torch or numpy (checked in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import launch_environment
+from runs import make_run, write_project
+
+PROBE = """
+import json, sys
+from elfes.launcher.cli import main
+try:
+    code = main(json.loads(sys.argv[1]))
+except SystemExit as exit:
+    code = exit.code
+with open(sys.argv[2], "w") as report:
+    json.dump({"code": code, "loaded": sorted(m for m in ("torch", "numpy") if m in sys.modules)}, report)
+"""
+
+COMMANDS = {
+    "help": ["--help"],
+    "submit-help": ["submit", "--help"],
+    "validate": ["validate", "{spec}", "--executor", "local"],
+    "status": ["status", "{run}"],
+    "status-json": ["status", "{run}", "--json"],
+    "logs": ["logs", "{run}", "--rank", "1"],
+    "logs-follow": ["logs", "{run}", "--follow"],
+    "schema": ["schema"],
+    "init": ["init", "slurm-gpu", "{folder}/new.yaml"],
+    "submit-dry-run-slurm": ["submit", "{spec}", "--executor", "slurm", "--dry-run"],
+    "submit-dry-run-local": ["submit", "{spec}", "--executor", "local", "--dry-run"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS), ids=list(COMMANDS))
+def test_a_login_node_command_imports_neither_torch_nor_numpy(tmp_path: Path, command: str):
+    paths = make_run(tmp_path / "existing")
+    spec = write_project(tmp_path / "fresh", "fresh")
+    values = {"spec": str(spec), "run": str(paths.run_dir), "folder": str(tmp_path)}
+    argv = [part.format(**values) for part in COMMANDS[command]]
+    report = tmp_path / "report.json"
+    completed = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), str(report)], cwd=tmp_path,
+                               env=launch_environment(), capture_output=True, text=True, timeout=120)
+    assert report.exists(), completed.stderr[-3000:]
+    result = json.loads(report.read_text())
+    assert result["code"] == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert result["loaded"] == [], f"elfes {' '.join(argv)} imported {result['loaded']}"
