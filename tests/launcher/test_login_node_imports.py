@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import launch_environment
-from runs import make_run, write_project
+from run_fixtures import make_run, write_project
 
 PROBE = """
 import json, sys
