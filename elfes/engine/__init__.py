@@ -5,7 +5,7 @@
 
 from elfes.records import RunLogger
 
-from .checkpoint import CheckpointError, Weights, export_weights, load_weights
+from .checkpoint import CheckpointError, Weights
 from .config import Interval, Monitor, TrainConfig, TrainState
 from .evaluator import Evaluator
 from .groups import weight_decay_groups
@@ -14,6 +14,7 @@ from .objective import Objective, Step, StepOutput
 from .schedule import WarmupDecay
 from .stop import StopRequest
 from .trainer import Trainer
+from .weights import export_weights, load_weights
 
 __all__ = [
     "CheckpointError",

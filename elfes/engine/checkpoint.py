@@ -11,19 +11,23 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 import zipfile
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+from accelerate import Accelerator
 from torch import nn
 
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
 
 FORMAT = "elfes-checkpoint"
-VERSION = 1
+VERSION = 2
 POINTERS = ("last", "best", "final")
 Weights = Literal["raw", "ema"]
 
@@ -94,11 +98,18 @@ class CheckpointDirectory:
                 targets.add((self.path / os.readlink(link)).resolve())
         return targets
 
-    def apply_retention(self, keep: int | None) -> list[Path]:
-        """Delete all but the ``keep`` newest checkpoints, never a pointer's target. Returns the deleted."""
+    def newest_complete(self) -> Path | None:
+        """The newest checkpoint file whose archive is complete (a kill may leave none behind a pointer)."""
+        return next((path for path in reversed(self.checkpoints()) if _is_complete_zip(path)), None)
+
+    def apply_retention(self, keep: int | None, protect: tuple[Path, ...] = ()) -> list[Path]:
+        """Delete all but the ``keep`` newest checkpoints, never a pointer's target nor ``protect``.
+
+        Returns the deleted files.
+        """
         if keep is None:
             return []
-        protected = self.pointer_targets()
+        protected = self.pointer_targets() | {path.resolve() for path in protect}
         files = self.checkpoints()
         deleted = []
         for path in files[: max(len(files) - keep, 0)]:
@@ -129,9 +140,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"{resolved} holds Python objects that safe loading (torch.load(weights_only=True)) refuses to "
             f"build ({error}). ELFES checkpoints contain only tensors and plain values, so this file was not "
             "written by ELFES, or was altered. Pass a checkpoint written by Trainer.train(checkpoint_dir=...)."
-        ) from error
+        ) from None  # the message carries the cause; the chained traceback would bury it
     except Exception as error:  # torch raises several types for truncated or damaged archives
-        raise CheckpointError(_unreadable_message(resolved, error)) from error
+        raise CheckpointError(_unreadable_message(resolved, error)) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(
             f"{resolved} is not an ELFES checkpoint (no '{FORMAT}' marker). Pass a file written by "
@@ -173,60 +184,186 @@ def _is_complete_zip(path: Path) -> bool:
         return False
 
 
-def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Path) -> dict[str, torch.Tensor]:
-    """The plain model state dict of a checkpoint: raw weights, or EMA parameters with raw buffers."""
-    if weights not in ("raw", "ema"):
-        raise ValueError(f"weights is {weights!r}; use 'raw' or 'ema'.")
-    if weights == "raw":
-        return dict(payload["model"])
-    if payload.get("ema") is None:
-        raise CheckpointError(
-            f"{source} was written without EMA, so it has no 'ema' weights; ask for weights='raw', "
-            "or train with ema_decay to have averaged weights."
-        )
-    return {**payload["model"], **payload["ema"]}
-
-
-def load_weights(model: nn.Module, checkpoint: Path, *, weights: Weights = "raw") -> None:
-    """Load a checkpoint's raw or EMA weights into an unwrapped, uncompiled model.
-
-    No optimizer or DataLoader is needed. ``checkpoint`` may be a file or a pointer such as
-    ``run_dir / "checkpoints" / "best"``.
-
-    >>> load_weights(model, run_dir / "checkpoints" / "best", weights="ema")
-    >>> model = accelerator.prepare(model)
-    """
-    source = Path(checkpoint)
-    state = checkpoint_weights(read_checkpoint(source), weights, source.resolve())
-    _check_unwrapped(model)
-    model.load_state_dict(state)
-
-
-def export_weights(checkpoint: Path, path: Path, *, weights: Weights = "raw") -> None:
-    """Write a checkpoint's raw or EMA weights as a plain model state dict to ``path`` (atomically).
-
-    >>> export_weights(run_dir / "checkpoints" / "best", run_dir / "model.pt", weights="ema")
-    >>> model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
-    """
-    source = Path(checkpoint)
-    save_state_dict(checkpoint_weights(read_checkpoint(source), weights, source.resolve()), Path(path))
-
-
-def save_state_dict(state: Mapping[str, torch.Tensor], path: Path) -> None:
-    """Write a plain state dict atomically (temporary name, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_writer(path) as stream:
-        torch.save(dict(state), stream)
-
-
-def _check_unwrapped(model: nn.Module) -> None:
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or hasattr(model, "_orig_mod"):
-        raise TypeError(
-            "load_weights needs the plain model: pass it before accelerator.prepare() or torch.compile(), "
-            "then prepare or compile it."
-        )
-
-
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A model's state dict without DDP or torch.compile prefixes, cloned to the CPU."""
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# The checkpointer: what a checkpoint holds, whether it fits a run, and how it is restored.
+
+# Layout entries that change rounding but not meaning: a mismatch warns instead of refusing.
+_ADVISORY_LAYOUT = ("torch_threads",)
+_PLAIN_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
+
+
+class Checkpointer:
+    """Saves and restores everything that must survive a restart, named in one place.
+
+    ``shared`` components (model, EMA, optimizer, scheduler, scaler, state, progress) are saved once
+    by the main process; ``per_rank`` components (each rank's RNG and log interval) are gathered
+    from every rank. Each component has ``state_dict``/``load_state_dict``; ``layout`` describes
+    what a resuming run must share with the checkpoint. Every rank calls :meth:`save` and
+    :meth:`restore`.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        shared: Mapping[str, Any],
+        per_rank: Mapping[str, Any],
+        layout: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.accelerator = accelerator
+        self.shared = dict(shared)
+        self.per_rank = dict(per_rank)
+        self.layout = layout
+
+    def components(self) -> dict[str, Any]:
+        """Every checkpointed object by name (None where a part is absent, e.g. no EMA)."""
+        return {**self.shared, **self.per_rank}
+
+    def save(
+        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str
+    ) -> tuple[Path, int]:
+        """Publish checkpoint ``name`` (or keep the existing file when ``reuse``); returns (path, bytes).
+
+        Only the main process writes; the others return the path and 0 bytes.
+        """
+        ranks = self._gather([_component_state(component) for component in self.per_rank.values()])
+        path = directory.file(name)
+        if not self.accelerator.is_main_process:
+            return path, 0
+        if reuse and path.exists():
+            return path, path.stat().st_size
+        payload: dict[str, Any] = {"format": FORMAT, "version": VERSION, "run_id": run_id, "layout": self.layout()}
+        for key, component in self.shared.items():
+            payload[key] = _component_state(component)
+        payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
+        return directory.save(plain_payload(payload), name)
+
+    def restore(self, source: Path) -> dict[str, Any]:
+        """Check that checkpoint ``source`` fits this run, then load every component from it."""
+        payload = read_checkpoint(source)
+        resolved = Path(source).resolve()
+        expected, found = self.layout(), payload["layout"]
+        mismatches = [
+            f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
+            for key in expected
+            if key not in _ADVISORY_LAYOUT and found.get(key) != expected[key]
+        ]
+        mismatches += model_mismatches(payload["model"], self.shared["model"].state_dict())
+        ranks = payload["ranks"]
+        if len(ranks) != self.accelerator.num_processes and not any("world_size" in m for m in mismatches):
+            mismatches.append(f"world_size: the checkpoint has {len(ranks)}, this run has {self.accelerator.num_processes}")
+        if mismatches:
+            raise CheckpointError(
+                f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
+                "Resume with the same world size, batching, objective, EMA, precision, optimizer, scheduler and "
+                "model (names, shapes and dtypes); to change them, start a new run from its weights (load_weights)."
+            )
+        if found.get("torch_threads") != expected["torch_threads"]:
+            warnings.warn(
+                f"Checkpoint {resolved} was written with {found.get('torch_threads')} torch threads per process and "
+                f"this run uses {expected['torch_threads']}; CPU kernels may round differently, so the continuation "
+                "may not be bitwise identical. Set the same OMP_NUM_THREADS (or torch.set_num_threads) to keep it exact.",
+                stacklevel=4,
+            )
+        for key, component in self.shared.items():
+            if component is not None:
+                component.load_state_dict(payload[key])
+        own = ranks[self.accelerator.process_index]
+        for key, component in self.per_rank.items():
+            component.load_state_dict(own[key])
+        return payload
+
+    def _gather(self, states: list[Any]) -> list[list[Any]]:
+        if self.accelerator.num_processes == 1:
+            return [states]
+        gathered: list[Any] = [None] * self.accelerator.num_processes
+        dist.all_gather_object(gathered, states)
+        return gathered
+
+
+def resume_source(path: Path) -> tuple[Path, str | None]:
+    """The checkpoint to resume from ``path``, and a warning when it is not ``path`` itself.
+
+    A ``last`` pointer that is missing or dangling (a kill between publishing a checkpoint and
+    pointing ``last`` at it) falls back to the newest complete checkpoint of its folder, provided
+    every checkpoint there belongs to one run.
+    """
+    path = Path(path)
+    if path.exists() or path.name != "last":
+        return path, None
+    directory = CheckpointDirectory(path.parent)
+    newest = directory.newest_complete()
+    if newest is None:
+        return path, None  # read_checkpoint explains that nothing was published
+    runs = {_run_id(candidate) for candidate in directory.checkpoints() if _is_complete_zip(candidate)}
+    if len(runs) > 1:
+        raise CheckpointError(
+            f"{path} does not exist and {directory.path} holds checkpoints of {len(runs)} different runs, so the "
+            "newest one may belong to another run. Pass the checkpoint file to resume from, or give each run its "
+            "own checkpoint_dir."
+        )
+    state = "is dangling" if path.is_symlink() else "does not exist"
+    return newest, f"{path} {state} (a stop was interrupted before publishing it); resuming from {newest}, the newest complete checkpoint of that folder."
+
+
+def _run_id(path: Path) -> str | None:
+    try:  # mmap reads the small pickle, not the tensors
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    return payload.get("run_id") if isinstance(payload, dict) else None
+
+
+def model_mismatches(saved: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor]) -> list[str]:
+    """Differences between a checkpoint's model and this run's, at most a few of each kind."""
+    missing = sorted(set(current) - set(saved))
+    unexpected = sorted(set(saved) - set(current))
+    common = set(saved) & set(current)
+    reshaped = sorted(
+        f"{name} {tuple(saved[name].shape)} -> {tuple(current[name].shape)}"
+        for name in common
+        if saved[name].shape != current[name].shape
+    )
+    retyped = sorted(
+        f"{name} {saved[name].dtype} -> {current[name].dtype}" for name in common if saved[name].dtype != current[name].dtype
+    )
+    problems = []
+    kinds = (("missing from the checkpoint", missing), ("unknown to this model", unexpected), ("reshaped", reshaped), ("of another dtype", retyped))
+    for label, names in kinds:
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            problems.append(f"model parameters {label}: {shown}")
+    return problems
+
+
+def plain_payload(value: Any, where: str = "checkpoint") -> Any:
+    """``value`` with NumPy scalars turned into Python numbers, or a ``TypeError`` naming the first
+    field that ``torch.load(weights_only=True)`` could not load back (found at the save, not at the
+    resume)."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:  # np.float64 is also a float
+        return value.item()
+    if isinstance(value, _PLAIN_TYPES):
+        return value
+    if isinstance(value, Mapping):
+        plain = {key: plain_payload(item, f"{where}[{key!r}]") for key, item in value.items()}
+        return OrderedDict(plain) if isinstance(value, OrderedDict) else plain
+    if isinstance(value, (list, tuple)):
+        items = [plain_payload(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    raise TypeError(
+        f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which safe loading "
+        "(torch.load(weights_only=True)) cannot rebuild, so this checkpoint could never be resumed. Keep only "
+        "tensors, Python numbers, strings, lists and dicts in state_dict() (e.g. float(x) for a NumPy number)."
+    )
+
+
+def _component_state(component: Any) -> Any:
+    if component is None:
+        return None
+    if isinstance(component, nn.Module):
+        return plain_state_dict(component)
+    return component.state_dict()

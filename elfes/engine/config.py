@@ -101,7 +101,10 @@ class TrainConfig:
     scheduler_interval: Literal["step", "epoch"] = "step"
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.epochs) and self.epochs >= 0, f"TrainConfig.epochs is {self.epochs!r}; use an integer >= 0.")
+        _require(
+            _is_int(self.epochs) and self.epochs >= 1,
+            f"TrainConfig.epochs is {self.epochs!r}; use an integer >= 1 (cap a shorter run with max_steps).",
+        )
         _require(
             self.max_steps is None or (_is_int(self.max_steps) and self.max_steps >= 0),
             f"TrainConfig.max_steps is {self.max_steps!r}; use None or an integer >= 0.",
@@ -172,3 +175,27 @@ def planned_steps(config: TrainConfig, updates_per_epoch: int) -> int:
 
 
 
+
+
+@dataclass
+class Progress:
+    """Loop bookkeeping that must survive a restart besides :class:`TrainState`."""
+
+    data_seed: int | None = None
+    run_id: str | None = None  # stored in every checkpoint: a folder's checkpoints of one run share it
+    last_evaluation: list[int] | None = None  # [step, batches] of the latest evaluation
+    # The previous window's global loss denominator. The next window's backward divides by it so that
+    # fp16 gradients keep mean-sized magnitudes; the exact denominator is applied after the window.
+    weight_reference: float = 1.0
+    # An evaluation (and checkpoint) that a stop deferred from the paused boundary to the resume.
+    deferred_boundary: dict[str, bool] | None = None
+    best_checkpoint: str | None = None  # the file name of the best checkpoint, which retention keeps
+    # The monitor as it was before a finished run's end-of-budget evaluation (see TrainingSession.finish).
+    before_final_evaluation: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in asdict(self):
+            setattr(self, name, state[name])

@@ -84,14 +84,6 @@ def verify_rank_lengths(accelerator: Accelerator, prepared: DataLoader, total_ba
     return length
 
 
-def shared_data_seed(accelerator: Accelerator) -> int:
-    """A fresh run's data seed, drawn from rank 0's torch generator and shared with every rank."""
-    seed = [int(torch.randint(0, _SEED_RANGE, ()).item())]
-    if accelerator.num_processes > 1:
-        dist.broadcast_object_list(seed, src=0)
-    return seed[0]
-
-
 def give_shuffle_its_own_generator(dataloader: DataLoader) -> None:
     """Give a shuffling sampler a private generator before accelerate prepares the loader.
 

@@ -12,16 +12,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .data import iterate_sparing_workers
+from .loss import loss_path
 from .metrics import MetricAccumulator
-from .objective import (
-    Objective,
-    Step,
-    check_metric_names,
-    finish_loss_metrics,
-    record_objective_losses,
-    record_scalar_loss,
-    scalar_loss_and_weight,
-)
+from .objective import Objective, Step
 from .rng import capture_rng, restore_rng
 
 
@@ -60,6 +53,7 @@ class Evaluator:
         self.step = step
         self.requires_grad = requires_grad
         self.objective = objective
+        self.loss = loss_path(objective, accelerator.device)
         state = accelerator.state
         self.dataloaders = {
             name: prepare_data_loader(
@@ -90,19 +84,12 @@ class Evaluator:
     def _evaluate_loader(self, module: nn.Module, loader: DataLoader) -> dict[str, float]:
         accumulator = MetricAccumulator()
         for batch in iterate_sparing_workers(loader):
-            counts = None
-            if self.objective is not None:
-                counts = self.objective.batch_counts(batch, self.accelerator.device)
+            counts = self.loss.batch_counts(batch)
             with torch.set_grad_enabled(self.requires_grad):
                 output = self.step(module, batch)
-            check_metric_names(output.metrics, self.objective)
-            if self.objective is None:
-                loss, weight = scalar_loss_and_weight(output)
-                record_scalar_loss(accumulator, loss, weight)
-            else:
-                record_objective_losses(accumulator, self.objective, self.objective.term_losses(output), counts)
+            self.loss.record(accumulator, output, counts)
             accumulator.update(output.metrics)
-        return finish_loss_metrics(accumulator.compute(self.accelerator), self.objective)
+        return self.loss.finish(accumulator.compute(self.accelerator))
 
 
 def _drops_last(loader: DataLoader) -> bool:

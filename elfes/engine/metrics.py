@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -166,6 +166,17 @@ class MetricAccumulator:
 
     def __bool__(self) -> bool:
         return bool(self._statistics)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's running statistics, on the CPU (a paused log interval resumes from them)."""
+        return {
+            "kinds": dict(self._kinds),
+            "statistics": {name: value.detach().to("cpu", copy=True) for name, value in self._statistics.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
+        self._kinds = dict(state["kinds"])
+        self._statistics = {name: value.to(device) if device else value.clone() for name, value in state["statistics"].items()}
 
     def compute(self, accelerator: Accelerator | None = None) -> dict[str, float]:
         """Reduce over all ranks and return ``{name: value}``, omitting unobserved means.

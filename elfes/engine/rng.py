@@ -49,3 +49,13 @@ def restore_rng(state: dict[str, Any]) -> None:
                 "same number of visible GPUs per process."
             )
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RandomState:
+    """This process's generators as a checkpoint component (``state_dict``/``load_state_dict``)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng(state)

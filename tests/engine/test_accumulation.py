@@ -310,7 +310,8 @@ def test_planned_steps_with_and_without_max_steps(tmp_path):
     assert trainer.planned_steps(TrainConfig(epochs=4, max_steps=7, **QUIET)) == 7
     assert trainer.planned_steps(TrainConfig(epochs=4, max_steps=100, **QUIET)) == 12
     assert trainer.planned_steps(TrainConfig(epochs=4, max_steps=0, **QUIET)) == 0
-    assert trainer.planned_steps(TrainConfig(epochs=0, **QUIET)) == 0
+    with pytest.raises(ValueError, match=r"TrainConfig.epochs is 0; use an integer >= 1"):
+        TrainConfig(epochs=0, **QUIET)
 
     state = trainer.train(TrainConfig(epochs=4, max_steps=7, **QUIET))
     assert state.step == 7

@@ -48,7 +48,7 @@ from elfes.engine.checkpoint import CheckpointDirectory, CheckpointName
 from elfes.records import read_events
 
 PUBLISHED = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
-PAYLOAD_KEYS = {"format", "version", "layout", "rng", "model", "ema", "optimizer", "scheduler", "scaler", "state", "progress"}
+PAYLOAD_KEYS = {"format", "version", "run_id", "layout", "ranks", "model", "ema", "optimizer", "scheduler", "scaler", "state", "progress"}
 QUIET = {"evaluate_every": None, "checkpoint_every": None}
 
 
@@ -113,9 +113,10 @@ def test_pointers_are_relative_links_to_published_files_and_every_file_is_a_comp
     for path in files:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         assert set(payload) == PAYLOAD_KEYS, f"{path.name}: {sorted(payload)}"
-        assert payload["format"] == "elfes-checkpoint" and payload["version"] == 1
-        assert isinstance(payload["rng"], list) and len(payload["rng"]) == 1  # one entry per rank
-        assert set(payload["rng"][0]) == {"python", "numpy", "torch", "cuda"}
+        assert payload["format"] == "elfes-checkpoint" and payload["version"] == 2
+        assert isinstance(payload["ranks"], list) and len(payload["ranks"]) == 1  # one entry per rank
+        assert set(payload["ranks"][0]) == {"rng", "log_interval"}
+        assert set(payload["ranks"][0]["rng"]) == {"python", "numpy", "torch", "cuda"}
         assert payload["state"]["step"] == step_of(path)
         assert isinstance(payload["ema"], dict) and payload["ema"]
 
@@ -185,7 +186,7 @@ def test_every_stateful_attribute_of_the_trainer_is_checkpointed(tmp_path, when)
     trainer = run.trainer
     if when == "trained":
         trainer.train(run.config, checkpoint_dir=tmp_path)
-    stateful = list(trainer._stateful().values())
+    stateful = list(trainer.checkpointer.components().values())
     assert trainer.ema is not None and trainer.scheduler is not None  # the parts under test exist
     missing = []
     for name, value in vars(trainer).items():

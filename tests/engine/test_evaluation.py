@@ -386,9 +386,10 @@ def test_patience_counts_evaluations_since_the_last_improvement(tmp_path):
 @pytest.mark.parametrize(
     "changes, evaluated_steps, saves",
     [
-        # 4 updates per epoch (windows of 3, 3, 3, 1 batches); epoch ends at steps 4 and 8.
+        # 4 updates per epoch (windows of 3, 3, 3, 1 batches); epoch ends at steps 4 and 8. Events count
+        # epochs from 1, and the boundary at an epoch's end belongs to the epoch that ended.
         ({"evaluate_every": Interval(3, "step")}, [3, 6, 8], [(4, 1, "interval"), (8, 2, "interval"), (8, 2, "final")]),
-        ({"evaluate_every": Interval(3, "step"), "max_steps": 6}, [3, 6], [(4, 1, "interval"), (6, 1, "final")]),
+        ({"evaluate_every": Interval(3, "step"), "max_steps": 6}, [3, 6], [(4, 1, "interval"), (6, 2, "final")]),
         ({"evaluate_every": Interval(1, "epoch")}, [4, 8], [(4, 1, "interval"), (8, 2, "interval"), (8, 2, "final")]),
     ],
     ids=["every-3-steps-plus-final", "every-3-steps-ending-on-one", "every-epoch"],

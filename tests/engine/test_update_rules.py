@@ -361,7 +361,7 @@ def test_config_validation_errors_name_the_field(build, field):
 
 
 def test_valid_configs_are_accepted():
-    TrainConfig(epochs=0, max_steps=0, log_every=1, evaluate_every=Interval(3, "step"),
+    TrainConfig(epochs=1, max_steps=0, log_every=1, evaluate_every=Interval(3, "step"),
                 checkpoint_every=Interval(2, "epoch"), keep_checkpoints=1, max_grad_norm=0.5,
                 monitor=Monitor("val/loss", mode="max", patience=1, min_delta=0.0), scheduler_interval="epoch")
     Monitor("val/sub/metric")

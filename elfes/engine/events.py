@@ -1,0 +1,136 @@
+"""What the trainer writes to the run records: positions for people, and the statistics of a log interval."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .config import TrainState
+from .metrics import MetricAccumulator
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .trainer import Trainer
+
+
+def epoch_number(state: TrainState) -> int:
+    """The 1-based epoch a position belongs to; the boundary at an epoch's end belongs to that epoch.
+
+    Every event's ``epoch`` field is this number: the evaluation right after the last update of the
+    first epoch says ``epoch=1``, as does every ``train`` event of that epoch.
+    """
+    return state.epoch if state.next_batch == 0 and state.epoch > 0 else state.epoch + 1
+
+
+def learning_rate_names(param_groups: list[dict[str, Any]]) -> list[str]:
+    """``lr/<group name>`` for named parameter groups (``weight_decay_groups`` names them), else ``lr/<index>``."""
+    return [f"lr/{group.get('name', index)}" for index, group in enumerate(param_groups)]
+
+
+class LogInterval:
+    """Statistics accumulated between two ``train`` events, on one rank.
+
+    They are checkpointed (per rank) so that a paused run logs the same ``train`` events as an
+    uninterrupted one.
+    """
+
+    def __init__(self, learning_rates: list[float], device: torch.device) -> None:
+        self.device = device
+        self.metrics = MetricAccumulator()
+        self.grad_norms: list[float] = []
+        self.samples = 0
+        self.seconds = 0.0
+        self.learning_rates = learning_rates  # of the latest update
+
+    def add(self, metrics: MetricAccumulator, samples: int, seconds: float, grad_norm: float | None, learning_rates: list[float]) -> None:
+        self.metrics.merge(metrics)
+        self.samples += samples
+        self.seconds += seconds
+        if grad_norm is not None:
+            self.grad_norms.append(grad_norm)
+        if learning_rates:
+            self.learning_rates = learning_rates
+
+    def summary(self, param_groups: list[dict[str, Any]]) -> dict[str, float]:
+        """Learning rates by group name, mean gradient norm and throughput of the interval."""
+        values = dict(zip(learning_rate_names(param_groups), self.learning_rates))
+        values["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+        values["samples_per_second"] = self.samples / self.seconds if self.seconds > 0 else 0.0
+        return values
+
+    def reset(self) -> None:
+        self.metrics.reset()
+        self.grad_norms.clear()
+        self.samples, self.seconds = 0, 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "metrics": self.metrics.state_dict(),
+            "grad_norms": list(self.grad_norms),
+            "samples": self.samples,
+            "seconds": self.seconds,
+            "learning_rates": list(self.learning_rates),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.metrics.load_state_dict(state["metrics"], self.device)
+        self.grad_norms = list(state["grad_norms"])
+        self.samples = state["samples"]
+        self.seconds = state["seconds"]
+        self.learning_rates = list(state["learning_rates"])
+
+
+@dataclass
+class PhaseClock:
+    """Wall time of one ``train`` call, split into training, evaluation and checkpoint phases."""
+
+    started: float = field(default_factory=time.perf_counter)
+    train_s: float = 0.0
+    evaluation_s: float = 0.0
+    checkpoint_s: float = 0.0
+
+    def totals(self) -> dict[str, float]:
+        return {
+            "train_s": self.train_s,
+            "evaluation_s": self.evaluation_s,
+            "checkpoint_s": self.checkpoint_s,
+            "wall_s": time.perf_counter() - self.started,
+        }
+
+
+def describe_run(trainer: Trainer, config: TrainConfig, metadata: Mapping[str, Any], *, run_id: str | None) -> dict[str, Any]:
+    """The fields of a ``started`` or ``resumed`` event: the run's setup, budget and optimizer groups."""
+    return dict(
+        world_size=trainer.accelerator.num_processes,
+        precision=str(trainer.accelerator.mixed_precision),
+        device=str(trainer.accelerator.device),
+        gradient_accumulation_steps=trainer.accumulation_steps,
+        config=config.describe(),
+        budget={
+            "epochs": config.epochs,
+            "max_steps": config.max_steps,
+            "planned_steps": trainer.planned_steps(config),
+            "updates_per_epoch": trainer.updates_per_epoch,
+            "batches_per_epoch": trainer.batches_per_epoch,
+        },
+        optimizer={
+            "class": type(trainer.optimizer).__name__,
+            "groups": [
+                {
+                    "name": group.get("name", str(index)),
+                    "lr": float(group["lr"]),
+                    "weight_decay": float(group.get("weight_decay", 0.0)),
+                    "num_parameters": sum(p.numel() for p in group["params"]),
+                }
+                for index, group in enumerate(trainer.optimizer.param_groups)
+            ],
+        },
+        ema_decay=trainer.ema.decay if trainer.ema is not None else None,
+        objective=trainer.loss.describe(),
+        metadata=dict(metadata),
+        run_id=run_id,
+    )

@@ -1,0 +1,385 @@
+"""One ``Trainer.train`` call: its config, checkpoint folder, stop request, clock, and the boundary policy.
+
+The trainer's loop asks a :class:`TrainingSession` small questions (is the budget spent, is an
+evaluation due) and tells it what happened at each window boundary (close it, pause, finish). The
+session evaluates, updates the monitor, saves, restores and writes the run records.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+from elfes.files import check_writable_directory
+
+from .checkpoint import CheckpointDirectory, CheckpointName, resume_source
+from .config import TrainConfig, TrainState
+from .events import PhaseClock, describe_run, epoch_number
+from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
+from .schedule import WarmupDecay
+from .stop import StopRequest, decisive_reason
+from .window import UpdateRule, WindowResult
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+
+class TrainingSession:
+    """What belongs to one ``train`` call; the trainer keeps what survives it (state, progress, weights)."""
+
+    def __init__(self, trainer: Trainer, config: TrainConfig, checkpoint_dir: Path | None, stop: StopRequest | None) -> None:
+        self.trainer = trainer
+        self.state: TrainState = trainer.state
+        self.progress = trainer.progress
+        self.config = config
+        self.directory = CheckpointDirectory(Path(checkpoint_dir)) if checkpoint_dir is not None else None
+        self.stop = stop if stop is not None else StopRequest()
+        self.clock = PhaseClock()
+        self.rule = UpdateRule(
+            max_grad_norm=config.max_grad_norm,
+            step_scheduler=config.scheduler_interval == "step" and not isinstance(trainer.scheduler, ReduceLROnPlateau),
+        )
+        self.saved: CheckpointName | None = None  # the position this call last published
+        self.restored: tuple[Path, dict[str, Any], dict[str, Any]] | None = None  # file, state, progress
+        self._stop_announced = False
+
+    # ----------------------------------------------------------------------------------------
+    # Start
+
+    def start(self, resume_from: Path | None, metadata: Mapping[str, Any]) -> None:
+        """Check the checkpoint folder, restore or seed the run, and log ``started`` or ``resumed``."""
+        if self.directory is not None:
+            self._agree_on_error(self._checkpoint_dir_problem(fresh=resume_from is None and self.state.batches == 0))
+        resumed_from = None
+        if resume_from is not None:
+            resumed_from = self._restore(Path(resume_from))
+        elif self.progress.data_seed is None:
+            seed = [int(torch.randint(0, 2**62, ()).item()), uuid.uuid4().hex]
+            if self.trainer.accelerator.num_processes > 1:
+                dist.broadcast_object_list(seed, src=0)
+            self.progress.data_seed, self.progress.run_id = seed
+        past_budget = self.state.step > self.planned_steps or self.state.epoch > self.config.epochs
+        if past_budget:
+            warnings.warn(
+                f"The run is already at step {self.state.step} (epoch {self.state.epoch}), past the "
+                f"{self.planned_steps} steps ({self.config.epochs} epochs) this TrainConfig allows: nothing is trained. "
+                "Raise epochs or max_steps to continue it.",
+                stacklevel=4,
+            )
+        self._log_start(metadata, resumed_from, past_budget)
+        self.state.stop_reason = None
+        if not self.budget_spent():
+            self._forget_unscheduled_final_evaluation()
+
+    def _checkpoint_dir_problem(self, *, fresh: bool) -> str | None:
+        if not self.trainer.accelerator.is_main_process:
+            return None
+        try:
+            check_writable_directory(self.directory.path, what="checkpoint_dir")
+        except ValueError as error:
+            return str(error)
+        if fresh and self.directory.checkpoints():
+            path = self.directory.path
+            return (
+                f"checkpoint_dir {path} already holds checkpoints of another run. Continue it with "
+                f"resume_from={path / 'last'}, or give this run an empty directory."
+            )
+        return None
+
+    def _agree_on_error(self, message: str | None) -> None:
+        """Raise ``message`` (the main process's finding) on every rank, so that no rank waits alone."""
+        if self.trainer.accelerator.num_processes > 1:
+            shared = [message]
+            dist.broadcast_object_list(shared, src=0)
+            message = shared[0]
+        if message is not None:
+            raise ValueError(message)
+
+    def _restore(self, source: Path) -> str:
+        source, fallback = resume_source(source)
+        if fallback is not None:
+            warnings.warn(fallback, stacklevel=4)
+        payload = self.trainer.checkpointer.restore(source)
+        resolved = source.resolve()
+        self.restored = (resolved, payload["state"], payload["progress"])
+        self._repair_pointers(resolved)
+        for schedule in getattr(self.trainer.scheduler, "lr_lambdas", []):
+            if isinstance(schedule, WarmupDecay) and schedule.total_steps != self.planned_steps:
+                warnings.warn(
+                    f"The learning-rate schedule restored from {resolved} decays until step {schedule.total_steps}, "
+                    f"but this run now plans {self.planned_steps} steps. The checkpoint's schedule is kept, as exact "
+                    "continuation requires; to decay over the new budget, start a new run from its weights.",
+                    stacklevel=4,
+                )
+        return str(resolved)
+
+    def _repair_pointers(self, restored: Path) -> None:
+        """Point ``best`` at the state's best checkpoint and ``last`` at the restored one when a kill
+        between two pointer updates left them stale (no file is touched when they are right)."""
+        if self.directory is None or not self.trainer.accelerator.is_main_process:
+            return
+        best = self._best_file()
+        if best is not None and best.exists():
+            self.directory.point("best", best)
+        last = self.directory.pointer("last")
+        if not last.exists() and restored.parent == self.directory.path.resolve():
+            self.directory.point("last", restored)
+
+    def _best_file(self) -> Path | None:
+        name = self.progress.best_checkpoint
+        return self.directory.path / name if name and self.directory is not None else None
+
+    def stop_already_requested(self) -> bool:
+        """Whether any rank's stop was requested before training began (one small collective)."""
+        flag = torch.tensor(1.0 if self.stop.reason is not None else 0.0, dtype=torch.float64, device=self.trainer.accelerator.device)
+        return bool(self.trainer.runner.sum_over_ranks(flag) > 0)
+
+    # ----------------------------------------------------------------------------------------
+    # Policy
+
+    @property
+    def planned_steps(self) -> int:
+        return self.trainer.planned_steps(self.config)
+
+    def budget_spent(self) -> bool:
+        config = self.config
+        return self.state.epoch >= config.epochs or (config.max_steps is not None and self.state.step >= config.max_steps)
+
+    def evaluation_due(self, result: WindowResult, epoch_ended: bool) -> bool:
+        every = self.config.evaluate_every
+        return self.trainer.evaluator is not None and every is not None and self._due(every, result, epoch_ended)
+
+    def checkpoint_due(self, result: WindowResult, epoch_ended: bool) -> bool:
+        every = self.config.checkpoint_every
+        return every is not None and self._due(every, result, epoch_ended)
+
+    def _due(self, every: Any, result: WindowResult, epoch_ended: bool) -> bool:
+        return every.due(step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended)
+
+    def patience_exhausted(self) -> bool:
+        monitor = self.config.monitor
+        exhausted = bool(monitor and monitor.patience and self.state.evaluations_without_improvement >= monitor.patience)
+        if exhausted:
+            self.state.stop_reason = "early_stopping"
+        return exhausted
+
+    def position(self) -> list[int]:
+        return [self.state.step, self.state.batches]
+
+    # ----------------------------------------------------------------------------------------
+    # Windows and boundaries
+
+    def watch_stop(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``batches``, announcing a stop request as soon as one is seen between microbatches."""
+        for batch in batches:
+            self.announce_stop()
+            yield batch
+
+    def announce_stop(self) -> None:
+        if self.stop.reason is not None and not self._stop_announced:
+            self._stop_announced = True
+            self.log("stop_signal", signal=self.stop.signal, reason=self.stop.reason, **self._where())
+
+    def advance(self, result: WindowResult, seconds: float) -> bool:
+        """Move the data position past the window and record it; returns whether the epoch ended."""
+        trainer, state = self.trainer, self.state
+        self.clock.train_s += seconds
+        if result.weight_total > 0:
+            self.progress.weight_reference = result.weight_total
+        state.next_batch += result.batches // trainer.accelerator.num_processes
+        state.batches += result.batches
+        state.samples += result.samples
+        if result.stepped:
+            state.step += 1
+        else:
+            self.log("skipped", reason=result.skip_reason, **self._where())
+        epoch_ended = state.next_batch >= trainer.batches_per_epoch
+        if epoch_ended:
+            state.epoch += 1
+            state.next_batch = 0
+            if trainer.scheduler is not None and self.config.scheduler_interval == "epoch" and not isinstance(trainer.scheduler, ReduceLROnPlateau):
+                trainer.scheduler.step()
+        self._record_interval(result, seconds, epoch_ended)
+        return epoch_ended
+
+    def close_boundary(self, *, evaluate: bool, checkpoint: bool) -> bool:
+        """Evaluate and checkpoint as this window boundary requires; returns whether to stop early."""
+        early_stop, improved = False, None
+        if evaluate:
+            early_stop, improved = self._evaluate_and_monitor(checkpoint_due=checkpoint)
+        if early_stop:
+            self.state.stop_reason = "early_stopping"
+        if self.directory is not None and (checkpoint or improved):
+            self.save(reason="interval" if checkpoint else "best", best=bool(improved))
+        return early_stop
+
+    def finish_deferred_boundary(self) -> bool:
+        deferred, self.progress.deferred_boundary = self.progress.deferred_boundary, None
+        if deferred is None:
+            return False
+        return self.close_boundary(evaluate=deferred["evaluate"], checkpoint=deferred["checkpoint"])
+
+    def pause(self, *, evaluate: bool = False, checkpoint: bool = False) -> TrainState:
+        """Save ``last`` at once and return. An evaluation due here runs first thing after the resume,
+        so a job within its preemption grace period is not killed while evaluating."""
+        self.announce_stop()
+        reason, signal_name = self.stop.reason, self.stop.signal
+        if self.trainer.accelerator.num_processes > 1:
+            gathered: list[Any] = [None] * self.trainer.accelerator.num_processes
+            dist.all_gather_object(gathered, (reason, signal_name))
+            reason, signal_name = decisive_reason(gathered)
+        self.stop.request(reason)
+        self.state.stop_reason = reason
+        self.log("stop_requested", reason=reason, signal=signal_name, **self._where())
+        if evaluate:
+            self.progress.deferred_boundary = {"evaluate": True, "checkpoint": checkpoint}
+        if self.directory is not None:
+            self.save(reason="stop")
+        self.log("stopped", reason=reason, signal=signal_name, state=self.state.state_dict(), **self.clock.totals())
+        return self.state
+
+    def finish(self) -> TrainState:
+        """A normal end (budget spent or early stop): evaluate this position unless done, save ``final``.
+
+        That evaluation is not one the schedule asked for: what it did to the monitor and a plateau
+        scheduler is remembered so that raising the budget later continues like the straight run.
+        """
+        improved = None
+        if self.trainer.evaluator is not None and self.progress.last_evaluation != self.position():
+            self.progress.before_final_evaluation = snapshot_monitor(self.state, self.progress, self.trainer.scheduler, self.trainer.optimizer)
+            _, improved = self._evaluate_and_monitor(checkpoint_due=False)
+        if self.directory is not None:
+            self.save(reason="final", best=bool(improved), final=True)
+        self.log("finished", state=self.state.state_dict(), **self.clock.totals())
+        return self.state
+
+    def log_failure(self, error: BaseException) -> None:
+        message = str(error) or repr(error)
+        self.log("failed", exception=type(error).__name__, message=message, **self._where())
+
+    # ----------------------------------------------------------------------------------------
+    # Evaluation and the monitor
+
+    def _evaluate_and_monitor(self, *, checkpoint_due: bool) -> tuple[bool, bool | None]:
+        """Evaluate (EMA weights when EMA is on) and update the monitor.
+
+        Returns whether to stop early and whether the monitored metric improved (None without a monitor).
+        """
+        trainer, state = self.trainer, self.state
+        started = time.perf_counter()
+        weights = "ema" if trainer.ema is not None else "raw"
+        results = trainer.evaluate(weights=weights)
+        duration = time.perf_counter() - started
+        self.clock.evaluation_s += duration
+        self.progress.last_evaluation = self.position()
+        self.saved = None  # the monitor and progress changed: a checkpoint of this position is now stale
+        monitor, improved, stop_early = self.config.monitor, None, False
+        if monitor is not None:
+            value = monitored_value(results, monitor)
+            if value is None:
+                if checkpoint_due and self.directory is not None:
+                    self.save(reason="interval")  # keep the work of this boundary before refusing
+                raise ValueError(missing_metric_message(results, monitor))
+            improved, stop_early = update_monitor(monitor, value, state, self.progress, trainer.scheduler)
+        self.log(
+            "evaluation",
+            **self._where(),
+            weights=weights,
+            metrics=results,
+            duration_s=duration,
+            monitor=monitor.metric if monitor else None,
+            improved=improved,
+            best_metric=state.best_metric,
+            best_step=state.best_step,
+        )
+        return stop_early, improved
+
+    def _forget_unscheduled_final_evaluation(self) -> None:
+        """Undo what a finished run's end-of-budget evaluation did to the monitor, plateau scheduler
+        and learning rates, now that a larger budget continues the run past that point."""
+        snapshot, self.progress.before_final_evaluation = self.progress.before_final_evaluation, None
+        if snapshot is None:
+            return
+        restore_monitor(snapshot, self.state, self.progress, self.trainer.scheduler, self.trainer.optimizer)
+        best = self._best_file()
+        if self.trainer.accelerator.is_main_process and best is not None and best.exists():
+            self.directory.point("best", best)
+
+    # ----------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def save(self, *, reason: str, best: bool = False, final: bool = False) -> None:
+        trainer, state, directory = self.trainer, self.state, self.directory
+        started = time.perf_counter()
+        name = CheckpointName(state.step, state.batches)
+        path, size = trainer.checkpointer.save(directory, name, reuse=self._already_published(name), run_id=self.progress.run_id)
+        if trainer.accelerator.is_main_process:
+            directory.point("last", path)
+            if best:
+                directory.point("best", path)
+            if final:
+                directory.point("final", path)
+            best_file = self._best_file()
+            directory.apply_retention(self.config.keep_checkpoints, protect=(best_file,) if best_file else ())
+        self.saved = name
+        trainer.accelerator.wait_for_everyone()
+        duration = time.perf_counter() - started
+        self.clock.checkpoint_s += duration
+        self.log(
+            "checkpoint",
+            path=str(path),
+            **self._where(),
+            next_batch=state.next_batch,
+            reason=reason,
+            best=best,
+            final=final,
+            bytes=size,
+            duration_s=duration,
+        )
+
+    def _already_published(self, name: CheckpointName) -> bool:
+        """Whether this position's file already holds exactly this state: written earlier in this call
+        (an interval save before the final one), or the checkpoint this call resumed from, unchanged since."""
+        path = self.directory.file(name)
+        if name == self.saved and path.exists():
+            return True
+        if self.restored is None or not path.exists() or path.resolve() != self.restored[0]:
+            return False
+        return self.restored[1:] == (self.state.state_dict(), self.progress.state_dict())
+
+    # ----------------------------------------------------------------------------------------
+    # Run records
+
+    def log(self, event: str, **fields: Any) -> None:
+        if self.trainer.logger is not None:
+            self.trainer.logger.log({"event": event, **fields})
+
+    def _where(self) -> dict[str, int]:
+        return {"epoch": epoch_number(self.state), "step": self.state.step}
+
+    def _record_interval(self, result: WindowResult, seconds: float, epoch_ended: bool) -> None:
+        trainer, interval = self.trainer, self.trainer.log_interval
+        interval.add(result.metrics, result.samples, seconds, result.grad_norm if result.stepped else None, result.learning_rates)
+        if not (result.stepped and self.state.step % self.config.log_every == 0):
+            return
+        metrics = trainer.loss.finish(interval.metrics.compute(trainer.accelerator))
+        metrics.update(interval.summary(trainer.optimizer.param_groups))
+        metrics["last_update_samples"] = float(result.samples)
+        self.log("train", **self._where(), planned_steps=self.planned_steps, samples=self.state.samples, metrics=metrics)
+        interval.reset()
+
+    def _log_start(self, metadata: Mapping[str, Any], resumed_from: str | None, past_budget: bool) -> None:
+        fields = describe_run(self.trainer, self.config, metadata, run_id=self.progress.run_id)
+        fields.update(epoch=epoch_number(self.state), state=self.state.state_dict())
+        if resumed_from is None and self.state.batches == 0:
+            self.log("started", **fields)
+        else:
+            self.log("resumed", resumed_from=resumed_from, past_budget=past_budget, **fields)

@@ -1,0 +1,68 @@
+"""Model weights out of checkpoints: loading them into a model, exporting them as a plain state dict."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from elfes.files import atomic_writer
+
+from .checkpoint import CheckpointError, Weights, read_checkpoint
+
+
+def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Path) -> dict[str, torch.Tensor]:
+    """The plain model state dict of a checkpoint: raw weights, or EMA parameters with raw buffers."""
+    if weights not in ("raw", "ema"):
+        raise ValueError(f"weights is {weights!r}; use 'raw' or 'ema'.")
+    if weights == "raw":
+        return dict(payload["model"])
+    if payload.get("ema") is None:
+        raise CheckpointError(
+            f"{source} was written without EMA, so it has no 'ema' weights; ask for weights='raw', "
+            "or train with ema_decay to have averaged weights."
+        )
+    return {**payload["model"], **payload["ema"]}
+
+
+def load_weights(model: nn.Module, checkpoint: Path, *, weights: Weights = "raw") -> None:
+    """Load a checkpoint's raw or EMA weights into an unwrapped, uncompiled model.
+
+    No optimizer or DataLoader is needed. ``checkpoint`` may be a file or a pointer such as
+    ``run_dir / "checkpoints" / "best"``.
+
+    >>> load_weights(model, run_dir / "checkpoints" / "best", weights="ema")
+    >>> model = accelerator.prepare(model)
+    """
+    source = Path(checkpoint)
+    state = checkpoint_weights(read_checkpoint(source), weights, source.resolve())
+    _check_unwrapped(model)
+    model.load_state_dict(state)
+
+
+def export_weights(checkpoint: Path, path: Path, *, weights: Weights = "raw") -> None:
+    """Write a checkpoint's raw or EMA weights as a plain model state dict to ``path`` (atomically).
+
+    >>> export_weights(run_dir / "checkpoints" / "best", run_dir / "model.pt", weights="ema")
+    >>> model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
+    """
+    source = Path(checkpoint)
+    save_state_dict(checkpoint_weights(read_checkpoint(source), weights, source.resolve()), Path(path))
+
+
+def save_state_dict(state: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Write a plain state dict atomically (temporary name, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_writer(path) as stream:
+        torch.save(dict(state), stream)
+
+
+def _check_unwrapped(model: nn.Module) -> None:
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or hasattr(model, "_orig_mod"):
+        raise TypeError(
+            "load_weights needs the plain model: pass it before accelerator.prepare() or torch.compile(), "
+            "then prepare or compile it."
+        )

@@ -1,0 +1,207 @@
+"""One accumulation window: its microbatches, the agreement between ranks, and one optimizer update.
+
+The update's loss is exactly the declared mean over the samples the window consumed on all ranks:
+each microbatch's backward runs as soon as it is computed (one graph alive at a time), and one
+all-reduce at the end of the window carries the denominator, the sample count, the stop flag and
+the nonfinite flag together.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+from .config import TrainState
+from .ema import ExponentialMovingAverage
+from .loss import LossPath
+from .metrics import MetricAccumulator
+from .objective import Step
+from .stop import StopRequest
+
+Scheduler = LRScheduler | ReduceLROnPlateau
+
+
+@dataclass
+class WindowResult:
+    """What one accumulation window did, identical on every rank."""
+
+    stepped: bool
+    skip_reason: str | None
+    batches: int  # global
+    samples: int  # global
+    stop_requested: bool
+    metrics: MetricAccumulator
+    weight_total: float = 0.0  # the global denominator of the scalar mean path
+    grad_norm: float | None = None
+    learning_rates: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UpdateRule:
+    """The per-call knobs of an optimizer update."""
+
+    max_grad_norm: float | None
+    step_scheduler: bool  # whether the scheduler steps once per successful update
+
+
+class WindowRunner:
+    """Runs accumulation windows for a :class:`~elfes.engine.Trainer`. Every rank runs each window."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        optimizer: Optimizer,
+        step: Step,
+        loss: LossPath,
+        ema: ExponentialMovingAverage | None,
+        scheduler: Scheduler | None,
+        batches_per_epoch: int,
+    ) -> None:
+        self.accelerator = accelerator
+        self.batches_per_epoch = batches_per_epoch
+        self.model = model
+        self.optimizer = optimizer
+        self.step = step
+        self.loss = loss
+        self.ema = ema
+        self.scheduler = scheduler
+        self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def run(
+        self, batches: Iterable[Any], size: int, stop: StopRequest, state: TrainState, reference: float, rule: UpdateRule
+    ) -> WindowResult:
+        """Train on the next ``size`` batches; ``reference`` is the previous window's denominator."""
+        self.optimizer.zero_grad(set_to_none=True)
+        device = self.accelerator.device
+        metrics = MetricAccumulator()
+        window = self.loss.open_window(batches, self.sum_over_ranks, reference)
+        local_samples = consumed = 0
+        for index, batch in enumerate(window.batches):
+            consumed += 1
+            # Gradients are all-reduced once per window, on its last microbatch.
+            synchronisation = nullcontext() if index == size - 1 else self.accelerator.no_sync(self.model)
+            with synchronisation, torch.set_grad_enabled(window.labelled):
+                output = self.step(self.model, batch)
+                local_samples += _sample_count(output.num_samples, state.epoch, state.next_batch + index)
+                contribution = window.contribution(output, index, metrics)
+                if window.labelled:
+                    scaler = self.accelerator.scaler
+                    (scaler.scale(contribution) if scaler is not None else contribution).backward()
+            metrics.update(output.metrics)
+        if consumed != size:
+            raise RuntimeError(
+                f"The training DataLoader yielded {state.next_batch + consumed} batches in epoch {state.epoch} "
+                f"where its length promised {self.batches_per_epoch}. Exact training needs a map-style Dataset whose sampler yields "
+                "exactly len(dataloader) batches."
+            )
+
+        window.check(state.epoch, state.next_batch)
+        flags = torch.stack(
+            [
+                window.local_weight.to(device),
+                torch.tensor(float(local_samples), dtype=torch.float64, device=device),
+                torch.tensor(1.0 if stop.reason is not None else 0.0, dtype=torch.float64, device=device),
+                window.nonfinite().to(device),
+            ]
+        )
+        weight_total, samples, stop_flag, nonfinite_flag = self.sum_over_ranks(flags).tolist()
+        result = WindowResult(
+            stepped=False,
+            skip_reason=None,
+            batches=size * self.accelerator.num_processes,
+            samples=int(samples),
+            stop_requested=stop_flag > 0,
+            metrics=metrics,
+            weight_total=weight_total,
+        )
+        if nonfinite_flag > 0:
+            self._raise_nonfinite_loss(window.losses(), state)
+        factor = window.gradient_factor(weight_total, self.accelerator.num_processes)
+        if factor is None:
+            result.skip_reason = "unlabelled_window"
+            return result
+        result.grad_norm, result.learning_rates = self._update(factor, size, state, rule)
+        result.stepped = result.grad_norm is not None
+        if not result.stepped:
+            result.skip_reason = "amp_overflow"
+        return result
+
+    def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        if self.accelerator.num_processes > 1:
+            values = values.clone()
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return values
+
+    def _update(self, factor: float, size: int, state: TrainState, rule: UpdateRule) -> tuple[float | None, list[float]]:
+        """Unscale once, rescale to the window mean, clip, step. Returns (pre-clip norm or None if skipped, lrs)."""
+        scaler = self.accelerator.scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
+        gradients = [p.grad for p in self.parameters if p.grad is not None]
+        if factor != 1.0:
+            torch._foreach_mul_(gradients, factor)
+        norm = torch.nn.utils.get_total_norm(gradients) if gradients else torch.zeros(())
+        learning_rates = [float(group["lr"]) for group in self.optimizer.param_groups]
+        finite = bool(torch.isfinite(norm))
+        if scaler is None and not finite:
+            raise FloatingPointError(
+                f"Nonfinite gradient norm ({norm.item()}) in the window of epoch {state.epoch}, "
+                f"{_batch_range(state.next_batch, size)} (step {state.step}); parameters were not updated. Lower "
+                "the learning rate, clip with TrainConfig(max_grad_norm=...), or look for operations that overflow."
+            )
+        if rule.max_grad_norm is not None and finite:
+            torch.nn.utils.clip_grads_with_norm_(self.parameters, rule.max_grad_norm, norm)
+        if scaler is not None:
+            scale = scaler.get_scale()
+            scaler.step(self.optimizer)
+            scaler.update()
+            if scaler.get_scale() < scale:  # the standard scaler shrinks its scale exactly when it skipped
+                return None, learning_rates
+        else:
+            self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update()
+        if self.scheduler is not None and rule.step_scheduler:
+            self.scheduler.step()
+        return float(norm), learning_rates
+
+    def _raise_nonfinite_loss(self, losses: list[torch.Tensor], state: TrainState) -> None:
+        for index, loss in enumerate(losses):
+            if not bool(torch.isfinite(loss).all()):
+                raise FloatingPointError(
+                    f"Nonfinite loss ({loss.item()}) at epoch {state.epoch}, batch {state.next_batch + index} "
+                    f"(step {state.step}, rank {self.accelerator.process_index}); parameters were not updated. "
+                    "Check that batch's inputs and targets, and lower the learning rate if the loss grew before it."
+                )
+        raise FloatingPointError(
+            f"Another rank saw a nonfinite loss in the window starting at epoch {state.epoch}, batch "
+            f"{state.next_batch} (step {state.step}); parameters were not updated. See that rank's error."
+        )
+
+
+def _sample_count(num_samples: Any, epoch: int, batch: int) -> int:
+    try:
+        count = operator.index(num_samples)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ValueError(
+            f"StepOutput.num_samples at epoch {epoch}, batch {batch} is {num_samples!r}; give the batch's number of "
+            "samples as an int >= 0 (e.g. len(inputs))."
+        )
+    return count
+
+
+def _batch_range(first: int, size: int) -> str:
+    return f"batch {first}" if size == 1 else f"batches {first}-{first + size - 1}"
