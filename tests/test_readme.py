@@ -17,18 +17,52 @@ from elfes.records import event_reference, read_events
 README = (REPOSITORY / "README.md").read_text()
 
 
-def bash_blocks() -> list[str]:
-    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)]
+CI_SCRIPT = (REPOSITORY / ".ci" / "run").read_text()
+
+
+def section(title: str) -> str:
+    """The text of the README's ``## title`` section."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
+    assert match, f"the README has a '## {title}' section"
+    return match[1]
+
+
+def bash_blocks(text: str = README) -> list[str]:
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
+
+
+def commands(block: str) -> list[str]:
+    """A bash block's commands, comments removed."""
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def test_the_test_command_is_what_ci_runs():
-    run_example, run_tests = bash_blocks()[:2]
-    ci_commands = [line for line in (REPOSITORY / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    run_example, run_tests = bash_blocks(section("The two commands"))[:2]
+    ci_commands = [line for line in CI_SCRIPT.splitlines() if line and not line.startswith("#")]
     assert ci_commands[-1] == run_tests
 
 
+def test_the_install_section_sets_up_a_virtual_environment_then_torch_then_the_package():
+    install = section("Install")
+    steps = commands("\n".join(bash_blocks(install)))
+    python = re.search(r'requires-python = ">=(\d+\.\d+)"', (REPOSITORY / "pyproject.toml").read_text())[1]
+    assert f"Python {python} or newer" in install
+    assert steps[0].startswith("python3 -m venv ") and steps[1].startswith("source ")
+    cpu_torch = "python -m pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert steps.index(cpu_torch) < steps.index('python -m pip install -e ".[test]"'), "torch before the package"
+    assert 'python -m pip install --quiet -e ".[test]"' in CI_SCRIPT  # the package installs as CI installs it
+    prose = " ".join(install.split())
+    assert "the ordinary index (PyPI) gives a CUDA build on Linux" in prose and "from the repository root" in prose
+
+
+def test_the_ci_script_tells_other_machines_where_the_cpu_build_of_torch_comes_from():
+    comments = " ".join(line.lstrip("# ") for line in CI_SCRIPT.splitlines() if line.startswith("#"))
+    assert "CI machine" in comments
+    assert "https://download.pytorch.org/whl/cpu" in comments and "README" in comments
+
+
 def test_the_example_command_trains_and_a_second_run_continues_from_last(tmp_path):
-    run_example = bash_blocks()[0]
+    run_example = bash_blocks(section("The two commands"))[0]
     (tmp_path / "examples").symlink_to(REPOSITORY / "examples")
     environment = launch_environment(OMP_NUM_THREADS="2")
     run_dir = tmp_path / "runs" / "quickstart"
