@@ -1,0 +1,135 @@
+"""The login-node verbs on hand-built run directories: status, logs, preempt and cancel refusals,
+a different spec refused, lost jobs seen without writing. Real files and processes, no job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+from run_fixtures import GONE_JOB_ID, make_run, write_project
+
+from elfes.files import write_text_atomically
+from elfes.launcher.cli import main
+
+
+def run_json(capsys, *argv: str):
+    assert main(["status", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_status_json_reports_state_attempts_requeues_progress_and_best(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome="stopped", step=4)
+    report = run_json(capsys, str(paths.run_dir))
+    assert report["status"] == "stopped" and report["executor"] == "local" and report["job_id"] == GONE_JOB_ID
+    (attempt,) = report["attempts"]
+    assert (attempt["number"], attempt["outcome"], attempt["signal"], attempt["step"]) == (1, "stopped", "SIGTERM", 4)
+    assert attempt["hosts"] == ["node-a"] and attempt["started_at"] and attempt["ended_at"]
+    assert (report["requeues_used"], report["requeues_left"], report["max_requeues"]) == (0, 3, 3)
+    assert (report["step"], report["planned_steps"]) == (4, 10)
+    assert (report["monitor"], report["best_metric"], report["best_step"]) == ("validation/loss", 0.5, 4)
+    assert report["error"] is None
+
+
+def test_status_of_a_failed_attempt_carries_its_error(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome="failed")
+    report = run_json(capsys, str(paths.run_dir))
+    assert report["status"] == "failed" and report["error"] == "RuntimeError: boom"
+
+
+def test_status_of_several_runs_is_one_table_with_a_row_each(tmp_path: Path, capsys):
+    first = make_run(tmp_path / "a", name="first", outcome="finished")
+    second = make_run(tmp_path / "b", name="second", outcome="cancelled")
+    assert main(["status", str(first.run_dir), str(second.run_dir)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "first" in line or "second" in line]
+    assert len(rows) == 2 and "finished" in rows[0] and "cancelled" in rows[1]
+    reports = run_json(capsys, str(first.run_dir), str(second.run_dir))
+    assert [report["status"] for report in reports] == ["finished", "cancelled"]
+
+
+def test_a_job_gone_without_an_outcome_shows_failed_or_cancelled_and_nothing_is_written(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome=None)  # "running", but no process has the job's id
+    recorded = paths.state.read_bytes()
+    report = run_json(capsys, str(paths.run_dir))
+    assert report["status"] == "failed" and report["queue_state"] == "GONE"
+    assert report["attempts"][0]["outcome"] == "lost" and "without recording" in report["error"]
+    assert any("gone without recording its end" in note for note in report["notes"])
+    write_text_atomically(paths.cancel_marker, "{}\n")  # `elfes cancel` was there first
+    assert run_json(capsys, str(paths.run_dir))["status"] == "cancelled"
+    assert paths.state.read_bytes() == recorded  # status reads files only
+
+
+@pytest.mark.parametrize("verb", ["status", "logs", "preempt", "cancel", "resume"])
+def test_a_folder_that_is_not_a_run_directory_exits_2(tmp_path: Path, capsys, verb):
+    assert main([verb, str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert main([verb, str(tmp_path / "missing")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+
+
+def test_submitting_a_different_spec_into_a_run_directory_is_refused_naming_the_fields(tmp_path: Path, capsys):
+    paths = make_run(tmp_path)
+    spec = tmp_path / "demo.yaml"
+    spec.write_text(spec.read_text().replace("tasks_per_node: 2", "tasks_per_node: 1").replace("epochs: 1", "epochs: 5"))
+    recorded = {path: path.read_bytes() for path in (paths.spec, paths.state)}
+    for argv in (["submit", str(spec), "--executor", "local"], ["submit", str(spec), "--executor", "local", "--dry-run"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "holds a different job (fields that differ: config.epochs, resources.tasks_per_node)" in err
+    assert {path: path.read_bytes() for path in recorded} == recorded
+
+
+def test_logs_print_a_rank_of_the_latest_attempt(tmp_path: Path, capsys):
+    paths = make_run(tmp_path)
+    assert main(["logs", str(paths.run_dir), "--rank", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"==> {paths.rank_log(1, 1, 'out')} <==" in out and "hello from rank 1" in out
+    assert "warning from rank 1" in out and "rank 0" not in out
+    assert main(["logs", str(paths.run_dir), "--rank", "2"]) == 2
+    assert "the job has ranks 0-1" in capsys.readouterr().err
+    assert main(["logs", str(paths.run_dir), "--attempt", "7"]) == 0
+    assert "no logs yet for rank 0 in attempt 7" in capsys.readouterr().out
+
+
+def test_preempt_refuses_a_run_that_is_not_running(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome="stopped")
+    assert main(["preempt", str(paths.run_dir)]) == 3
+    assert "the run is stopped, not running" in capsys.readouterr().err
+
+
+def test_preempt_never_signals_a_recorded_pid_that_is_no_longer_a_task(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome=None)
+    paths.pids.mkdir(exist_ok=True)
+    # A stale record whose pid now belongs to another process (this test's): SIGUSR2 would kill it.
+    write_text_atomically(paths.pid_file(0), json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                          "attempt": 1, "rank": 0}))
+    before = signal.getsignal(signal.SIGUSR2)
+    assert main(["preempt", str(paths.run_dir)]) == 3
+    assert "no task of job" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGUSR2) is before
+
+
+def test_cancelling_an_ended_run_changes_nothing(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome="finished")
+    assert main(["cancel", str(paths.run_dir)]) == 0
+    assert "already finished; nothing to cancel" in capsys.readouterr().out
+    assert not paths.cancel_marker.exists()
+
+
+def test_resume_refuses_a_finished_run(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome="finished")
+    recorded = paths.state.read_bytes()
+    assert main(["resume", str(paths.run_dir)]) == 3
+    assert "the run is finished; only a stopped, cancelled or failed run can be resumed" in capsys.readouterr().err
+    assert paths.state.read_bytes() == recorded
+
+
+def test_validate_refuses_a_spec_the_chosen_executor_cannot_run(tmp_path: Path, capsys):
+    spec = write_project(tmp_path)
+    spec.write_text(spec.read_text().replace("tasks_per_node: 2", "nodes: 2, tasks_per_node: 2"))
+    assert main(["validate", str(spec), "--executor", "local"]) == 2
+    assert "resources.nodes = 2: the local executor runs on this machine only" in capsys.readouterr().err
+    assert main(["validate", str(spec), "--executor", "slurm"]) == 0
