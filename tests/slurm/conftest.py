@@ -1,0 +1,131 @@
+"""Fixtures for tests against a real, private SLURM cluster (``cluster.py``).
+
+Without the SLURM, munge and MariaDB binaries these tests skip, saying how to install them; with
+``ELFES_REQUIRE_SLURM=1`` (as in CI) they fail instead. One cluster serves the whole session; each test
+gets it with an empty queue, and a failing test's report carries what the daemons logged during it.
+
+- ``slurm_available`` (session): only the skip/fail rule, for tests that start daemons themselves.
+- ``slurm_cluster`` (session): the running cluster, in whatever preemption configuration it has.
+- ``slurm``: the cluster for one test; its jobs are cancelled at the end.
+- ``slurm_user_signal`` / ``slurm_plain_sigterm``: the same with ``preempt_send_user_signal`` on / off.
+- ``slurm_env``: ``SLURM_CONF`` set in ``os.environ`` for the test (for in-process submitit).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
+
+REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
+LOG_MARKS = pytest.StashKey[dict]()
+CLUSTER_TIMINGS = pytest.StashKey[dict]()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this folder carries the ``slurm`` marker (``-m "not slurm"`` deselects them)."""
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here):
+            item.add_marker(pytest.mark.slurm)
+
+
+def unavailable_reason() -> str | None:
+    """Why a private SLURM cluster cannot run here, with what to do about it; None if it can."""
+    missing = missing_programs()
+    if missing:
+        return (
+            f"the SLURM tests need SLURM, munge and MariaDB (not installed: {', '.join(missing)}); "
+            f"install them (Debian/Ubuntu, as root): apt-get update && {INSTALL_COMMAND}"
+        )
+    if os.geteuid() != 0:
+        return "the SLURM tests start slurmctld and slurmd as root; run them as root (in a container or a VM)"
+    return None
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with ``reason``; fail instead when ``ELFES_REQUIRE_SLURM=1``."""
+    if REQUIRE_SLURM:
+        pytest.fail(f"ELFES_REQUIRE_SLURM=1, but {reason}", pytrace=False)
+    pytest.skip(f"{reason} (set ELFES_REQUIRE_SLURM=1 to make this a failure)")
+
+
+@pytest.fixture(scope="session")
+def slurm_available() -> None:
+    """Skip (or fail, with ``ELFES_REQUIRE_SLURM=1``) where a private cluster cannot run."""
+    reason = unavailable_reason()
+    if reason:
+        skip_or_fail(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_available: None, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """A private single-node cluster for the session, stopped by pid at the end (even after failures).
+
+    Its folder (a new one under the temporary folder) is removed at the end unless a test failed.
+    """
+    cluster = SlurmCluster()
+    request.config.stash[CLUSTER_TIMINGS] = cluster.timings_s  # filled in by start and stop
+    cluster.start()  # on failure it stops what it started and raises with the daemon logs
+    try:
+        yield cluster
+    finally:
+        keep = request.session.testsfailed > 0
+        cluster.stop(remove=not keep)
+        if keep:
+            print(f"\nthe private SLURM cluster's logs and state are kept in {cluster.directory}")
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """The cluster for one test: an empty queue before and after; its daemon logs attached on failure."""
+    slurm_cluster.cancel_all_jobs()
+    request.node.stash[LOG_MARKS] = slurm_cluster.log_sizes()
+    yield slurm_cluster
+    slurm_cluster.cancel_all_jobs()
+
+
+@pytest.fixture
+def slurm_user_signal(slurm: SlurmCluster) -> SlurmCluster:
+    """The cluster with ``preempt_send_user_signal``: a preempted job gets its ``--signal`` (USR2)."""
+    if not slurm.user_signal:
+        slurm.reconfigure(user_signal=True)
+    return slurm
+
+
+@pytest.fixture
+def slurm_plain_sigterm(slurm: SlurmCluster) -> SlurmCluster:
+    """The cluster without ``preempt_send_user_signal``: a preempted job gets SIGTERM."""
+    if slurm.user_signal:
+        slurm.reconfigure(user_signal=False)
+    return slurm
+
+
+@pytest.fixture
+def slurm_env(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    """``SLURM_CONF`` in this process's environment for the test, for code that calls SLURM itself."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.slurm_conf))
+    return slurm
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Attach what the daemons logged during a failed test to its report."""
+    outcome = yield
+    report = outcome.get_result()
+    marks = item.stash.get(LOG_MARKS, None)
+    cluster = getattr(item, "funcargs", {}).get("slurm_cluster")
+    if report.failed and marks is not None and isinstance(cluster, SlurmCluster):
+        report.sections.append(("SLURM daemon logs during this test", cluster.log_tails(since=marks)))
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """One line with the private cluster's start and stop times (the suite's budget depends on them)."""
+    timings = config.stash.get(CLUSTER_TIMINGS, None)
+    if timings and "start" in timings:
+        steps = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.items() if name not in ("start", "stop"))
+        stop = f", stopped in {timings['stop']:.1f} s" if "stop" in timings else ""
+        terminalreporter.write_line(f"private SLURM cluster: started in {timings['start']:.1f} s ({steps}){stop}")
