@@ -382,11 +382,12 @@ class _Attempt:
         self.requeues_used = run_state.requeues_used_by(self.before, self.start.token, self.launch)
         self.started_at = run_state.now()
         _redirect_standard_streams(paths, attempt=self.attempt, rank=self.start.rank)
-        _write_pid_file(paths, self.start, self.attempt)  # `elfes preempt` may signal this task from now on
         if self.is_main:
             self._update(lambda s: run_state.begin_attempt(
                 s, token=self.start.token, job_id=self.start.job_id, launch=self.launch,
                 hosts=self.start.hosts, world_size=self.start.world_size))
+        # `elfes preempt` may signal this task from now on (rank 0's record comes once the run is "running").
+        _write_pid_file(paths, self.start, self.attempt)
 
     # -- the whole attempt --------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -445,6 +446,8 @@ class _Attempt:
         )
         with stop.catch_signals(signals=self.flags.signals):
             for signum in dict.fromkeys(self.flags.received):  # arrived before the StopRequest caught them
+                print(f"elfes: {signum.name} arrived while the engine was being imported; the trainer stops at "
+                      "its first window boundary", flush=True)
                 stop.handle_signal(signum)
             if _cancel_requested(self.paths, self.before):
                 stop.handle_signal(signal.SIGTERM)  # cancelled between attempts: save at the first boundary
@@ -546,7 +549,7 @@ class _Attempt:
                 s, token=self.start.token, outcome=decision.outcome, signal=decision.signal, step=step,
                 error=decision.error))
             if resubmit:
-                _resubmit_local(self.paths, self.spec)
+                _resubmit_local(self.paths)
         print(f"elfes: attempt {self.attempt} ended {decision.outcome}"
               + (f" ({decision.signal})" if decision.signal else "") + (f" at step {step}" if step is not None else "")
               + (f": {decision.error}" if decision.error else ""), flush=True)
@@ -571,19 +574,11 @@ def _load_spec(paths: RunPaths) -> Any:
     return load_spec(paths.spec, check_files=False)
 
 
-def _resubmit_local(paths: RunPaths, spec: Any) -> None:
+def _resubmit_local(paths: RunPaths) -> None:
     """Past submitit's local start limit, submit the run again (a "requeue" submission, which the
     next start counts as a requeue) into the same run directory. Rank 0, after recording "requeued"."""
-    from . import executors
+    from .actions import resubmit_requeued
 
-    run_state.update_state(paths, lambda s: run_state.record_submission(
-        s, executor="local", kind="requeue", max_requeues=spec.requeue.max_requeues))
-    try:
-        job_id = executors.submit(spec, paths, "local")  # a detached controller; our rank variables are dropped
-    except Exception as error:
-        message = f"the resubmission past submitit's {LOCAL_MAX_STARTS} local starts failed: {error}"
-        run_state.update_state(paths, lambda s: run_state.mark_submission_failed(s, error=message))
-        raise
-    run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
+    job_id = resubmit_requeued(paths.run_dir)  # a detached controller; our rank variables are dropped
     print(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
           f"resubmitted the run as local job {job_id}", flush=True)

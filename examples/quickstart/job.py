@@ -68,8 +68,7 @@ def run(job: Any, step_function: Step) -> TrainState:
         trainer.scheduler = LambdaLR(optimizer, WarmupDecay(total_steps=planned, warmup_steps=planned // 10,
                                                             start_factor=0.1, minimum_factor=0.01))
         state = trainer.train(train_config, checkpoint_dir=job.checkpoint_dir, resume_from=job.resume_from,
-                              stop=job.stop, metadata={"dataset": "synthetic linear", "seed": config["seed"],
-                                                       "attempt": job.attempt})
+                              stop=job.stop, metadata={"dataset": "synthetic linear", "seed": config["seed"]})
         if state.stop_reason is None or state.stop_reason == "early_stopping":
             trainer.save_model(job.run_dir / "model.pt", weights="ema")
     accelerator.end_training()  # tears the process group down on every rank
