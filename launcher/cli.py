@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit = verb("submit", "Validate a job spec, create its run directory and submit the job.")
     submit.add_argument("spec", metavar="JOB.yaml", help="the job spec")
     submit.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
-                        help="auto (default): slurm where sbatch is on PATH, local otherwise")
+                        help="auto (default): slurm where sbatch is on PATH and a SLURM cluster is configured, "
+                        "local otherwise")
     submit.add_argument("--dry-run", action="store_true",
                         help="print the sbatch script (slurm) or the local command, touching nothing")
     submit.add_argument("--follow", action="store_true",
@@ -167,6 +168,14 @@ def _cell(value: Any) -> str:
     return format_number(value)
 
 
+def _short_checkpoint(result: Any) -> str:
+    """``checkpoints/step-...pt`` (relative to the run directory) for the table; the JSON has the full path."""
+    if not result.last_checkpoint:
+        return "-"
+    prefix = result.run_dir.rstrip("/") + "/"
+    return result.last_checkpoint.removeprefix(prefix)
+
+
 def _status(args: argparse.Namespace) -> int:
     from . import actions
 
@@ -195,7 +204,7 @@ def _status(args: argparse.Namespace) -> int:
             f"{result.requeues_used} used, {_cell(result.requeues_left)} left",
             f"{_cell(result.step)}/{_cell(result.planned_steps)}",
             best,
-            result.last_checkpoint or "-",
+            _short_checkpoint(result),
         )
     console.print(table)
     for result in results:

@@ -23,6 +23,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,13 +47,30 @@ class SubmissionError(RuntimeError):
     """The executor refused or failed the submission (sbatch error, no SLURM here)."""
 
 
+SLURM_CONFIG_FILES = (Path("/etc/slurm/slurm.conf"), Path("/etc/slurm-llnl/slurm.conf"))
+
+
+def slurm_configured() -> bool:
+    """Whether SLURM's client commands can find a cluster: ``SLURM_CONF``, a ``slurm.conf`` in its
+    usual places, or (configless clusters) a controller that answers ``scontrol ping``."""
+    if os.environ.get("SLURM_CONF") or any(path.is_file() for path in SLURM_CONFIG_FILES):
+        return True
+    if shutil.which("scontrol") is None:
+        return False
+    try:
+        return subprocess.run(["scontrol", "ping"], capture_output=True, timeout=15, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def slurm_available() -> bool:
-    """Whether SLURM's submission commands are on PATH (``auto`` then means ``slurm``)."""
-    return shutil.which("sbatch") is not None
+    """Whether ``auto`` means SLURM here: ``sbatch`` is on PATH and a SLURM configuration is found
+    (the client packages alone, without a cluster, do not count)."""
+    return shutil.which("sbatch") is not None and slurm_configured()
 
 
 def choose_executor(requested: str) -> str:
-    """``"slurm"`` or ``"local"`` for ``requested`` (``auto``: SLURM where ``sbatch`` is on PATH)."""
+    """``"slurm"`` or ``"local"`` for ``requested`` (``auto``: SLURM where :func:`slurm_available`)."""
     if requested not in EXECUTORS:
         raise ExecutorError(f"executor {requested!r} is unknown; use one of {', '.join(EXECUTORS)}")
     if requested == "auto":
@@ -154,7 +172,9 @@ def _submit_slurm(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
     try:
         job = executor.submit(runtime)
     except Exception as error:  # sbatch's refusal arrives as one of several submitit/subprocess errors
-        raise SubmissionError(f"sbatch refused job {spec.name}: {error}".strip()) from None
+        hint = "" if slurm_configured() else (
+            " (no SLURM configuration found: set SLURM_CONF, or use --executor local on a machine without a cluster)")
+        raise SubmissionError(f"sbatch refused job {spec.name}{hint}: {str(error).strip()}") from None
     return str(job.job_id)
 
 

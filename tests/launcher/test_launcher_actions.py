@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from run_fixtures import GONE_JOB_ID, make_run, write_project
 
 from elfes.files import write_text_atomically
+from elfes.launcher import executors
 from elfes.launcher.cli import main
 
 
@@ -133,3 +135,20 @@ def test_validate_refuses_a_spec_the_chosen_executor_cannot_run(tmp_path: Path, 
     assert main(["validate", str(spec), "--executor", "local"]) == 2
     assert "resources.nodes = 2: the local executor runs on this machine only" in capsys.readouterr().err
     assert main(["validate", str(spec), "--executor", "slurm"]) == 0
+
+
+def test_auto_is_slurm_only_where_sbatch_is_on_path_and_a_cluster_is_configured(tmp_path: Path, monkeypatch):
+    from elfes.launcher.executors import choose_executor
+
+    sbatch = shutil.which("sbatch")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch at all
+    assert choose_executor("auto") == "local"
+    if sbatch is None:
+        pytest.skip("no sbatch here to check the SLURM side")
+    monkeypatch.setenv("PATH", str(Path(sbatch).parent))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    if not executors.slurm_configured():
+        assert choose_executor("auto") == "local"  # client packages without a cluster
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    assert choose_executor("auto") == "slurm"
+    assert choose_executor("local") == "local" and choose_executor("slurm") == "slurm"
