@@ -35,27 +35,50 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
     """Yield a binary stream whose content replaces ``path`` atomically when the block ends.
 
     Nothing is published when the block raises: the temporary file is removed and ``path`` keeps
-    its old content. A full disk is reported as an ``OSError`` naming ``path``.
+    its old content. A full disk is reported as an ``OSError`` naming ``path``, even when the writer
+    (``torch.save``, say) hid it behind an error of its own.
     """
     path = Path(path)
     temporary = temporary_name(path)
+    stream: _FailureRecordingStream | None = None
     try:
-        with open(temporary, "wb") as stream:
-            yield stream
-            stream.flush()
-            os.fsync(stream.fileno())
+        with open(temporary, "wb") as file:
+            stream = _FailureRecordingStream(file)
+            yield stream  # type: ignore[misc]
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, path)
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+    except BaseException as error:
+        # torch.save reports a full disk as its own RuntimeError; the stream kept the real cause.
+        failure = stream.failure if stream is not None and stream.failure is not None else error
+        if isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(
-                error.errno,
-                f"No space left to write {path} ({os.strerror(error.errno)}); the previous file, if any, is "
-                f"unchanged. Free space on that file system or write to another folder",
+                failure.errno,
+                f"No space left to write {path} ({os.strerror(failure.errno)}); the previous file, if any, is "
+                "unchanged. Free space on that file system or write to another folder",
             ) from None
         raise
     finally:
         temporary.unlink(missing_ok=True)
     fsync_directory(path.parent)
+
+
+class _FailureRecordingStream:
+    """A file's ``write`` that remembers the OSError it raised, for writers that replace it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self.failure: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            self.failure = error
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:

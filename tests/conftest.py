@@ -13,7 +13,7 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[1]
 GUARDED_ENVIRONMENT_PREFIXES = ("SLURM_", "MASTER_", "ACCELERATE_", "TORCHELASTIC_")
 GUARDED_ENVIRONMENT_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
 
 def _guarded_environment() -> dict[str, str]:

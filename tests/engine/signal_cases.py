@@ -59,6 +59,26 @@ def group_sigterm_during_evaluation(directory: Path) -> None:
     print(f"stopped {state.stop_reason} at step {state.step}", flush=True)
 
 
+def group_sigusr2(directory: Path) -> None:
+    """The requeue signal to the whole process group while two workers are alive, caught by the request."""
+    run = build(RunSpec(num_workers=2))
+    stop = StopRequest()
+    calls = 0
+
+    def step(model, batch):
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            os.killpg(os.getpgid(0), signal.SIGUSR2)
+        return mse_step(model, batch)
+
+    run.trainer.step = step
+    with stop.catch_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)):
+        state = run.trainer.train(run.config, checkpoint_dir=directory, stop=stop)
+    print(f"stopped {state.stop_reason} at step {state.step}", flush=True)
+
+
 if __name__ == "__main__":
     case, output = sys.argv[1], Path(sys.argv[2])
-    {"group-sigterm": group_sigterm, "group-sigterm-evaluation": group_sigterm_during_evaluation}[case](output)
+    cases = {"group-sigterm": group_sigterm, "group-sigterm-evaluation": group_sigterm_during_evaluation, "group-sigusr2": group_sigusr2}
+    cases[case](output)
