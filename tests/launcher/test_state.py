@@ -1,0 +1,125 @@
+"""state.json: the run's state machine, attempts and requeue counting (pure transitions), and its file."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from elfes.launcher import state as S
+from elfes.launcher.paths import RunPaths
+
+
+def submitted(max_requeues: int = 2) -> S.RunState:
+    state = S.record_submission(None, executor="local", kind="submit", max_requeues=max_requeues)
+    return S.mark_pending(state, job_id="41")
+
+
+def begin(state: S.RunState, token: str, launch: str = "submit") -> S.RunState:
+    return S.begin_attempt(state, token=token, job_id=token.split(":")[0], launch=launch, hosts=["node1"], world_size=2)
+
+
+def test_a_run_goes_through_requeues_to_finished_and_counts_them():
+    state = submitted()
+    assert (state.status, state.job_id, state.requeues_used, state.requeues_left) == ("pending", "41", 0, 2)
+    state = begin(state, "41:0")
+    assert state.status == "running" and state.attempts[0].number == 1
+    state = S.mark_stopping(state, signal="SIGUSR2")
+    assert (state.status, state.stopping_signal) == ("stopping", "SIGUSR2")
+    state = S.end_attempt(state, token="41:0", outcome="requeued", signal="SIGUSR2", step=7)
+    assert state.status == "requeued" and state.stopping_signal is None
+    state = begin(state, "41:1", launch="requeue")
+    state = S.end_attempt(state, token="41:1", outcome="finished", step=20)
+    assert state.status == "finished"
+    assert [(a.number, a.launch, a.outcome, a.step) for a in state.attempts] == [
+        (1, "submit", "requeued", 7), (2, "requeue", "finished", 20)]
+    assert (state.requeues_used, state.requeues_left, state.error) == (1, 1, None)
+
+
+def test_every_rank_derives_the_same_attempt_number_and_requeues_before_or_after_rank_0_records_it():
+    state = begin(submitted(), "41:0")
+    state = S.end_attempt(state, token="41:0", outcome="requeued", signal="SIGUSR2", step=3)
+    recorded = begin(state, "41:1", launch="requeue")
+    for seen in (state, recorded):  # a rank that read state.json before, and one that read it after, rank 0 wrote
+        assert S.attempt_number(seen, "41:1") == 2
+        assert S.requeues_used_by(seen, "41:1", "requeue") == 1
+    assert S.attempt_number(None, "41:0") == 1 and S.requeues_used_by(None, "41:0", "submit") == 0
+    assert S.latest_submission_kind(recorded) == "submit" and S.latest_submission_kind(None) == "submit"
+
+
+def test_a_start_after_an_attempt_that_recorded_no_end_closes_it_as_lost_and_recording_twice_is_a_no_op():
+    state = begin(submitted(), "41:0")
+    state = begin(state, "41:1", launch="requeue")  # SLURM requeued after a node failure
+    assert [a.outcome for a in state.attempts] == ["lost", None]
+    assert "without recording an outcome" in state.attempts[0].error
+    assert begin(state, "41:1", launch="requeue") is state
+
+
+def test_a_job_gone_without_an_outcome_ends_failed_or_cancelled():
+    running = begin(submitted(), "41:0")
+    failed = S.mark_lost(running, cancelled=False)
+    assert failed.status == "failed" and failed.attempts[0].outcome == "lost" and "elfes logs" in failed.error
+    assert S.mark_lost(running, cancelled=True).status == "cancelled"
+    assert S.mark_lost(failed, cancelled=True) is failed  # an ended run is left alone
+
+
+def test_impossible_transitions_are_refused_saying_what_to_do():
+    running = begin(submitted(), "41:0")
+    with pytest.raises(S.StateError, match="cannot record a submit while the run is running .*elfes cancel"):
+        S.record_submission(running, executor="local", kind="submit", max_requeues=2)
+    with pytest.raises(S.StateError, match="only a stopped, cancelled or failed run can be resumed"):
+        S.record_submission(running, executor="local", kind="resume", max_requeues=2)
+    with pytest.raises(S.StateError, match="only a requeued run is resubmitted"):
+        S.record_submission(running, executor="local", kind="requeue", max_requeues=2)
+    with pytest.raises(S.StateError, match="needs an existing run"):
+        S.record_submission(None, executor="local", kind="resume", max_requeues=2)
+    with pytest.raises(S.StateError, match="outcome must be one of"):
+        S.end_attempt(running, token="41:0", outcome="done")
+    with pytest.raises(S.StateError, match="no attempt with token '9:0'"):
+        S.end_attempt(running, token="9:0", outcome="finished")
+    ended = S.end_attempt(running, token="41:0", outcome="stopped", signal="SIGTERM", step=4)
+    with pytest.raises(S.StateError, match="attempt 1 already ended \\(stopped\\)"):
+        S.end_attempt(ended, token="41:0", outcome="finished")
+    resumed = S.record_submission(ended, executor="local", kind="resume", max_requeues=2)
+    assert resumed.status == "submitted" and [s.kind for s in resumed.submissions] == ["submit", "resume"]
+
+
+def test_a_failed_attempt_carries_its_message_and_a_refused_submission_fails_the_run():
+    state = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="failed", error="ValueError: bad lr")
+    assert (state.status, state.error) == ("failed", "ValueError: bad lr")
+    refused = S.mark_submission_failed(S.record_submission(None, executor="slurm", kind="submit", max_requeues=1),
+                                       error="sbatch: invalid partition")
+    assert (refused.status, refused.error) == ("failed", "sbatch: invalid partition")
+
+
+def test_state_json_round_trips_and_a_damaged_file_is_reported_by_name(tmp_path: Path):
+    paths = RunPaths(tmp_path / "run")
+    assert S.load_state(paths) is None
+    state = S.update_state(paths, lambda s: S.record_submission(s, executor="local", kind="submit", max_requeues=3))
+    state = S.update_state(paths, lambda s: begin(S.mark_pending(s, job_id="7"), "7:0"))
+    assert S.load_state(paths) == state
+    raw = json.loads(paths.state.read_text())
+    assert (raw["status"], raw["requeues_used"], raw["requeues_left"], raw["version"]) == ("running", 0, 3, 1)
+    assert S.update_state(paths, lambda s: s) == state  # unchanged: nothing rewritten
+    paths.state.write_text("{not json")
+    with pytest.raises(S.StateError, match="state.json cannot be read"):
+        S.load_state(paths)
+
+
+def test_concurrent_writers_lose_no_update(tmp_path: Path):
+    paths = RunPaths(tmp_path)
+    S.update_state(paths, lambda s: S.record_submission(s, executor="local", kind="submit", max_requeues=0))
+
+    def writer(name: str) -> None:
+        for index in range(15):
+            S.update_state(paths, lambda s, index=index: begin(s, f"{name}:{index}"))
+
+    threads = [threading.Thread(target=writer, args=(f"w{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    state = S.load_state(paths)
+    assert len(state.attempts) == 60 and [a.number for a in state.attempts] == list(range(1, 61))
