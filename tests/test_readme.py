@@ -61,6 +61,13 @@ def test_the_ci_script_tells_other_machines_where_the_cpu_build_of_torch_comes_f
     assert "https://download.pytorch.org/whl/cpu" in comments and "README" in comments
 
 
+def test_the_example_exit_statuses_are_documented():
+    """tests/examples/test_quickstart.py checks them with real signals."""
+    prose = " ".join(section("The two commands").split())
+    assert "exits with status 0 when the run finished and with 128 + the signal's number" in prose
+    assert "143 for SIGTERM, 130 for SIGINT" in prose
+
+
 def test_the_example_command_trains_and_a_second_run_continues_from_last(tmp_path):
     run_example = bash_blocks(section("The two commands"))[0]
     (tmp_path / "examples").symlink_to(REPOSITORY / "examples")

@@ -4,11 +4,16 @@ Run it twice with the same --run-dir: the second run resumes from ``last`` and c
 
     python examples/quickstart/train.py --run-dir runs/quickstart
     torchrun --standalone --nproc_per_node 2 examples/quickstart/train.py --run-dir runs/quickstart-2
+
+Exit status: 0 when the run finished; 128 + the signal's number when a signal paused it (143 for
+SIGTERM, 130 for SIGINT), as a shell reports a process that signal ended, so that a wrapper can tell
+a pause (run it again to continue) from a finish.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
 import torch
@@ -31,6 +36,7 @@ from elfes.engine import (
     WarmupDecay,
     weight_decay_groups,
 )
+from elfes.records import epoch_number
 
 
 def make_data(samples: int, seed: int) -> TensorDataset:
@@ -54,12 +60,33 @@ def step(model: nn.Module, batch) -> StepOutput:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number such as 3, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def exit_status(stop: StopRequest) -> int:
+    """0 when training finished; 128 + the signal's number when a signal paused it (143 for SIGTERM)."""
+    if stop.reason is None:
+        return 0
+    # A rank that was not signalled itself adopts the signalled rank's reason, which is the signal's name.
+    name = stop.signal or stop.reason
+    return 128 + signal.Signals[name].value if name in signal.Signals.__members__ else 1
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, default=Path("runs/quickstart"))
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--accumulation", type=int, default=2)
+    parser.add_argument("--epochs", type=positive_int, default=20,
+                        help="cumulative epochs: a rerun with more continues the run (default: 20)")
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--accumulation", type=positive_int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -103,8 +130,10 @@ def main(argv: list[str] | None = None) -> None:
         outcome = f"stopped ({state.stop_reason})" if stop.reason else "finished"
         best = "no evaluation yet" if state.best_metric is None else (
             f"best validation/loss {state.best_metric:.5f} at step {state.best_step}")
-        print(f"{outcome} at epoch {state.epoch}, step {state.step}; {best}")
+        epoch = epoch_number(state.epoch, state.next_batch)
+        print(f"{outcome} at epoch {epoch}/{args.epochs}, step {state.step}; {best}")
+    return exit_status(stop)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
