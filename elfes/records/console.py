@@ -20,9 +20,9 @@ class ConsoleDisplay:
     without escape codes.
 
     Example:
-        >>> display = ConsoleDisplay(Console())                               # doctest: +SKIP
-        >>> display.show({"event": "export", "weights": "ema", "path": "m.pt"}, datetime.now(timezone.utc))
-        >>> display.close()
+        >>> display = ConsoleDisplay(Console())  # doctest: +SKIP
+        >>> display.show({"event": "export", "weights": "ema", "path": "m.pt"}, now)  # doctest: +SKIP
+        >>> display.close()  # doctest: +SKIP
     """
 
     def __init__(self, console: Console | None = None) -> None:
