@@ -7,9 +7,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
+def _require(well_typed: bool, valid: bool, message: str) -> None:
+    """Raise ``TypeError`` for a value of the wrong type, ``ValueError`` for a bad value of the right one."""
+    if not well_typed:
+        raise TypeError(message)
+    if not valid:
         raise ValueError(message)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_int(value: Any) -> bool:
@@ -27,8 +34,8 @@ class Interval:
     unit: Literal["step", "epoch"]
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.every) and self.every >= 1, f"Interval.every is {self.every!r}; use an integer >= 1.")
-        _require(self.unit in ("step", "epoch"), f"Interval.unit is {self.unit!r}; use 'step' or 'epoch'.")
+        _require(_is_int(self.every), _is_int(self.every) and self.every >= 1, f"Interval.every is {self.every!r}; use an integer >= 1.")
+        _require(isinstance(self.unit, str), self.unit in ("step", "epoch"), f"Interval.unit is {self.unit!r}; use 'step' or 'epoch'.")
 
     def due(self, *, step: int, epoch: int, stepped: bool, epoch_ended: bool) -> bool:
         """Whether the trigger fires at a window boundary that did (not) update and did (not) end an epoch."""
@@ -51,17 +58,20 @@ class Monitor:
 
     def __post_init__(self) -> None:
         _require(
+            isinstance(self.metric, str),
             isinstance(self.metric, str) and self.metric.count("/") >= 1 and not self.metric.startswith("/"),
             f"Monitor.metric is {self.metric!r}; name an evaluation metric as '<loader>/<metric>', "
             "for example 'validation/loss'.",
         )
-        _require(self.mode in ("min", "max"), f"Monitor.mode is {self.mode!r}; use 'min' or 'max'.")
+        _require(isinstance(self.mode, str), self.mode in ("min", "max"), f"Monitor.mode is {self.mode!r}; use 'min' or 'max'.")
         _require(
+            self.patience is None or _is_int(self.patience),
             self.patience is None or (_is_int(self.patience) and self.patience >= 1),
             f"Monitor.patience is {self.patience!r}; use None (never stop early) or an integer >= 1.",
         )
         _require(
-            isinstance(self.min_delta, (int, float)) and math.isfinite(self.min_delta) and self.min_delta >= 0,
+            _is_number(self.min_delta),
+            _is_number(self.min_delta) and math.isfinite(self.min_delta) and self.min_delta >= 0,
             f"Monitor.min_delta is {self.min_delta!r}; use a finite number >= 0.",
         )
 
@@ -102,14 +112,17 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(
+            _is_int(self.epochs),
             _is_int(self.epochs) and self.epochs >= 1,
             f"TrainConfig.epochs is {self.epochs!r}; use an integer >= 1 (cap a shorter run with max_steps).",
         )
         _require(
+            self.max_steps is None or _is_int(self.max_steps),
             self.max_steps is None or (_is_int(self.max_steps) and self.max_steps >= 0),
             f"TrainConfig.max_steps is {self.max_steps!r}; use None or an integer >= 0.",
         )
         _require(
+            _is_int(self.log_every),
             _is_int(self.log_every) and self.log_every >= 1,
             f"TrainConfig.log_every is {self.log_every!r}; use an integer >= 1.",
         )
@@ -117,22 +130,27 @@ class TrainConfig:
             value = getattr(self, name)
             _require(
                 value is None or isinstance(value, Interval),
+                True,
                 f"TrainConfig.{name} is {value!r}; use None or Interval(every, 'step'|'epoch').",
             )
         _require(
+            self.keep_checkpoints is None or _is_int(self.keep_checkpoints),
             self.keep_checkpoints is None or (_is_int(self.keep_checkpoints) and self.keep_checkpoints >= 1),
             f"TrainConfig.keep_checkpoints is {self.keep_checkpoints!r}; use None (keep all) or an integer >= 1.",
         )
         _require(
+            self.max_grad_norm is None or _is_number(self.max_grad_norm),
             self.max_grad_norm is None
-            or (isinstance(self.max_grad_norm, (int, float)) and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0),
+            or (_is_number(self.max_grad_norm) and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0),
             f"TrainConfig.max_grad_norm is {self.max_grad_norm!r}; use None or a finite number > 0.",
         )
         _require(
             self.monitor is None or isinstance(self.monitor, Monitor),
+            True,
             f"TrainConfig.monitor is {self.monitor!r}; use None or Monitor('<loader>/<metric>').",
         )
         _require(
+            isinstance(self.scheduler_interval, str),
             self.scheduler_interval in ("step", "epoch"),
             f"TrainConfig.scheduler_interval is {self.scheduler_interval!r}; use 'step' or 'epoch'.",
         )

@@ -17,8 +17,11 @@ class ExponentialMovingAverage:
     """
 
     def __init__(self, model: nn.Module, decay: float) -> None:
-        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not (0.0 < decay < 1.0):
-            raise ValueError(f"ema_decay is {decay!r}; use a number strictly between 0 and 1, e.g. 0.999.")
+        message = f"ema_decay is {decay!r}; use a number strictly between 0 and 1, e.g. 0.999."
+        if not isinstance(decay, (int, float)) or isinstance(decay, bool):
+            raise TypeError(message)
+        if not 0.0 < decay < 1.0:
+            raise ValueError(message)
         self.decay = float(decay)
         self._parameters = {
             name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad

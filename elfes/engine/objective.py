@@ -66,7 +66,9 @@ class Objective:
                     f"Objective term name {name!r} is invalid; use a non-empty string without '/' "
                     "(it becomes the metric names loss/<name> and loss_count/<name>)."
                 )
-            if not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+                raise TypeError(f"Objective weight of {name!r} is {weight!r}; give a finite number.")
+            if not math.isfinite(weight):
                 raise ValueError(f"Objective weight of {name!r} is {weight!r}; give a finite number.")
         if not callable(counts):
             raise TypeError(f"Objective(counts=...) must be callable batch -> mapping; got {type(counts).__name__}.")

@@ -324,6 +324,8 @@ def test_objective_weights_must_be_finite_and_nonempty():
         Objective({}, counts)
     with pytest.raises(ValueError, match="weight of 'aux'"):
         Objective({"primary": 1.0, "aux": math.nan}, counts)
+    with pytest.raises(TypeError, match="weight of 'aux'"):
+        Objective({"primary": 1.0, "aux": "0.5"}, counts)
 
 
 @pytest.mark.parametrize(

@@ -223,6 +223,14 @@ def test_a_misspelt_monitor_metric_keeps_the_checkpoint_due_at_that_boundary(tmp
     assert CheckpointName.parse((tmp_path / "last").resolve().name).step == 2
 
 
+@pytest.mark.parametrize(("decay", "error"), [("0.9", TypeError), (True, TypeError), (1.0, ValueError), (0.0, ValueError)])
+def test_ema_decay_refusals_follow_the_type_and_value_convention(decay, error):
+    from elfes.engine.ema import ExponentialMovingAverage
+
+    with pytest.raises(error, match=r"ema_decay is .*; use a number strictly between 0 and 1"):
+        ExponentialMovingAverage(torch.nn.Linear(2, 2), decay)
+
+
 def test_epochs_zero_is_refused_by_the_config():
     with pytest.raises(ValueError, match=r"TrainConfig.epochs is 0; use an integer >= 1"):
         TrainConfig(epochs=0)

@@ -329,35 +329,41 @@ def test_monitor_without_evaluator_is_refused_at_train():
 
 
 @pytest.mark.parametrize(
-    ("build", "field"),
+    ("build", "field", "error"),
     [
-        (lambda: TrainConfig(epochs=-1), "TrainConfig.epochs"),
-        (lambda: TrainConfig(epochs=1.5), "TrainConfig.epochs"),
-        (lambda: TrainConfig(epochs=True), "TrainConfig.epochs"),
-        (lambda: TrainConfig(epochs=1, max_steps=-1), "TrainConfig.max_steps"),
-        (lambda: TrainConfig(epochs=1, log_every=0), "TrainConfig.log_every"),
-        (lambda: TrainConfig(epochs=1, evaluate_every=5), "TrainConfig.evaluate_every"),
-        (lambda: TrainConfig(epochs=1, checkpoint_every="epoch"), "TrainConfig.checkpoint_every"),
-        (lambda: TrainConfig(epochs=1, keep_checkpoints=0), "TrainConfig.keep_checkpoints"),
-        (lambda: TrainConfig(epochs=1, max_grad_norm=0.0), "TrainConfig.max_grad_norm"),
-        (lambda: TrainConfig(epochs=1, max_grad_norm=math.inf), "TrainConfig.max_grad_norm"),
-        (lambda: TrainConfig(epochs=1, max_grad_norm=-1.0), "TrainConfig.max_grad_norm"),
-        (lambda: TrainConfig(epochs=1, monitor="val/loss"), "TrainConfig.monitor"),
-        (lambda: TrainConfig(epochs=1, scheduler_interval="batch"), "TrainConfig.scheduler_interval"),
-        (lambda: Interval(0, "step"), "Interval.every"),
-        (lambda: Interval(1.0, "step"), "Interval.every"),
-        (lambda: Interval(1, "batch"), "Interval.unit"),
-        (lambda: Monitor("loss"), "Monitor.metric"),
-        (lambda: Monitor("/loss"), "Monitor.metric"),
-        (lambda: Monitor("val/loss", mode="lowest"), "Monitor.mode"),
-        (lambda: Monitor("val/loss", patience=0), "Monitor.patience"),
-        (lambda: Monitor("val/loss", min_delta=-0.1), "Monitor.min_delta"),
-        (lambda: Monitor("val/loss", min_delta=math.nan), "Monitor.min_delta"),
+        (lambda: TrainConfig(epochs=-1), "TrainConfig.epochs", ValueError),
+        (lambda: TrainConfig(epochs=0), "TrainConfig.epochs", ValueError),
+        (lambda: TrainConfig(epochs=1.5), "TrainConfig.epochs", TypeError),
+        (lambda: TrainConfig(epochs=True), "TrainConfig.epochs", TypeError),
+        (lambda: TrainConfig(epochs=1, max_steps=-1), "TrainConfig.max_steps", ValueError),
+        (lambda: TrainConfig(epochs=1, log_every=0), "TrainConfig.log_every", ValueError),
+        (lambda: TrainConfig(epochs=1, evaluate_every=5), "TrainConfig.evaluate_every", TypeError),
+        (lambda: TrainConfig(epochs=1, checkpoint_every="epoch"), "TrainConfig.checkpoint_every", TypeError),
+        (lambda: TrainConfig(epochs=1, keep_checkpoints=0), "TrainConfig.keep_checkpoints", ValueError),
+        (lambda: TrainConfig(epochs=1, max_grad_norm=0.0), "TrainConfig.max_grad_norm", ValueError),
+        (lambda: TrainConfig(epochs=1, max_grad_norm=math.inf), "TrainConfig.max_grad_norm", ValueError),
+        (lambda: TrainConfig(epochs=1, max_grad_norm=-1.0), "TrainConfig.max_grad_norm", ValueError),
+        (lambda: TrainConfig(epochs=1, max_grad_norm="1"), "TrainConfig.max_grad_norm", TypeError),
+        (lambda: TrainConfig(epochs=1, monitor="val/loss"), "TrainConfig.monitor", TypeError),
+        (lambda: TrainConfig(epochs=1, scheduler_interval="batch"), "TrainConfig.scheduler_interval", ValueError),
+        (lambda: Interval(0, "step"), "Interval.every", ValueError),
+        (lambda: Interval(1.0, "step"), "Interval.every", TypeError),
+        (lambda: Interval(1, "batch"), "Interval.unit", ValueError),
+        (lambda: Monitor("loss"), "Monitor.metric", ValueError),
+        (lambda: Monitor("/loss"), "Monitor.metric", ValueError),
+        (lambda: Monitor(3), "Monitor.metric", TypeError),
+        (lambda: Monitor("val/loss", mode="lowest"), "Monitor.mode", ValueError),
+        (lambda: Monitor("val/loss", patience=0), "Monitor.patience", ValueError),
+        (lambda: Monitor("val/loss", patience=1.0), "Monitor.patience", TypeError),
+        (lambda: Monitor("val/loss", min_delta=-0.1), "Monitor.min_delta", ValueError),
+        (lambda: Monitor("val/loss", min_delta=math.nan), "Monitor.min_delta", ValueError),
     ],
 )
-def test_config_validation_errors_name_the_field(build, field):
-    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+def test_config_validation_errors_name_the_field(build, field, error):
+    """A value of the wrong type raises TypeError, a bad value of the right type ValueError."""
+    with pytest.raises(error, match=field.replace(".", r"\.")) as caught:
         build()
+    assert type(caught.value) is error
 
 
 def test_valid_configs_are_accepted():
