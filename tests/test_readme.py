@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -75,15 +76,48 @@ def test_the_ci_script_tells_other_machines_where_the_cpu_build_of_torch_comes_f
     assert "https://download.pytorch.org/whl/cpu" in comments and "README" in comments
 
 
+def test_the_example_job_command_runs_here_and_exits_0_when_the_run_finished(tmp_path):
+    run_job = bash_blocks(section("The two commands"))[0]
+    assert run_job == "elfes submit examples/quickstart/job.yaml --follow"
+    (tmp_path / "examples").symlink_to(REPOSITORY / "examples")  # the spec's paths resolve under tmp_path
+    elfes = str(Path(sys.executable).with_name("elfes"))
+    completed = subprocess.run(run_job.replace("elfes", elfes, 1), shell=True, cwd=tmp_path, env=launch_environment(),
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "submitted as local job" in completed.stdout and "elfes: run finished" in completed.stdout
+    run_dir = tmp_path / "runs" / "quickstart-job"
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
+    assert [event["event"] for event in read_events(run_dir)].count("finished") == 1
+
+
+def test_the_tour_and_the_launcher_sections_name_real_commands_files_and_states():
+    from elfes.launcher.cli import build_parser
+    from elfes.launcher.paths import RunPaths
+    from elfes.launcher.state import STATUSES
+
+    for command in commands("\n".join(bash_blocks(section("A tour: preempt it, watch it resume")))):
+        build_parser().parse_args(command.split()[1:])  # argparse exits on an unknown verb or option
+    layout = section("The run directory")
+    paths = RunPaths("RUN_DIR")
+    for path in (paths.spec, paths.state, paths.events, paths.checkpoints, paths.logs, paths.pids, paths.submitit,
+                 paths.cancel_marker):
+        assert path.name in layout, path.name
+    assert "logs/attempt-<A>/rank-<R>.out" in layout and "pids/rank-<R>.json" in layout
+    assert paths.rank_log(2, 3).relative_to(paths.run_dir) == Path("logs/attempt-2/rank-3.out")
+    assert paths.pid_file(3).relative_to(paths.run_dir) == Path("pids/rank-3.json")
+    diagram = re.search(r"```mermaid\n(.*?)```", section("The state machine"), flags=re.S)[1]
+    assert set(STATUSES) <= set(re.findall(r"\w+", diagram))
+
+
 def test_the_example_exit_statuses_are_documented():
     """tests/examples/test_quickstart.py checks them with real signals."""
-    prose = " ".join(section("The two commands").split())
+    prose = " ".join(section("The example script without the launcher").split())
     assert "exits with status 0 when the run finished and with 128 + the signal's number" in prose
     assert "143 for SIGTERM, 130 for SIGINT" in prose
 
 
 def test_the_example_command_trains_and_a_second_run_continues_from_last(tmp_path):
-    run_example = bash_blocks(section("The two commands"))[0]
+    run_example = bash_blocks(section("The example script without the launcher"))[0]
     (tmp_path / "examples").symlink_to(REPOSITORY / "examples")
     environment = launch_environment(OMP_NUM_THREADS="2")
     run_dir = tmp_path / "runs" / "quickstart"
@@ -125,7 +159,7 @@ def test_the_elfes_command_reports_its_version_without_importing_torch():
     completed = subprocess.run([command, "--version"], capture_output=True, text=True)
     assert completed.returncode == 0 and completed.stdout.strip() == "elfes 0.1.0"
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from launcher.cli import main; main([]); print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys; from elfes.launcher.cli import main; main(['schema']); print('torch' in sys.modules)"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
     )
     assert probe.returncode == 0 and probe.stdout.strip().endswith("False")
