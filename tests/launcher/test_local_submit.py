@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import launch_environment
+from run_fixtures import launch_environment
 
 from elfes.launcher import actions
 from elfes.launcher.paths import RunPaths

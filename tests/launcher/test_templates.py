@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPOSITORY
+from run_fixtures import REPOSITORY
 
 from elfes.launcher import actions, executors
 from elfes.launcher.cli import main
