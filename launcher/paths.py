@@ -122,8 +122,8 @@ class RunPaths:
         return self.pids / f"rank-{int(rank)}.json"
 
     def start_count(self, rank: int) -> Path:
-        """JSON ``{"job_id", "starts"}``: how often rank R started in that local job (the runtime's own
-        restart count; submitit's local controller sets none)."""
+        """JSON ``{"job", "starts"}``: how often rank R started in that local job ("<job id>/<submission>";
+        the runtime's own restart count, as submitit's local controller sets none)."""
         return self.pids / f"rank-{int(rank)}.starts"
 
     # -- the executor's own files ----------------------------------------------------------------

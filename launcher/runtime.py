@@ -235,12 +235,13 @@ class Start:
     host: str
     hosts: tuple[str, ...]
 
-    @property
-    def token(self) -> str:
-        return f"{self.job_id}:{self.restart}"
+    def token(self, submissions: int) -> str:
+        """This start's name in ``state.json``: job id and restart, and the number of submissions so far
+        (a local job id is a process id, which a later submission of the same run may reuse)."""
+        return f"{self.job_id}:{self.restart}/{submissions}"
 
 
-def _detect_start(paths: RunPaths) -> Start:
+def _detect_start(paths: RunPaths, submissions: int) -> Start:
     from submitit.core.job_environment import JobEnvironment
 
     environment = JobEnvironment()
@@ -249,7 +250,7 @@ def _detect_start(paths: RunPaths) -> Start:
     if executor == "slurm":
         restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     elif executor == "local":
-        restart = _count_local_start(paths, rank=rank, job_id=environment.job_id) - 1
+        restart = _count_local_start(paths, rank=rank, job=f"{environment.job_id}/{submissions}") - 1
     else:
         raise RuntimeError(
             f"JobRuntime runs under submitit's slurm or local executor; SUBMITIT_EXECUTOR is {executor!r}. "
@@ -260,16 +261,17 @@ def _detect_start(paths: RunPaths) -> Start:
                  host=socket.gethostname(), hosts=tuple(environment.hostnames))
 
 
-def _count_local_start(paths: RunPaths, *, rank: int, job_id: str) -> int:
-    """This rank's start number within local job ``job_id`` (submitit's controller sets no restart count)."""
+def _count_local_start(paths: RunPaths, *, rank: int, job: str) -> int:
+    """This rank's start number within local job ``job`` (its id and submission number; submitit's
+    controller sets no restart count)."""
     file = paths.start_count(rank)
     try:
         recorded = json.loads(file.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         recorded = {}
-    starts = recorded.get("starts", 0) + 1 if recorded.get("job_id") == job_id else 1
+    starts = recorded.get("starts", 0) + 1 if recorded.get("job") == job else 1
     file.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(file, json.dumps({"job_id": job_id, "starts": starts}) + "\n")
+    write_text_atomically(file, json.dumps({"job": job, "starts": starts}) + "\n")
     return starts
 
 
@@ -372,19 +374,21 @@ class _Attempt:
         self.paths = paths
         self.flags = flags
         self.requeue_name = requeue_signal().name
-        self.start = _detect_start(paths)
-        self.is_main = self.start.rank == 0
         # Every rank derives the attempt number, its launch and the requeues used from the same
         # state.json content, whether or not rank 0 has recorded this start yet.
         self.before = run_state.load_state(paths)
-        self.attempt = run_state.attempt_number(self.before, self.start.token)
+        submissions = len(self.before.submissions) if self.before is not None else 0
+        self.start = _detect_start(paths, submissions)
+        self.is_main = self.start.rank == 0
+        self.token = self.start.token(submissions)
+        self.attempt = run_state.attempt_number(self.before, self.token)
         self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
-        self.requeues_used = run_state.requeues_used_by(self.before, self.start.token, self.launch)
+        self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
         self.started_at = run_state.now()
         _redirect_standard_streams(paths, attempt=self.attempt, rank=self.start.rank)
         if self.is_main:
             self._update(lambda s: run_state.begin_attempt(
-                s, token=self.start.token, job_id=self.start.job_id, launch=self.launch,
+                s, token=self.token, job_id=self.start.job_id, launch=self.launch,
                 hosts=self.start.hosts, world_size=self.start.world_size))
         # `elfes preempt` may signal this task from now on (rank 0's record comes once the run is "running").
         _write_pid_file(paths, self.start, self.attempt)
@@ -454,6 +458,10 @@ class _Attempt:
             with self._stopping_watcher(lambda: stop.signal or stop.reason):
                 result = main(job)
         # The trainer made every rank agree on one stop reason and returns it in its TrainState.
+        if not hasattr(result, "stop_reason"):
+            print(f"elfes: warning: {self.spec.entrypoint} returned {type(result).__name__}, not the TrainState of "
+                  "trainer.train(...); the outcome follows this rank's own stop request, which other ranks may "
+                  "not share. Return the TrainState.", file=sys.stderr, flush=True)
         stop_reason = getattr(result, "stop_reason", stop.reason)
         return stop_reason, getattr(result, "step", None)
 
@@ -527,7 +535,7 @@ class _Attempt:
         print(f"elfes: attempt {self.attempt} failed on rank {self.start.rank}: {message}", file=sys.stderr, flush=True)
         if self.is_main:
             try:
-                self._update(lambda s: run_state.end_attempt(s, token=self.start.token, outcome="failed", error=message))
+                self._update(lambda s: run_state.end_attempt(s, token=self.token, outcome="failed", error=message))
             except run_state.StateError:
                 pass  # already ended (the failure came after the outcome was recorded)
 
@@ -546,7 +554,7 @@ class _Attempt:
                     and self.start.restart + 1 >= LOCAL_MAX_STARTS)
         if self.is_main:
             self._update(lambda s: run_state.end_attempt(
-                s, token=self.start.token, outcome=decision.outcome, signal=decision.signal, step=step,
+                s, token=self.token, outcome=decision.outcome, signal=decision.signal, step=step,
                 error=decision.error))
             if resubmit:
                 _resubmit_local(self.paths)
