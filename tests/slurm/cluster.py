@@ -155,6 +155,10 @@ class SlurmCluster:
     a cancelled job); ``cred_expire_s``: a requeued job may start again only after this.
     """
 
+    # slurmd, slurmdbd and clients bind only the address the host name resolves to (CommunicationParameters=
+    # NoInAddrAny); slurmctld 22.05 always binds every address (its port is a random free one).
+    bind_host_address_only = True
+
     def __init__(
         self,
         directory: Path | None = None,
@@ -235,6 +239,7 @@ class SlurmCluster:
         started = time.monotonic()
         self._make_directory()
         try:
+            self._prepare_hosts()
             self._start_munged()
             if self.accounting:
                 self._start_mariadbd(timeout_s)
@@ -247,7 +252,8 @@ class SlurmCluster:
         except BaseException as error:
             message = f"{error}\n{self.log_tails()}"
             self.stop(remove=False)
-            raise ClusterError(f"the private SLURM cluster did not start: {message}") from error
+            kind = type(error) if isinstance(error, ClusterError) else ClusterError  # keep NamespacesUnavailable
+            raise kind(f"the private SLURM cluster did not start: {message}") from error
         self.timings_s["start"] = time.monotonic() - started
         self._write_manifest()
         return self
@@ -272,11 +278,19 @@ class SlurmCluster:
         if self._mariadbd is not None:
             self._mariadbd.wait(timeout=5)  # reap our own child
             self._mariadbd = None
+        errors += self._release()
         self.timings_s["stop"] = time.monotonic() - started
         if remove and not errors:
             self.remove()
         if errors:
             raise ClusterError("stopping the private SLURM cluster: " + "; ".join(errors))
+
+    def _prepare_hosts(self) -> None:
+        """Before any daemon: set up the nodes' hosts (subclasses: namespaces and network)."""
+
+    def _release(self) -> list[str]:
+        """After the daemons: release what else the cluster set up (subclasses: network). Returns errors."""
+        return []
 
     def remove(self) -> None:
         """Delete what this cluster created in its folder (and the folder if it made it); nothing else."""
@@ -530,7 +544,7 @@ class SlurmCluster:
                     f"DbdAddr={self.controller_address}",
                     f"DbdPort={self.ports['slurmdbd']}",
                     "SlurmUser=root",
-                    "CommunicationParameters=NoInAddrAny",
+                    *(["CommunicationParameters=NoInAddrAny"] if self.bind_host_address_only else []),
                     "DebugLevel=info",
                     f"LogFile={daemon.log_file}",
                     f"PidFile={daemon.pid_file}",
@@ -615,9 +629,7 @@ class SlurmCluster:
             f"SlurmdPort={self.ports['slurmd']}",
             "SlurmUser=root",
             "SlurmdUser=root",
-            # slurmd and clients bind the address the host name resolves to, not every address
-            # (slurmctld 22.05 always binds every address: its port is a random free one).
-            "CommunicationParameters=NoInAddrAny",
+            *(["CommunicationParameters=NoInAddrAny"] if self.bind_host_address_only else []),
             "MpiDefault=none",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -707,8 +719,16 @@ class SlurmCluster:
                 "kill_wait_s": self.kill_wait_s,
                 "cred_expire_s": self.cred_expire_s,
             },
+            **self._manifest_extra(),
         }
         (self.directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+    def _manifest_extra(self) -> dict:
+        """More of the cluster's state for its manifest (subclasses)."""
+        return {}
+
+    def _restore(self, manifest: dict) -> None:
+        """Take back what ``_manifest_extra`` wrote (subclasses)."""
 
     @classmethod
     def attach(cls, directory: Path) -> SlurmCluster:
@@ -724,14 +744,24 @@ class SlurmCluster:
         cluster.created = manifest["created"]
         cluster.created_directory = manifest["created_directory"]
         cluster.ports = manifest["ports"]
+        if manifest["kind"] != cls.__name__:
+            raise ClusterError(f"{directory} holds a {manifest['kind']}, not a {cls.__name__}")
+        cluster._restore(manifest)
         return cluster
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(
+    argv: list[str] | None = None,
+    *,
+    cluster_class: type[SlurmCluster] = SlurmCluster,
+    default_directory: Path = DEFAULT_DIRECTORY,
+    description: str = __doc__.split("\n\n")[0],
+) -> int:
+    """``start|stop|status [--dir D]`` for ``cluster_class``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument(
-        "--dir", type=Path, default=DEFAULT_DIRECTORY, help=f"the cluster's folder (default {DEFAULT_DIRECTORY})"
+        "--dir", type=Path, default=default_directory, help=f"the cluster's folder (default {default_directory})"
     )
     parser.add_argument(
         "--no-user-signal", action="store_true", help="start: preemption sends SIGTERM, not the job's --signal"
@@ -741,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     try:
         if arguments.action == "start":
-            cluster = SlurmCluster(
+            cluster = cluster_class(
                 arguments.dir, user_signal=not arguments.no_user_signal, accounting=not arguments.no_accounting
             ).start()
             timings = ", ".join(
@@ -753,11 +783,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"export SLURM_CONF={cluster.slurm_conf}")
         elif arguments.action == "stop":
-            cluster = SlurmCluster.attach(arguments.dir)
+            cluster = cluster_class.attach(arguments.dir)
             cluster.stop(remove=not arguments.keep_files)
             print(f"stopped in {cluster.timings_s['stop']:.1f} s", file=sys.stderr)
         else:
-            print(SlurmCluster.attach(arguments.dir).status())
+            print(cluster_class.attach(arguments.dir).status())
     except ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

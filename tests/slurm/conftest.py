@@ -1,14 +1,17 @@
-"""Fixtures for tests against a real, private SLURM cluster (``cluster.py``).
+"""Fixtures for tests against real, private SLURM clusters (``cluster.py``, ``two_hosts.py``).
 
 Without the SLURM, munge and MariaDB binaries these tests skip, saying how to install them; with
-``ELFES_REQUIRE_SLURM=1`` (as in CI) they fail instead. One cluster serves the whole session; each test
+``ELFES_REQUIRE_SLURM=1`` (as in CI) they fail instead. Each cluster serves the whole session; each test
 gets it with an empty queue, and a failing test's report carries what the daemons logged during it.
 
 - ``slurm_available`` (session): only the skip/fail rule, for tests that start daemons themselves.
-- ``slurm_cluster`` (session): the running cluster, in whatever preemption configuration it has.
-- ``slurm``: the cluster for one test; its jobs are cancelled at the end.
+- ``slurm_cluster`` (session): the single-node cluster, in whatever preemption configuration it has.
+- ``slurm``: the single-node cluster for one test; its jobs are cancelled at the end.
 - ``slurm_user_signal`` / ``slurm_plain_sigterm``: the same with ``preempt_send_user_signal`` on / off.
 - ``slurm_env``: ``SLURM_CONF`` set in ``os.environ`` for the test (for in-process submitit).
+- ``slurm_two_hosts_cluster`` (session) / ``slurm_two_hosts``: the cluster of two hosts (``node1``,
+  ``node2``, each in its own network namespace), user signal on; the same skip/fail rule, also when this
+  machine does not allow network namespaces (the reason quotes the error).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from pathlib import Path
 
 import pytest
 from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
+from two_hosts import NamespacesUnavailable, TwoHostCluster, missing_network_programs
 
 REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
-LOG_MARKS = pytest.StashKey[dict]()
-CLUSTER_TIMINGS = pytest.StashKey[dict]()
+LOG_MARKS = pytest.StashKey[dict]()  # on a test item: {cluster: log sizes when the test began}
+CLUSTER_TIMINGS = pytest.StashKey[dict]()  # on the config: {"single node": timings_s, ...}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,14 +65,9 @@ def slurm_available() -> None:
         skip_or_fail(reason)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(slurm_available: None, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
-    """A private single-node cluster for the session, stopped by pid at the end (even after failures).
-
-    Its folder (a new one under the temporary folder) is removed at the end unless a test failed.
-    """
-    cluster = SlurmCluster()
-    request.config.stash[CLUSTER_TIMINGS] = cluster.timings_s  # filled in by start and stop
+def _session_cluster(cluster: SlurmCluster, name: str, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """Start ``cluster``, yield it, stop it by pid; its folder is removed unless a test failed."""
+    request.config.stash.setdefault(CLUSTER_TIMINGS, {})[name] = cluster.timings_s  # filled by start and stop
     cluster.start()  # on failure it stops what it started and raises with the daemon logs
     try:
         yield cluster
@@ -76,16 +75,27 @@ def slurm_cluster(slurm_available: None, request: pytest.FixtureRequest) -> Iter
         keep = request.session.testsfailed > 0
         cluster.stop(remove=not keep)
         if keep:
-            print(f"\nthe private SLURM cluster's logs and state are kept in {cluster.directory}")
+            print(f"\nthe {name} SLURM cluster's logs and state are kept in {cluster.directory}")
+
+
+def _test_cluster(cluster: SlurmCluster, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """``cluster`` for one test: an empty queue before and after; its daemon logs attached on failure."""
+    cluster.cancel_all_jobs()
+    request.node.stash.setdefault(LOG_MARKS, {})[cluster] = cluster.log_sizes()
+    yield cluster
+    cluster.cancel_all_jobs()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_available: None, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """The private single-node cluster (a new folder in the temporary folder), for the session."""
+    yield from _session_cluster(SlurmCluster(), "single-node", request)
 
 
 @pytest.fixture
 def slurm(slurm_cluster: SlurmCluster, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
-    """The cluster for one test: an empty queue before and after; its daemon logs attached on failure."""
-    slurm_cluster.cancel_all_jobs()
-    request.node.stash[LOG_MARKS] = slurm_cluster.log_sizes()
-    yield slurm_cluster
-    slurm_cluster.cancel_all_jobs()
+    """The single-node cluster for one test (empty queue before and after, logs attached on failure)."""
+    yield from _test_cluster(slurm_cluster, request)
 
 
 @pytest.fixture
@@ -111,21 +121,42 @@ def slurm_env(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmClus
     return slurm
 
 
+@pytest.fixture(scope="session")
+def slurm_two_hosts_cluster(slurm_available: None, request: pytest.FixtureRequest) -> Iterator[TwoHostCluster]:
+    """The private cluster of two hosts (``node1``, ``node2``), for the session."""
+    missing = missing_network_programs()
+    if missing:
+        skip_or_fail(f"the two-host SLURM tests need {', '.join(missing)} (apt-get install iproute2 util-linux)")
+    try:
+        yield from _session_cluster(TwoHostCluster(), "two-host", request)
+    except NamespacesUnavailable as error:
+        skip_or_fail(str(error))
+
+
+@pytest.fixture
+def slurm_two_hosts(
+    slurm_two_hosts_cluster: TwoHostCluster, request: pytest.FixtureRequest
+) -> Iterator[TwoHostCluster]:
+    """The two-host cluster for one test (empty queue before and after, logs attached on failure)."""
+    yield from _test_cluster(slurm_two_hosts_cluster, request)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """Attach what the daemons logged during a failed test to its report."""
     outcome = yield
     report = outcome.get_result()
-    marks = item.stash.get(LOG_MARKS, None)
-    cluster = getattr(item, "funcargs", {}).get("slurm_cluster")
-    if report.failed and marks is not None and isinstance(cluster, SlurmCluster):
-        report.sections.append(("SLURM daemon logs during this test", cluster.log_tails(since=marks)))
+    if report.failed:
+        for cluster, marks in item.stash.get(LOG_MARKS, {}).items():
+            title = f"SLURM daemon logs during this test ({cluster.directory.name})"
+            report.sections.append((title, cluster.log_tails(since=marks)))
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    """One line with the private cluster's start and stop times (the suite's budget depends on them)."""
-    timings = config.stash.get(CLUSTER_TIMINGS, None)
-    if timings and "start" in timings:
-        steps = ", ".join(f"{name} {seconds:.1f}" for name, seconds in timings.items() if name not in ("start", "stop"))
+    """One line per private cluster with its start and stop times (the suite's budget depends on them)."""
+    for name, timings in config.stash.get(CLUSTER_TIMINGS, {}).items():
+        if "start" not in timings:
+            continue
+        steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in timings.items() if step not in ("start", "stop"))
         stop = f", stopped in {timings['stop']:.1f} s" if "stop" in timings else ""
-        terminalreporter.write_line(f"private SLURM cluster: started in {timings['start']:.1f} s ({steps}){stop}")
+        terminalreporter.write_line(f"{name} SLURM cluster: started in {timings['start']:.1f} s ({steps}){stop}")

@@ -240,3 +240,21 @@ def test_cluster_refuses_a_folder_munged_cannot_use(slurm_available: None, tmp_p
     with pytest.raises(ClusterError, match=r"searchable by all users.*chmod o\+x"):
         SlurmCluster(folder).start()
     assert not folder.exists()
+
+
+def test_submitit_job_runs_and_its_state_comes_from_sacct(slurm_env: SlurmCluster, tmp_path: Path):
+    """submitit (the launcher's submitter) drives this cluster with nothing but ``SLURM_CONF``."""
+    import operator
+
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
+    executor.update_parameters(timeout_min=5, slurm_partition="low", slurm_signal_delay_s=30)
+    job = executor.submit(operator.add, 2, 3)
+    assert job.result() == 5
+    finished_at = time.monotonic()
+    # submitit's job.state comes from sacct, which may lag a moment behind the job (slurmctld sends its
+    # records to slurmdbd asynchronously): seen PENDING right after the result was there.
+    wait_for(lambda: job.state == "COMPLETED", timeout_s=30, what="submitit's job.state (sacct) to say COMPLETED")
+    assert accounted_state(slurm_env, int(job.job_id)) == "COMPLETED"
+    print(f"sacct said COMPLETED {time.monotonic() - finished_at:.1f} s after submitit had the result")
