@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from run_fixtures import launch_environment
+from run_fixtures import REPOSITORY, launch_environment
 
 from elfes.launcher import actions
 from elfes.launcher.paths import RunPaths
@@ -137,3 +137,29 @@ def test_submit_follow_exits_0_when_the_run_finishes_and_4_when_it_fails(tmp_pat
     assert followed.returncode == 4, followed.stdout + followed.stderr
     assert "ended failed" in followed.stdout and "exited with code 3" in followed.stdout
     assert status(tmp_path / "bad" / "run")["status"] == "failed"
+
+
+def test_submit_follow_on_a_terminal_draws_the_progress_bar(tmp_path: Path, cleanup):
+    import pty
+
+    spec = write_spec(tmp_path, ["{python}", str(REPOSITORY / "examples" / "quickstart" / "train.py"),
+                                 "--run-dir", "{run_dir}", "--epochs", "2"])
+    cleanup(tmp_path / "run")
+    controller, terminal = pty.openpty()
+    follow = subprocess.Popen([ELFES, "submit", str(spec), "--executor", "local", "--follow"], cwd=tmp_path,
+                              env=launch_environment(COLUMNS="120"), stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: every writer of the terminal has closed it
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(controller)
+    assert follow.wait(timeout=300) == 0, output[-3000:]
+    text = output.decode(errors="replace")
+    assert "\x1b[" in text and "samples/s" in text  # rich's live bar, not plain lines
+    assert "elfes: run finished" in text
