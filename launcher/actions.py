@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -588,8 +589,6 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
             return Signalled(paths.run_dir, "slurm", None, "none", [], note="not submitted yet; the marker stops it")
         _scancel([str(state.job_id)], "cancel")
         return Signalled(paths.run_dir, "slurm", state.job_id, "SIGTERM", [f"SLURM job {state.job_id} (scancel)"])
-    import signal
-
     targets = _signal_pids(recorded_tasks(paths), signal.SIGTERM)
     note = None
     if not targets:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import string
+import sys
 from collections.abc import Mapping, Sequence
 from importlib.machinery import PathFinder
 from pathlib import Path
@@ -389,8 +390,6 @@ def _defines(source_file: str, name: str) -> bool | None:
 def entrypoint_problem(entrypoint: str, workdir: Path) -> str | None:
     """What is wrong with ``entrypoint`` seen from ``workdir`` (None: it looks importable). Nothing
     is imported: the module is found on ``[workdir, *sys.path]`` and its source parsed."""
-    import sys
-
     module, _, function = entrypoint.partition(":")
     origin = find_module(module, [str(workdir), *[p for p in sys.path if p]])
     if origin is None:
