@@ -127,9 +127,11 @@ def slurm_two_hosts_cluster(slurm_available: None, request: pytest.FixtureReques
     missing = missing_network_programs()
     if missing:
         skip_or_fail(f"the two-host SLURM tests need {', '.join(missing)} (apt-get install iproute2 util-linux)")
+    cluster = TwoHostCluster()
     try:
-        yield from _session_cluster(TwoHostCluster(), "two-host", request)
-    except NamespacesUnavailable as error:
+        yield from _session_cluster(cluster, "two-host", request)
+    except NamespacesUnavailable as error:  # raised by start, which stopped what it had started
+        cluster.remove()
         skip_or_fail(str(error))
 
 
