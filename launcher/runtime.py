@@ -330,6 +330,25 @@ def _saved_step_from_events(paths: RunPaths, since: str) -> int | None:
     return None
 
 
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the command's process get SIGTERM when this task dies (Linux
+    ``PR_SET_PDEATHSIG``): a task killed by the local controller (or by hand) leaves no command behind."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the forked child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the task died before the call
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_parent_death_signal
+
+
 def load_entrypoint(entrypoint: str) -> Callable[[Job], Any]:
     """Import ``"package.module:function"`` and return the function."""
     module_name, _, function_name = entrypoint.partition(":")
@@ -470,7 +489,7 @@ class _Attempt:
         argv = self.spec.render_command(python=sys.executable)
         if _cancel_requested(self.paths, self.before):
             self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
-        child = subprocess.Popen(argv, cwd=os.getcwd())
+        child = subprocess.Popen(argv, cwd=os.getcwd(), preexec_fn=_dies_with_parent())
         started = time.monotonic()
         forwarded = 0
         held: list[signal.Signals] = []
