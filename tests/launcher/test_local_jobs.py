@@ -240,8 +240,9 @@ def test_preempted_twice_resumes_bitwise(runs: Runs, references: Callable[[int],
     assert "SIGUSR2 arrived while the engine was being imported" in RunPaths(run_dir).rank_log(2, 0).read_text()
     assert all(attempt.world_size == tasks for attempt in state.attempts)
     assert len({attempt.job_id for attempt in state.attempts}) == 1  # relaunched by submitit's controller
-    assert [e["event"] for e in events(run_dir) if e["event"] in ("started", "resumed")] == [
-        "started", "resumed", "resumed"]
+    starts = [e for e in events(run_dir) if e["event"] in ("started", "resumed")]
+    assert [e["event"] for e in starts] == ["started", "resumed", "resumed"]
+    assert {e["world_size"] for e in starts} == {tasks}  # one gloo group of all the tasks, every attempt
     for attempt in (1, 2, 3):
         for rank in range(tasks):
             assert f"elfes: attempt {attempt} " in RunPaths(run_dir).rank_log(attempt, rank, "out").read_text()
