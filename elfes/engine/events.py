@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elfes.records import epoch_number as records_epoch_number
+
 from .config import TrainState
 from .metrics import MetricAccumulator
 
@@ -18,12 +20,9 @@ if TYPE_CHECKING:
 
 
 def epoch_number(state: TrainState) -> int:
-    """The 1-based epoch a position belongs to; the boundary at an epoch's end belongs to that epoch.
-
-    Every event's ``epoch`` field is this number: the evaluation right after the last update of the
-    first epoch says ``epoch=1``, as does every ``train`` event of that epoch.
-    """
-    return state.epoch if state.next_batch == 0 and state.epoch > 0 else state.epoch + 1
+    """The 1-based epoch a position belongs to (see :func:`elfes.records.epoch_number`): every event's
+    ``epoch`` field. The boundary at an epoch's end belongs to the epoch that just ended."""
+    return records_epoch_number(state.epoch, state.next_batch)
 
 
 def learning_rate_names(param_groups: list[dict[str, Any]]) -> list[str]:
