@@ -87,12 +87,12 @@ def test_events_of_a_paused_and_resumed_run(tmp_path):
     trains = [event for event in events if event["event"] == "train"]
     for event in trains:
         metrics = event["metrics"]
-        assert {"loss", "mae", "max_error", "lr/0", "lr/1", "grad_norm", "last_update_samples"} <= set(metrics)
+        assert {"loss", "mae", "max_error", "lr/decay", "lr/no_decay", "grad_norm", "last_update_samples"} <= set(metrics)
         assert metrics["samples_per_second"] > 0
         assert metrics["grad_norm"] > 0
         assert event["step"] % SPEC.log_every == 0
     # The warmup schedule is visible in the recorded learning rates.
-    assert trains[0]["metrics"]["lr/0"] < trains[1]["metrics"]["lr/0"]
+    assert trains[0]["metrics"]["lr/decay"] < trains[1]["metrics"]["lr/decay"]
     # The last update of an epoch has the short tail window (one batch of 2 samples).
     tail = next(event for event in trains if event["step"] == 4)
     assert tail["metrics"]["last_update_samples"] == 2
