@@ -183,6 +183,28 @@ def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
     return Liveness(queue in _SLURM_ALIVE, queue)
 
 
+class LivenessProbe:
+    """:func:`liveness` for a polling loop, asking SLURM at most every ``slurm_every_s`` (squeue loads
+    the cluster's controller) and /proc at most every ``local_every_s``."""
+
+    def __init__(self, paths: RunPaths, *, slurm_every_s: float = 30.0, local_every_s: float = 1.0) -> None:
+        self.paths = paths
+        self.every_s = {"slurm": slurm_every_s, "local": local_every_s}
+        self._last: tuple[float, str | None, Liveness] | None = None
+
+    def __call__(self, state: run_state.RunState | None) -> Liveness:
+        now = time.monotonic()
+        key = None if state is None else f"{state.executor}:{state.job_id}:{state.status in run_state.ENDED}"
+        if self._last is not None:
+            at, last_key, live = self._last
+            every = self.every_s.get(state.executor if state is not None else "", 0.0)
+            if last_key == key and now - at < every:
+                return live
+        live = liveness(self.paths, state)
+        self._last = (now, key, live)
+        return live
+
+
 def cancel_requested(paths: RunPaths, state: run_state.RunState | None) -> bool:
     """Whether ``elfes cancel`` left its marker for the current submission (the rule the runtime uses)."""
     try:
@@ -483,9 +505,10 @@ def follow_logs(run_dir: str | os.PathLike[str], *, rank: int = 0, interval_s: f
     moving on to each new attempt's files. The caller stops whenever it likes."""
     paths = run_paths(run_dir)
     offsets: dict[Path, int] = {}
+    probe = LivenessProbe(paths)
     while True:
         state = run_state.load_state(paths)
-        state = effective_state(paths, state, liveness(paths, state))
+        state = effective_state(paths, state, probe(state))
         ended = state is None or state.status in run_state.ENDED  # read once more after the end, then stop
         for file in log_files(paths.run_dir, rank=rank).files:
             offset = offsets.get(file, 0)
@@ -648,9 +671,10 @@ def watch(run_dir: str | os.PathLike[str], *, from_start: bool = True, interval_
     ``from_start``: replay the run records already written (else only new ones)."""
     paths = run_paths(run_dir)
     tail = EventTail(paths, from_start=from_start)
+    probe = LivenessProbe(paths)
     while True:
         state = run_state.load_state(paths)
-        live = liveness(paths, state)
+        live = probe(state)
         state = effective_state(paths, state, live)
         ended = state is not None and state.status in run_state.ENDED
         yield Snapshot(tail.read(), state, live.queue_state, ended)
