@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.nn  # noqa: F401  before any process group exists: see release_process_group()
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import InitProcessGroupKwargs
@@ -417,6 +418,41 @@ def resume_workers(out: Path) -> None:
     resume_case(out, "resume_workers")
 
 
+def gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (the transport loop and the process group's workers)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(name for name in names if "gloo" in name)
+
+
+def release_process_group() -> None:
+    """Leave together, then destroy the gloo group for real: its worker threads must be joined here.
+
+    A gloo worker thread can still hold a finished collective (a barrier keeps the collectives before
+    it) when the main thread moves on. Releasing it frees tensors whose Python objects need the GIL;
+    if that happens during interpreter shutdown, CPython ends the thread with pthread_exit, whose
+    unwinding through a C++ destructor aborts the rank ("terminate called without an active
+    exception", SIGABRT). destroy_process_group() joins the workers (with the GIL released) only if
+    it drops the last reference to the group; torch.distributed.nn keeps group.WORLD as the default
+    argument of its functions when it is first imported after the group formed (DDP imports it through
+    torch._dynamo), hence its import at the top of this file. The check turns any other reference that
+    keeps the group alive into a failed launch every time, not an abort now and then.
+    """
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    left = gloo_threads() if Path("/proc/self/task").is_dir() else []  # Linux lists threads there
+    if left:
+        raise SystemExit(
+            f"rank {RANK}: gloo threads {left} still run after destroy_process_group(): something still "
+            "references the process group, so its workers would stop only at interpreter shutdown, where "
+            "releasing a collective's tensors aborts the process."
+        )
+
+
 if __name__ == "__main__":
     case_name, output = sys.argv[1], Path(sys.argv[2])
     output.mkdir(parents=True, exist_ok=True)
@@ -425,7 +461,4 @@ if __name__ == "__main__":
     # into an error within a minute instead of a hang until the launch times out.
     fresh_accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
     CASES[case_name](output)
-    # Leave together and tear gloo down explicitly: a rank that exits while its peer still holds the
-    # connection can abort in gloo's destructors ("terminate called without an active exception").
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    release_process_group()
