@@ -108,21 +108,33 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[i
 def diagnostics(run_dir: Path) -> str:
     paths = RunPaths(run_dir)
     parts = [f"--- {paths.state} ---", paths.state.read_text() if paths.state.exists() else "(none)"]
-    for file in sorted(paths.logs.glob("attempt-*/rank-*.*")) + [paths.controller_log]:
+    files = sorted(paths.logs.glob("attempt-*/rank-*.*")) + sorted(paths.submitit.glob("*_log.*"))
+    for file in [*files, paths.controller_log]:
         if file.is_file():
             parts += [f"--- {file} (tail) ---", file.read_text(errors="replace")[-3000:]]
     return "\n".join(parts)
 
 
-def wait_for(condition: Callable[[], Any], *, what: str, run_dir: Path, timeout_s: float = JOB_TIMEOUT_S) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with the run's files after ``timeout_s``."""
+def wait_for(
+    condition: Callable[[], Any], *, what: str, run_dir: Path, timeout_s: float = JOB_TIMEOUT_S, may_end: bool = False
+) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with the run's files after ``timeout_s``,
+    or at once when the run ended meanwhile (unless ``may_end``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
+        state = None if may_end else state_of(run_dir)
+        if state is not None and state.status in run_state.ENDED and not condition():
+            pytest.fail(f"the run ended {state.status} ({state.error}) while waiting for {what}\n{diagnostics(run_dir)}")
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{diagnostics(run_dir)}")
+            processes = ""
+            if RunPaths(run_dir).run_dir.is_dir():
+                from elfes.launcher.actions import local_processes
+
+                processes = f"live processes of the run: {local_processes(RunPaths(run_dir))}\n"
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{processes}{diagnostics(run_dir)}")
         time.sleep(0.05)
 
 
@@ -172,9 +184,10 @@ def job_gone(run_dir: Path) -> bool:
 def wait_ended(run_dir: Path, status: str) -> run_state.RunState:
     """Wait until the run's state is ``status`` and no process of its job is left; return the state."""
     state = wait_for(lambda: (s := state_of(run_dir)) is not None and s.status in run_state.ENDED and s,
-                     what=f"the run to end {status}", run_dir=run_dir)
+                     what=f"the run to end {status}", run_dir=run_dir, may_end=True)
     assert state.status == status, f"the run ended {state.status}, not {status}\n{diagnostics(run_dir)}"
-    wait_for(lambda: job_gone(run_dir), what="the job's processes to exit", run_dir=run_dir, timeout_s=30)
+    wait_for(lambda: job_gone(run_dir), what="the job's processes to exit", run_dir=run_dir, timeout_s=30,
+             may_end=True)
     return state_of(run_dir)
 
 
