@@ -6,8 +6,8 @@ Run it twice with the same --run-dir: the second run resumes from ``last`` and c
     torchrun --standalone --nproc_per_node 2 examples/quickstart/train.py --run-dir runs/quickstart-2
 
 Exit status: 0 when the run finished; 128 + the signal's number when a signal paused it (143 for
-SIGTERM, 130 for SIGINT), as a shell reports a process that signal ended, so that a wrapper can tell
-a pause (run it again to continue) from a finish.
+SIGTERM, 130 for SIGINT, 140 for SIGUSR2, the requeue signal), as a shell reports a process that
+signal ended, so that a wrapper can tell a pause (run it again to continue) from a finish.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         stop = StopRequest()
-        with stop.catch_signals():
+        # SIGUSR2 is the requeue signal of SLURM and of `elfes preempt`: it pauses the run like SIGTERM.
+        with stop.catch_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)):
             state = trainer.train(config, checkpoint_dir=checkpoints, resume_from=resume_from, stop=stop,
                                   metadata={"dataset": "synthetic linear", "seed": args.seed})
         if stop.reason is None:

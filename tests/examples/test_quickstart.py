@@ -52,7 +52,11 @@ def wait_for_train_event(run_dir, process: subprocess.Popen, timeout_s: float = 
     pytest.fail(f"no train event in {events_path(run_dir)} after {timeout_s} s")
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR2, 140)],
+    ids=["SIGTERM", "SIGINT", "SIGUSR2"],
+)
 def test_a_signal_pauses_the_example_and_its_exit_status_is_128_plus_the_signal_number(tmp_path, signum, status):
     run_dir = tmp_path / "run"
     example = subprocess.Popen(
