@@ -7,12 +7,13 @@ metrics) and never branch on which path they hold.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import torch
 
-from .metrics import MetricAccumulator
+from .metrics import MeanMetric, MetricAccumulator
 from .objective import (
     Objective,
     StepOutput,
@@ -24,6 +25,8 @@ from .objective import (
 )
 
 SumOverRanks = Callable[[torch.Tensor], torch.Tensor]
+# What a microbatch's backward pass differentiates, and the gradient to start it from (None: 1).
+Contribution = tuple[torch.Tensor, torch.Tensor | None]
 
 
 class WindowLoss(Protocol):
@@ -31,16 +34,24 @@ class WindowLoss(Protocol):
 
     batches: list[Any] | Iterable[Any]
     labelled: bool  # False when no term of the window has a sample: no gradient is taken
-    local_weight: torch.Tensor  # this rank's share of the window denominator (scalar path), float64
 
-    def contribution(self, output: StepOutput, index: int, metrics: MetricAccumulator) -> torch.Tensor:
-        """Record the microbatch's loss metrics and return what its backward pass differentiates."""
+    @property
+    def local_weight(self) -> float | torch.Tensor:
+        """This rank's share of the window denominator (scalar path): a float, or a float64 tensor
+        when the step gave tensor weights."""
+
+    def contribution(self, output: StepOutput, index: int, metrics: MetricAccumulator) -> Contribution:
+        """Return what the microbatch's backward pass differentiates and the gradient it starts from
+        (``loss.backward(gradient)`` computes exactly what ``(loss * gradient).backward()`` would)."""
+
+    def finish(self, metrics: MetricAccumulator) -> None:
+        """Record the loss metrics of the microbatches that :meth:`contribution` has not recorded."""
 
     def check(self, epoch: int, first_batch: int) -> None:
         """Refuse invalid loss weights of the window (raises ValueError naming the batch)."""
 
-    def nonfinite(self) -> torch.Tensor:
-        """A float64 flag: 1 when a recorded loss of this rank is NaN or infinite."""
+    def nonfinite(self) -> bool | torch.Tensor:
+        """True (or a boolean tensor flag) when a recorded loss of this rank is NaN or infinite."""
 
     def gradient_factor(self, weight_total: float, world: int) -> float | None:
         """The factor turning the summed gradients into the window mean, or None to skip the update."""
@@ -70,6 +81,9 @@ class MeanLoss:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        # The backward factor weight / reference in the loss dtype, by (weight, reference, dtype, device):
+        # consecutive windows of equal batches reuse one tensor instead of building it per microbatch.
+        self.factors: dict[tuple[float, float, torch.dtype, torch.device], torch.Tensor] = {}
 
     def describe(self) -> None:
         return None
@@ -86,53 +100,146 @@ class MeanLoss:
         return finish_loss_metrics(values, None)
 
     def open_window(self, batches: Iterable[Any], sum_over_ranks: SumOverRanks, reference: float) -> MeanWindow:
-        return MeanWindow(batches, reference, self.device)
+        if len(self.factors) > 64:
+            self.factors.clear()
+        return MeanWindow(batches, reference, self.factors)
 
 
 class MeanWindow:
     """Streams microbatches: each backward differentiates ``loss * weight / reference``; the exact
-    global denominator rescales the summed gradients once the window is complete."""
+    global denominator rescales the summed gradients once the window is complete.
+
+    A weight given as a number stays a Python float: its checks, sums and the decision to skip a batch
+    of weight 0 cost no tensor operation; a positive finite weight's backward starts from the factor
+    ``weight / reference`` instead of multiplying the loss by it (the same arithmetic, two graph nodes
+    fewer), and the window's losses reach the host in one transfer at its end (:meth:`finish`). A
+    weight given as a tensor stays on the device, with the tensor operations that needs.
+    """
 
     labelled = True
 
-    def __init__(self, batches: Iterable[Any], reference: float, device: torch.device) -> None:
+    def __init__(self, batches: Iterable[Any], reference: float, factors: dict[Any, torch.Tensor]) -> None:
         self.batches = batches
         self.reference = reference
-        self.local_weight = torch.zeros((), dtype=torch.float64, device=device)
-        self._invalid: list[torch.Tensor] = []
-        self._losses: list[torch.Tensor] = []
+        self._factors = factors
+        self._losses: list[torch.Tensor] = []  # detached, one per microbatch
+        self._weights: list[float | torch.Tensor] = []  # one per microbatch; tensors are float64
+        self._values: list[float] | None = None  # the losses of positive weight, on the host (number weights)
 
-    def contribution(self, output: StepOutput, index: int, metrics: MetricAccumulator) -> torch.Tensor:
+    def contribution(self, output: StepOutput, index: int, metrics: MetricAccumulator) -> Contribution:
         check_metric_names(output.metrics, None)
-        loss, weight = scalar_loss_and_weight(output)
-        self._invalid.append(~torch.isfinite(weight) | (weight < 0))
-        record_scalar_loss(metrics, loss, weight)
-        self.local_weight = self.local_weight + weight
+        loss, weight = _loss_and_weight(output)
+        self._losses.append(loss.detach())
+        self._weights.append(weight)
+        if isinstance(weight, float) and 0.0 < weight < math.inf:
+            return loss, self._factor(weight, loss)
         # A batch that declares weight 0 (no tokens, no labels) contributes nothing, even when its
         # mean over nothing is NaN; every rank still runs backward so DDP stays in step.
+        weight = _as_tensor(weight, loss.device)
         scaled = loss * (weight / self.reference).to(loss.dtype)
-        self._losses.append(torch.where(weight > 0, loss.detach(), torch.zeros_like(loss)))
-        return torch.where(weight > 0, scaled, torch.zeros_like(loss))
+        return torch.where(weight > 0, scaled, torch.zeros_like(loss)), None
+
+    def _factor(self, weight: float, loss: torch.Tensor) -> torch.Tensor:
+        key = (weight, self.reference, loss.dtype, loss.device)
+        factor = self._factors.get(key)
+        if factor is None:  # the operations of the tensor path, so that both round alike
+            factor = (_as_tensor(weight, loss.device) / self.reference).to(loss.dtype)
+            self._factors[key] = factor
+        return factor
+
+    @property
+    def local_weight(self) -> float | torch.Tensor:
+        total: float | torch.Tensor = 0.0
+        for weight in self._weights:
+            total = total + weight
+        return total
+
+    def finish(self, metrics: MetricAccumulator) -> None:
+        """Record the window's ``loss`` statistics (sum of loss x weight, sum of weights).
+
+        With number weights the losses of the window are fetched to the host once (the nonfinite
+        check needs them there anyway) and the sums are Python float64 arithmetic, in microbatch order:
+        the very additions and products the tensor path performs, without a tensor operation each.
+        """
+        if not self._losses:
+            return
+        if not all(isinstance(weight, float) for weight in self._weights):
+            metrics.add("loss", MeanMetric(*self._tensor_statistics()))
+            return
+        counted = [loss for loss, weight in zip(self._losses, self._weights) if weight > 0]
+        self._values = _host_values(counted)
+        values = iter(self._values)
+        total = count = None
+        for weight in self._weights:
+            product = next(values) * weight if weight > 0 else 0.0  # a batch of weight 0 adds 0, as a tensor where would
+            total = product if total is None else total + product
+            count = weight if count is None else count + weight
+        metrics.add_mean_values("loss", total, count)
+
+    def _tensor_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        total = count = None
+        for loss, weight in zip(self._losses, self._weights):
+            weight = _as_tensor(weight, loss.device)
+            product = loss.double() * weight
+            product = torch.where(weight > 0, product, torch.zeros_like(product))
+            total = product if total is None else total + product
+            count = weight if count is None else count + weight
+        return total, count
 
     def check(self, epoch: int, first_batch: int) -> None:
-        if not self._invalid or not bool(torch.stack(self._invalid).any()):
+        tensors = [weight for weight in self._weights if isinstance(weight, torch.Tensor)]
+        if tensors and bool(torch.stack([~torch.isfinite(w) | (w < 0) for w in tensors]).any()):
+            bad = next(i for i, w in enumerate(self._weights) if not _valid_weight(w))
+        else:
+            bad = next((i for i, w in enumerate(self._weights) if isinstance(w, float) and not _valid_weight(w)), None)
+        if bad is None:
             return
-        index = next(index for index, bad in enumerate(self._invalid) if bool(bad))
         raise ValueError(
-            f"StepOutput.loss_weight at epoch {epoch}, batch {first_batch + index} is negative or nonfinite; a "
+            f"StepOutput.loss_weight at epoch {epoch}, batch {first_batch + bad} is negative or nonfinite; a "
             "loss denominator must be a finite count >= 0 (tokens, atoms, labelled components)."
         )
 
-    def nonfinite(self) -> torch.Tensor:
-        return _any_nonfinite(self._losses)
+    def nonfinite(self) -> bool | torch.Tensor:
+        if self._values is not None:
+            return not all(math.isfinite(value) for value in self._values)
+        return _any_nonfinite(self.losses())
 
     def losses(self) -> list[torch.Tensor]:
-        return self._losses
+        """Each microbatch's loss, or 0 where its weight is not positive."""
+        return [
+            torch.where(_as_tensor(weight, loss.device) > 0, loss, torch.zeros_like(loss)) for loss, weight in zip(self._losses, self._weights)
+        ]
 
     def gradient_factor(self, weight_total: float, world: int) -> float | None:
         # DDP averaged the gradients of local sums over ranks: undo the average and divide by the
         # window's global denominator (the backward already divided by the reference).
         return None if weight_total == 0 else world * self.reference / weight_total
+
+
+def _loss_and_weight(output: StepOutput) -> tuple[torch.Tensor, float | torch.Tensor]:
+    """The mean loss (0-dimensional) and its weight: a float, or a float64 tensor when given as one."""
+    loss = output.loss
+    weight = output.num_samples if output.loss_weight is None else output.loss_weight
+    if isinstance(weight, torch.Tensor) or not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        return scalar_loss_and_weight(output)  # refuses a bad loss; keeps a tensor weight on the device
+    return (loss if loss.dim() == 0 else loss.reshape(())), float(weight)
+
+
+def _host_values(losses: list[torch.Tensor]) -> list[float]:
+    """The values of 0-dimensional tensors as Python floats (exact), in one transfer."""
+    if len(losses) > 1:
+        return torch.stack(losses).tolist()
+    return [loss.item() for loss in losses]
+
+
+def _as_tensor(weight: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return weight if isinstance(weight, torch.Tensor) else torch.tensor(weight, dtype=torch.float64, device=device)
+
+
+def _valid_weight(weight: float | torch.Tensor) -> bool:
+    if isinstance(weight, torch.Tensor):
+        return bool(torch.isfinite(weight)) and bool(weight >= 0)
+    return math.isfinite(weight) and weight >= 0
 
 
 class ObjectiveLoss:
@@ -177,18 +284,22 @@ class ObjectiveWindow:
         self._coefficients = torch.where(present, weights / global_counts.clamp_min(1e-300), 0.0).tolist()
         self._present = present.tolist()
         self.labelled = any(self._present)
-        self.local_weight = torch.zeros((), dtype=torch.float64, device=global_counts.device)
+        self.device = global_counts.device
+        self.local_weight = 0.0  # the terms carry their own denominators
         self._losses: list[torch.Tensor] = []
 
-    def contribution(self, output: StepOutput, index: int, metrics: MetricAccumulator) -> torch.Tensor:
+    def contribution(self, output: StepOutput, index: int, metrics: MetricAccumulator) -> Contribution:
         check_metric_names(output.metrics, self.objective)
         terms = self.objective.term_losses(output)
         record_objective_losses(metrics, self.objective, terms, self._counts[index])
         # Terms absent from the whole window have coefficient 0 and never enter the graph.
         observed = [(c, t) for c, t, p in zip(self._coefficients, terms, self._present) if p]
-        zero = torch.zeros((), device=self.local_weight.device)
+        zero = torch.zeros((), device=self.device)
         self._losses.append(torch.stack([t.detach().double() for _, t in observed] or [zero.double()]).sum())
-        return sum((c * t for c, t in observed), start=zero)
+        return sum((c * t for c, t in observed), start=zero), None
+
+    def finish(self, metrics: MetricAccumulator) -> None:
+        return None  # each microbatch recorded its terms
 
     def check(self, epoch: int, first_batch: int) -> None:
         return None
@@ -205,6 +316,7 @@ class ObjectiveWindow:
 
 
 def _any_nonfinite(losses: list[torch.Tensor]) -> torch.Tensor:
+    """Whether any of the 0-dimensional ``losses`` is NaN or infinite (one check for the window)."""
     if not losses:
-        return torch.zeros((), dtype=torch.float64)
-    return torch.stack([(~torch.isfinite(loss)).any() for loss in losses]).any().double()
+        return torch.zeros((), dtype=torch.bool)
+    return ~torch.isfinite(torch.stack(losses)).all()

@@ -122,12 +122,16 @@ class MetricAccumulator:
     """Running statistics of named metrics on one rank, reduced across ranks on demand.
 
     Statistics stay on the device in float64 until :meth:`compute`, so accumulating costs no
-    host synchronisation. ``compute`` is a collective: every rank must call it at the same point.
+    host synchronisation. Statistics already on the host (the training loss of a window, whose
+    values the loop fetched to check them) are kept as Python floats and folded in, in order, when
+    they are read: accumulating them costs no tensor operation. ``compute`` is a collective: every
+    rank must call it at the same point.
     """
 
     def __init__(self) -> None:
         self._kinds: dict[str, str] = {}
         self._statistics: dict[str, torch.Tensor] = {}
+        self._pending: dict[str, list[tuple[float, float]]] = {}  # (total, count) of means, not yet folded in
 
     def add(self, name: str, metric: Metric) -> None:
         if not isinstance(metric, Metric):
@@ -137,13 +141,24 @@ class MetricAccumulator:
             )
         self._add_statistics(name, metric.kind, torch.stack(metric.statistics))
 
-    def _add_statistics(self, name: str, kind: str, new: torch.Tensor) -> None:
+    def add_mean_values(self, name: str, total: float, count: float) -> None:
+        """Add a mean's statistics given as Python floats; the same arithmetic as adding
+        ``MeanMetric(total, count)`` (float64 additions in the same order), done when read."""
+        self._check_kind(name, "mean")
+        self._pending.setdefault(name, []).append((total, count))
+
+    def _check_kind(self, name: str, kind: str) -> None:
         known = self._kinds.setdefault(name, kind)
         if known != kind:
             raise ValueError(
                 f"Metric {name!r} was reported as a {known} metric and now as a {kind} metric; "
                 "report each name with one metric class."
             )
+
+    def _add_statistics(self, name: str, kind: str, new: torch.Tensor) -> None:
+        self._check_kind(name, kind)
+        if name in self._pending:
+            self._settle(name)
         old = self._statistics.get(name)
         if old is None:
             self._statistics[name] = new
@@ -152,29 +167,51 @@ class MetricAccumulator:
         else:
             self._statistics[name] = old + new.to(old.device)
 
+    def _settle(self, name: str) -> None:
+        """Fold the pending host statistics of ``name`` into its tensor, oldest first."""
+        pairs = self._pending.pop(name)
+        old = self._statistics.get(name)
+        total, count = old.tolist() if old is not None else pairs[0]
+        for pair_total, pair_count in pairs if old is not None else pairs[1:]:
+            total += pair_total
+            count += pair_count
+        device = old.device if old is not None else None
+        self._statistics[name] = torch.tensor([total, count], dtype=torch.float64, device=device)
+
+    def _settle_all(self) -> None:
+        for name in list(self._pending):
+            self._settle(name)
+
     def update(self, metrics: Mapping[str, Metric]) -> None:
         for name, metric in metrics.items():
             self.add(name, metric)
 
     def merge(self, other: MetricAccumulator) -> None:
+        """Add ``other``'s statistics, which came after this accumulator's."""
         for name, statistics in other._statistics.items():
             self._add_statistics(name, other._kinds[name], statistics)
+        for name, pairs in other._pending.items():
+            self._check_kind(name, other._kinds[name])
+            self._pending.setdefault(name, []).extend(pairs)
 
     def reset(self) -> None:
         self._kinds.clear()
         self._statistics.clear()
+        self._pending.clear()
 
     def __bool__(self) -> bool:
-        return bool(self._statistics)
+        return bool(self._statistics) or bool(self._pending)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's running statistics, on the CPU (a paused log interval resumes from them)."""
+        self._settle_all()
         return {
             "kinds": dict(self._kinds),
             "statistics": {name: value.detach().to("cpu", copy=True) for name, value in self._statistics.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any], device: torch.device | None = None) -> None:
+        self._pending.clear()
         self._kinds = dict(state["kinds"])
         self._statistics = {name: value.to(device) if device else value.clone() for name, value in state["statistics"].items()}
 
@@ -184,6 +221,7 @@ class MetricAccumulator:
         Every rank must call this (it is a collective when several processes run), even a rank
         that saw no batch: its names are learned from the others.
         """
+        self._settle_all()
         kinds = dict(self._kinds)
         distributed = accelerator is not None and accelerator.num_processes > 1
         if distributed:

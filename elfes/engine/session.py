@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,13 +177,8 @@ class TrainingSession:
     # ----------------------------------------------------------------------------------------
     # Windows and boundaries
 
-    def watch_stop(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """Yield ``batches``, announcing a stop request as soon as one is seen between microbatches."""
-        for batch in batches:
-            self.announce_stop()
-            yield batch
-
     def announce_stop(self) -> None:
+        """Log ``stop_signal`` once, as soon as a stop request is seen (between microbatches, or at the pause)."""
         if self.stop.reason is not None and not self._stop_announced:
             self._stop_announced = True
             self.log("stop_signal", signal=self.stop.signal, reason=self.stop.reason, **self._where())

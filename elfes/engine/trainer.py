@@ -84,7 +84,9 @@ class Trainer:
         self.module = accelerator.unwrap_model(self.model, keep_fp32_wrapper=True, keep_torch_compile=False)
         total_batches = len(train_dataloader)
         give_shuffle_its_own_generator(train_dataloader)
-        self.train_dataloader = accelerator.prepare_data_loader(train_dataloader)
+        # Batches already sit on the CPU: moving each to it would cost a traversal per microbatch.
+        placement = False if accelerator.device.type == "cpu" else None
+        self.train_dataloader = accelerator.prepare_data_loader(train_dataloader, device_placement=placement)
         self.batches_per_epoch = verify_rank_lengths(accelerator, self.train_dataloader, total_batches)
         self.accumulation_steps = accelerator.gradient_accumulation_steps
         self.updates_per_epoch = math.ceil(self.batches_per_epoch / self.accumulation_steps)
@@ -174,8 +176,10 @@ class Trainer:
                 while not (epoch_ended or early_stop or run.budget_spent()):
                     size = min(self.accumulation_steps, self.batches_per_epoch - self.state.next_batch)
                     started = time.perf_counter()
-                    window = run.watch_stop(itertools.islice(batches, size))
-                    result = self.runner.run(window, size, run.stop, self.state, self.progress.weight_reference, run.rule)
+                    window = itertools.islice(batches, size)
+                    result = self.runner.run(
+                        window, size, run.stop, self.state, self.progress.weight_reference, run.rule, run.announce_stop
+                    )
                     epoch_ended = run.advance(result, time.perf_counter() - started)
 
                     evaluate = run.evaluation_due(result, epoch_ended)

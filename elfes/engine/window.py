@@ -3,13 +3,20 @@
 The update's loss is exactly the declared mean over the samples the window consumed on all ranks:
 each microbatch's backward runs as soon as it is computed (one graph alive at a time), and one
 all-reduce at the end of the window carries the denominator, the sample count, the stop flag and
-the nonfinite flag together.
+the nonfinite flag together (a single process needs no all-reduce: the window's own figures are the
+global ones).
+
+Per microbatch the engine adds to the user's step only what exactness needs: no host
+synchronisation, no collective, and for a weight given as a number no tensor operation besides
+keeping the detached loss; the loss metrics, the nonfinite check and the denominator are computed
+once per window.
 """
 
 from __future__ import annotations
 
+import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +30,13 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from .config import TrainState
 from .ema import ExponentialMovingAverage
-from .loss import LossPath
+from .loss import LossPath, WindowLoss
 from .metrics import MetricAccumulator
 from .objective import Step
 from .stop import StopRequest
 
 Scheduler = LRScheduler | ReduceLROnPlateau
+_NO_CONTEXT = nullcontext()
 
 
 @dataclass
@@ -77,28 +85,43 @@ class WindowRunner:
         self.ema = ema
         self.scheduler = scheduler
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        self.distributed = accelerator.num_processes > 1
 
     def run(
-        self, batches: Iterable[Any], size: int, stop: StopRequest, state: TrainState, reference: float, rule: UpdateRule
+        self,
+        batches: Iterable[Any],
+        size: int,
+        stop: StopRequest,
+        state: TrainState,
+        reference: float,
+        rule: UpdateRule,
+        on_stop: Callable[[], None] = lambda: None,
     ) -> WindowResult:
-        """Train on the next ``size`` batches; ``reference`` is the previous window's denominator."""
+        """Train on the next ``size`` batches; ``reference`` is the previous window's denominator.
+
+        ``on_stop`` is called before each microbatch while a stop is requested (to announce it).
+        """
         self.optimizer.zero_grad(set_to_none=True)
-        device = self.accelerator.device
         metrics = MetricAccumulator()
         window = self.loss.open_window(batches, self.sum_over_ranks, reference)
+        scaler = self.accelerator.scaler
         local_samples = consumed = 0
         for index, batch in enumerate(window.batches):
+            if stop.reason is not None:
+                on_stop()
             consumed += 1
             # Gradients are all-reduced once per window, on its last microbatch.
-            synchronisation = nullcontext() if index == size - 1 else self.accelerator.no_sync(self.model)
+            synchronisation = self.accelerator.no_sync(self.model) if self.distributed and index != size - 1 else _NO_CONTEXT
             with synchronisation, torch.set_grad_enabled(window.labelled):
                 output = self.step(self.model, batch)
                 local_samples += _sample_count(output.num_samples, state.epoch, state.next_batch + index)
-                contribution = window.contribution(output, index, metrics)
-                if window.labelled:
-                    scaler = self.accelerator.scaler
-                    (scaler.scale(contribution) if scaler is not None else contribution).backward()
-            metrics.update(output.metrics)
+                contribution, gradient = window.contribution(output, index, metrics)
+                if window.labelled and scaler is not None:
+                    scaler.scale(contribution if gradient is None else contribution * gradient).backward()
+                elif window.labelled:
+                    contribution.backward(gradient)
+            if output.metrics:
+                metrics.update(output.metrics)
         if consumed != size:
             raise RuntimeError(
                 f"The training DataLoader yielded {state.next_batch + consumed} batches in epoch {state.epoch} "
@@ -106,26 +129,19 @@ class WindowRunner:
                 "exactly len(dataloader) batches."
             )
 
+        window.finish(metrics)
         window.check(state.epoch, state.next_batch)
-        flags = torch.stack(
-            [
-                window.local_weight.to(device),
-                torch.tensor(float(local_samples), dtype=torch.float64, device=device),
-                torch.tensor(1.0 if stop.reason is not None else 0.0, dtype=torch.float64, device=device),
-                window.nonfinite().to(device),
-            ]
-        )
-        weight_total, samples, stop_flag, nonfinite_flag = self.sum_over_ranks(flags).tolist()
+        weight_total, samples, stop_requested, nonfinite = self._agree(window, local_samples, stop)
         result = WindowResult(
             stepped=False,
             skip_reason=None,
             batches=size * self.accelerator.num_processes,
-            samples=int(samples),
-            stop_requested=stop_flag > 0,
+            samples=samples,
+            stop_requested=stop_requested,
             metrics=metrics,
             weight_total=weight_total,
         )
-        if nonfinite_flag > 0:
+        if nonfinite:
             self._raise_nonfinite_loss(window.losses(), state)
         factor = window.gradient_factor(weight_total, self.accelerator.num_processes)
         if factor is None:
@@ -136,6 +152,21 @@ class WindowRunner:
         if not result.stepped:
             result.skip_reason = "amp_overflow"
         return result
+
+    def _agree(self, window: WindowLoss, local_samples: int, stop: StopRequest) -> tuple[float, int, bool, bool]:
+        """The window's global denominator and sample count, and whether any rank asked to stop or saw a
+        nonfinite loss: one all-reduce of the four together, or none in a single process."""
+        local_weight = window.local_weight
+        if not self.distributed:
+            return float(local_weight), local_samples, stop.reason is not None, bool(window.nonfinite())
+        device = self.accelerator.device
+        parts = [local_weight, float(local_samples), 1.0 if stop.reason is not None else 0.0, window.nonfinite()]
+        if any(isinstance(part, torch.Tensor) for part in parts):  # tensor weights, or the objective path
+            flags = torch.stack([torch.as_tensor(part).to(device=device, dtype=torch.float64).reshape(()) for part in parts])
+        else:
+            flags = torch.tensor([float(part) for part in parts], dtype=torch.float64, device=device)
+        weight_total, samples, stop_flag, nonfinite_flag = self.sum_over_ranks(flags).tolist()
+        return weight_total, int(samples), stop_flag > 0, nonfinite_flag > 0
 
     def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         if self.accelerator.num_processes > 1:
@@ -153,10 +184,11 @@ class WindowRunner:
             torch._foreach_mul_(gradients, factor)
         norm = torch.nn.utils.get_total_norm(gradients) if gradients else torch.zeros(())
         learning_rates = [float(group["lr"]) for group in self.optimizer.param_groups]
-        finite = bool(torch.isfinite(norm))
+        norm_value = norm.item()  # the window's one host synchronisation after the agreement
+        finite = math.isfinite(norm_value)
         if scaler is None and not finite:
             raise FloatingPointError(
-                f"Nonfinite gradient norm ({norm.item()}) in the window of epoch {state.epoch}, "
+                f"Nonfinite gradient norm ({norm_value}) in the window of epoch {state.epoch}, "
                 f"{_batch_range(state.next_batch, size)} (step {state.step}); parameters were not updated. Lower "
                 "the learning rate, clip with TrainConfig(max_grad_norm=...), or look for operations that overflow."
             )
@@ -174,7 +206,7 @@ class WindowRunner:
             self.ema.update()
         if self.scheduler is not None and rule.step_scheduler:
             self.scheduler.step()
-        return float(norm), learning_rates
+        return norm_value, learning_rates
 
     def _raise_nonfinite_loss(self, losses: list[torch.Tensor], state: TrainState) -> None:
         for index, loss in enumerate(losses):
