@@ -1,0 +1,71 @@
+"""The job's stop signals before the engine takes them over: which signals, flag-only handlers, and
+whether another process catches a signal yet.
+
+Inside the job, first act of every task: :class:`SignalFlags` replaces submitit's handlers (which would
+checkpoint and exit inside the handler) with handlers that only record the signal. The main thread
+acts on the record: it hands the signals to the engine's ``StopRequest`` once the engine is imported,
+or forwards them to a command job's process. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
+
+# The stop signals that never requeue by themselves (`elfes cancel`, `scancel`, plain preemption).
+TERMINATING_SIGNALS = ("SIGINT", "SIGTERM")
+
+
+def requeue_signal() -> signal.Signals:
+    """The signal that asks for a requeue: submitit's (``SUBMITIT_PREEMPT_SIGNAL``, SIGUSR2 by default)."""
+    from submitit.core.job_environment import JobEnvironment
+
+    return signal.Signals(JobEnvironment._usr_sig())
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals the job turns into stops: SIGINT, SIGTERM and the requeue signal."""
+    return tuple(dict.fromkeys((signal.SIGINT, signal.SIGTERM, requeue_signal())))
+
+
+class SignalFlags:
+    """Flag-only handlers installed first thing in the task. The main thread acts on ``received``.
+
+    >>> flags = SignalFlags(stop_signals()).install()   # every rank, before anything slow
+    >>> flags.names()                                    # later, in the main thread
+    ['SIGUSR2']
+    """
+
+    def __init__(self, signals: Iterable[int]) -> None:
+        self.signals = tuple(signal.Signals(signum) for signum in signals)
+        self.received: list[signal.Signals] = []
+        self._pid = os.getpid()
+
+    def install(self) -> SignalFlags:
+        for signum in self.signals:
+            signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None = None) -> None:
+        if os.getpid() != self._pid:  # a forked child (DataLoader worker) inherited the handler: ignore
+            return
+        self.received.append(signal.Signals(signum))
+
+    def names(self) -> list[str]:
+        return [signum.name for signum in self.received]
+
+
+def catches_signal(pid: int, signum: int) -> bool | None:
+    """Whether process ``pid`` has a handler for ``signum`` (Linux ``/proc/PID/status`` ``SigCgt``); None
+    when that cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool((int(line.split()[1], 16) >> (int(signum) - 1)) & 1)
+    return None

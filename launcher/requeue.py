@@ -1,0 +1,53 @@
+"""Carrying out an attempt's decision on its executor: a SLURM job requeues itself with
+``scontrol requeue``; a local job exits for submitit's controller to relaunch it (or, past the
+controller's six starts, rank 0 resubmits the run); a SLURM job that stopped on SIGTERM waits for
+SLURM to end it. Inside the job; torch-free.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from .paths import RunPaths
+
+# submitit's local controller relaunches all tasks when any exits with this code
+# (submitit.local.local.LOCAL_REQUEUE_RETURN_CODE).
+LOCAL_REQUEUE_EXIT_CODE = 144
+# submitit's local controller starts a job at most this often (Controller.run(max_retry=6)); a local
+# requeue past that is a resubmission into the same run directory.
+LOCAL_MAX_STARTS = 6
+
+
+def requeue_slurm_job(job_id: str, *, countdown: int) -> str | None:
+    """``scontrol requeue JOB_ID`` from inside the job (rank 0, through submitit); None when SLURM accepted
+    it, else why not. SLURM then ends every task and starts the job again, same id."""
+    from submitit.core.job_environment import JobEnvironment
+
+    try:
+        JobEnvironment()._requeue(countdown)  # scontrol requeue JOB_ID
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"`scontrol requeue {job_id}` failed ({error}); `last` is saved: `elfes resume RUN_DIR` continues the run"
+    return None
+
+
+def resubmit_local(paths: RunPaths) -> None:
+    """Past submitit's local start limit, submit the run again (a "requeue" submission, which the
+    next start counts as a requeue) into the same run directory. Rank 0, after recording "requeued"."""
+    from .actions import resubmit_requeued
+
+    job_id = resubmit_requeued(paths.run_dir)  # a detached controller; our rank variables are dropped
+    print(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
+          f"resubmitted the run as local job {job_id}", flush=True)
+
+
+def wait_for_slurm_to_end_the_job() -> None:
+    """Never returns: after a SIGTERM stop under SLURM, `last` is saved and the task waits to be killed.
+
+    A job that exits on its own during a preemption's grace time is not requeued (it ends COMPLETED or
+    FAILED); one that SLURM kills in PreemptMode=REQUEUE is, and a ``scancel``ed one stays cancelled.
+    """
+    print("elfes: `last` is saved; waiting for SLURM to end the job (a preempted job is requeued by SLURM, "
+          "a cancelled one stays cancelled)", flush=True)
+    while True:
+        time.sleep(60)

@@ -1,0 +1,57 @@
+"""What one task writes and reads in the run directory for its attempt: its standard streams on the
+attempt's logs, its pid file (so ``elfes preempt`` can signal it), and the cancel marker's meaning.
+Inside the job; torch-free. File names come from :class:`~launcher.paths.RunPaths`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime
+from typing import Any
+
+from elfes.files import write_text_atomically
+
+from . import state as run_state
+from .paths import RunPaths
+
+
+def redirect_standard_streams(paths: RunPaths, *, attempt: int, rank: int) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so children too) to the attempt's
+    logs. Opened for appending: a relaunch that reuses an attempt's number keeps what was there."""
+    folder = paths.attempt_logs(attempt)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stream, descriptor, name in ((sys.stdout, 1, "out"), (sys.stderr, 2, "err")):
+        stream.flush()
+        target = os.open(paths.rank_log(attempt, rank, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, descriptor)
+        os.close(target)
+
+
+def write_pid_file(paths: RunPaths, record: dict[str, Any]) -> None:
+    """Record this task (``record`` plus its pid and the time) in ``pids/rank-<R>.json``."""
+    paths.pids.mkdir(parents=True, exist_ok=True)
+    full = {"pid": os.getpid(), **record, "started_at": run_state.now()}
+    write_text_atomically(paths.pid_file(int(record["rank"])), json.dumps(full) + "\n")
+
+
+def remove_pid_file(paths: RunPaths, rank: int) -> None:
+    """Remove this task's pid file (only if it still names this process)."""
+    file = paths.pid_file(rank)
+    try:
+        if json.loads(file.read_text(encoding="utf-8")).get("pid") == os.getpid():
+            file.unlink()
+    except (FileNotFoundError, ValueError):
+        pass
+
+
+def cancel_requested(paths: RunPaths, state: run_state.RunState | None) -> bool:
+    """Whether ``elfes cancel`` left its marker for the current submission (an older one is stale)."""
+    try:
+        marked = paths.cancel_marker.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if state is None or not state.submissions:
+        return True
+    return marked >= datetime.fromisoformat(state.submissions[-1].at).timestamp()
