@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -13,7 +14,12 @@ from .schema import event_json_line, events_path, validate_event
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from elfes.tensorboard import TensorBoardMirror
+
     from .console import ConsoleDisplay
+
+# Turns the TensorBoard mirror on where RunLogger is not told (tensorboard=None): "1" on, "0" or unset off.
+TENSORBOARD_VARIABLE = "ELFES_TENSORBOARD"
 
 
 class RunLogger:
@@ -26,12 +32,19 @@ class RunLogger:
     train events drive a progress bar; otherwise (SLURM log files, CI) each
     event becomes one timestamped plain line without escape codes.
 
+    ``tensorboard=True`` also mirrors the scalars to ``run_dir/tensorboard/`` (see
+    :mod:`elfes.tensorboard`; needs the ``tensorboard`` package and imports torch); the default, None,
+    takes ``ELFES_TENSORBOARD`` from the environment (``1`` or ``0``; unset is off), so a job spec's
+    ``env:`` turns it on without code changes. Without it this class imports no torch.
+
     Example:
         >>> with RunLogger(Path("runs/a"), is_main_process=rank == 0) as logger:  # doctest: +SKIP
         ...     logger.log({"event": "export", "weights": "ema", "path": "runs/a/model.pt"})
     """
 
-    def __init__(self, run_dir: Path, *, is_main_process: bool, console: Console | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, *, is_main_process: bool, console: Console | None = None, tensorboard: bool | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.path = events_path(self.run_dir)
         self.is_main_process = is_main_process
@@ -42,6 +55,14 @@ class RunLogger:
 
             self._display = ConsoleDisplay(console)
         self.console = None if self._display is None else self._display.console
+        self._tensorboard: TensorBoardMirror | None = None
+        if tensorboard_enabled(tensorboard):
+            # Imported here: the mirror imports torch, and only runs that ask for it pay for that.
+            from elfes.tensorboard import TensorBoardMirror, check_tensorboard_installed
+
+            check_tensorboard_installed()  # on every process, so that every rank refuses alike
+            if is_main_process:
+                self._tensorboard = TensorBoardMirror(self.run_dir)
         self._file: TextIO | None = None
         self._closed = False
         # Checkpoint or evaluation code may log from a helper thread; lines must not interleave.
@@ -81,6 +102,8 @@ class RunLogger:
             events_file = self._open()
             events_file.write(line + "\n")
             events_file.flush()
+            if self._tensorboard is not None:
+                self._tensorboard.write(event)
             self._display.show(event, now)
 
     def close(self) -> None:
@@ -93,6 +116,8 @@ class RunLogger:
             self._closed = True
             if self._display is not None:
                 self._display.close()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
             if self._file is not None:
                 self._file.close()
                 self._file = None
@@ -106,6 +131,28 @@ class RunLogger:
                 # A kill mid-write left a partial line; isolate it so ours stay parseable.
                 self._file.write("\n")
         return self._file
+
+
+def tensorboard_enabled(tensorboard: bool | None) -> bool:
+    """Whether a RunLogger mirrors to TensorBoard: ``tensorboard`` when given, else ``ELFES_TENSORBOARD``.
+
+    Example:
+        >>> tensorboard_enabled(True), tensorboard_enabled(False)
+        (True, False)
+    """
+    if tensorboard is not None:
+        if not isinstance(tensorboard, bool):
+            raise TypeError(f"tensorboard must be True, False or None, got {tensorboard!r}")
+        return tensorboard
+    value = os.environ.get(TENSORBOARD_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false"):
+        return False
+    if value in ("1", "true"):
+        return True
+    raise ValueError(
+        f"{TENSORBOARD_VARIABLE}={os.environ[TENSORBOARD_VARIABLE]!r} is not understood; set it to 1 to mirror "
+        "the run records to TensorBoard, or to 0 (or unset it) to leave the mirror off"
+    )
 
 
 def _ends_with_newline(path: Path) -> bool:

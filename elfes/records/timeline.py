@@ -1,0 +1,287 @@
+"""A run's curves and interruptions, from its events: attempts, the kept path, lost segments, markers.
+
+:func:`build_timeline` splits the events of ``events.jsonl`` into attempts (one per ``started`` or
+``resumed`` event) and every scalar metric into series against the optimizer step:
+
+- the **kept** path: the points that the finished (or current) run is made of, steps strictly increasing;
+- **lost** segments: points logged by an attempt and then trained again, because a later attempt resumed
+  from an earlier step (a kill after the last checkpoint, a crash, or a resume from an older checkpoint).
+  A point at step ``s`` of attempt ``a`` is lost when some attempt after ``a`` starts at a step below ``s``;
+- **lost spans**: the step ranges of that lost work, per attempt;
+- **markers**: each attempt's start (``start``, ``resume`` or ``requeue``), each stop with its signal,
+  each kill (an attempt that recorded no end yet was followed by another) and each failure.
+
+Metric names are those of the TensorBoard mirror (:mod:`elfes.tensorboard`): ``train/<metric>`` for the
+metrics of ``train`` events (``train/loss``, ``train/lr/decay``) and ``eval/<loader>/<metric>`` for
+evaluations (``eval/validation/loss``). Values recorded as null (non-finite) are left out.
+
+Torch-free, rich-free and matplotlib-free: ``elfes plot`` draws what this module computes.
+
+Example:
+    >>> timeline = build_timeline(read_events(Path("runs/a")))  # doctest: +SKIP
+    >>> timeline.series["train/loss"].kept_steps  # doctest: +SKIP
+    (5, 10, 15, 20)
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+START_EVENTS = ("started", "resumed")
+END_EVENTS = ("finished", "stopped", "failed")
+TRAIN_PREFIX = "train/"
+EVAL_PREFIX = "eval/"
+DEFAULT_METRIC = "train/loss"
+
+MarkerKind = Literal["start", "resume", "requeue", "stop", "killed", "failed"]
+AttemptEnd = Literal["finished", "stopped", "failed", "killed", "running"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the training loop and how it ended.
+
+    ``number`` counts start events from 1; ``launch`` is ``start`` (a ``started`` event), ``requeue``
+    (the launcher relaunched the job by itself) or ``resume``. ``end`` is ``killed`` for an attempt
+    that recorded no end and was followed by another, ``running`` for the last one without an end.
+    ``last_step`` is the highest step it logged (its start step when it logged none).
+    """
+
+    number: int
+    launch: Literal["start", "resume", "requeue"]
+    start_step: int
+    end: AttemptEnd
+    end_step: int | None
+    last_step: int
+    stop_signal: str | None = None  # the stop's signal (or reason when code requested it)
+    failure: str | None = None  # the exception's type name
+
+
+@dataclass(frozen=True)
+class Marker:
+    """An interruption to draw on the step axis: ``label`` names it for humans (``stop (SIGTERM)``)."""
+
+    step: int
+    kind: MarkerKind
+    attempt: int
+    label: str
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    value: float
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric: ``kept`` (steps strictly increasing) and ``lost`` segments (one per attempt that lost work)."""
+
+    name: str
+    kept: tuple[Point, ...]
+    lost: tuple[tuple[Point, ...], ...]
+
+    @property
+    def kept_steps(self) -> tuple[int, ...]:
+        return tuple(point.step for point in self.kept)
+
+    @property
+    def kept_values(self) -> tuple[float, ...]:
+        return tuple(point.value for point in self.kept)
+
+
+@dataclass(frozen=True)
+class LostSpan:
+    """Steps ``after_step`` (exclusive) to ``last_step`` that ``attempt`` trained and a later attempt trained again."""
+
+    attempt: int
+    after_step: int
+    last_step: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What :func:`build_timeline` derives from a run's events."""
+
+    attempts: tuple[Attempt, ...]
+    markers: tuple[Marker, ...]
+    series: dict[str, Series]
+    lost_spans: tuple[LostSpan, ...] = ()
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """Every metric, train metrics first, each group in order of first appearance."""
+        return tuple(self.series)
+
+    def default_metrics(self) -> tuple[str, ...]:
+        """What ``elfes plot`` draws without ``--metric``: the training loss and every evaluation metric."""
+        names = [DEFAULT_METRIC] if DEFAULT_METRIC in self.series else []
+        return (*names, *(name for name in self.series if name.startswith(EVAL_PREFIX)))
+
+
+def select_metrics(timelines: Sequence[Timeline], requested: Sequence[str] = ()) -> tuple[str, ...]:
+    """The metrics to draw for these runs: ``requested`` (checked) or the defaults of every run, in order.
+
+    Raises ``ValueError`` naming a requested metric that no run recorded, with the names they did.
+
+    Example:
+        >>> select_metrics([build_timeline([{"event": "train", "step": 1, "metrics": {"loss": 1.0}}])])
+        ('train/loss',)
+    """
+    known = dict.fromkeys(name for timeline in timelines for name in timeline.metric_names)
+    if requested:
+        unknown = [name for name in requested if name not in known]
+        if unknown:
+            raise ValueError(
+                f"no run recorded the metric(s) {', '.join(map(repr, unknown))}; the runs have: "
+                f"{', '.join(known) or 'no metrics yet (no train or evaluation event)'}"
+            )
+        return tuple(dict.fromkeys(requested))
+    chosen = tuple(dict.fromkeys(name for timeline in timelines for name in timeline.default_metrics()))
+    if not chosen:
+        raise ValueError(
+            "the runs recorded no training loss or evaluation metric yet; wait for their first train event "
+            f"or name a metric with --metric (they have: {', '.join(known) or 'none'})"
+        )
+    return chosen
+
+
+def event_scalars(event: Mapping[str, Any]) -> dict[str, float]:
+    """The scalars of a ``train`` or ``evaluation`` event by metric name (empty for other events).
+
+    Values that are not numbers (null for non-finite, booleans) are left out.
+
+    Example:
+        >>> event_scalars({"event": "evaluation", "step": 8, "metrics": {"validation": {"loss": 0.5}}})
+        {'eval/validation/loss': 0.5}
+    """
+    metrics = event.get("metrics")
+    if not isinstance(metrics, Mapping):
+        return {}
+    if event.get("event") == "train":
+        pairs = ((TRAIN_PREFIX + str(name), value) for name, value in metrics.items())
+    elif event.get("event") == "evaluation":
+        pairs = (
+            (f"{EVAL_PREFIX}{loader}/{name}", value)
+            for loader, values in metrics.items() if isinstance(values, Mapping)
+            for name, value in values.items()
+        )
+    else:
+        return {}
+    return {name: float(value) for name, value in pairs
+            if isinstance(value, numbers.Real) and not isinstance(value, bool)}
+
+
+def _state_step(event: Mapping[str, Any]) -> int | None:
+    state = event.get("state")
+    step = state.get("step") if isinstance(state, Mapping) else None
+    return step if isinstance(step, int) else None
+
+
+def _event_step(event: Mapping[str, Any]) -> int | None:
+    step = event.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else _state_step(event)
+
+
+def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Events grouped by attempt; events before the first start form an attempt of their own."""
+    attempts: list[list[Mapping[str, Any]]] = []
+    for event in events:
+        if event.get("event") in START_EVENTS or not attempts:
+            attempts.append([])
+        attempts[-1].append(event)
+    return attempts
+
+
+def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, followed: bool) -> Attempt:
+    first = events[0]
+    kind = "start" if first.get("event") == "started" else ("requeue" if launch == "requeue" else "resume")
+    start_step = _state_step(first) if first.get("event") in START_EVENTS else None
+    steps = [step for step in map(_event_step, events) if step is not None]
+    if start_step is None:
+        start_step = min(steps, default=0)
+    end_event = next((event for event in reversed(events) if event.get("event") in END_EVENTS), None)
+    end: AttemptEnd = "killed" if followed else "running"
+    end_step = stop_signal = failure = None
+    if end_event is not None:
+        end = end_event["event"]
+        end_step = _event_step(end_event)
+        if end == "stopped":
+            requested = next((e for e in reversed(events) if e.get("event") == "stop_requested"), {})
+            stop_signal = str(requested.get("signal") or end_event.get("reason") or "stop requested")
+        elif end == "failed":
+            failure = str(end_event.get("exception") or "exception")
+    return Attempt(number=number, launch=kind, start_step=start_step, end=end, end_step=end_step,
+                   last_step=max(steps, default=start_step), stop_signal=stop_signal, failure=failure)
+
+
+def _markers(attempt: Attempt) -> list[Marker]:
+    markers = [Marker(attempt.start_step, attempt.launch, attempt.number, attempt.launch)]
+    if attempt.end == "stopped":
+        markers.append(Marker(attempt.end_step, "stop", attempt.number, f"stop ({attempt.stop_signal})"))
+    elif attempt.end == "killed":
+        markers.append(Marker(attempt.last_step, "killed", attempt.number, "killed"))
+    elif attempt.end == "failed":
+        markers.append(Marker(attempt.end_step or attempt.last_step, "failed", attempt.number,
+                              f"failed ({attempt.failure})"))
+    return markers
+
+
+def build_timeline(events: Iterable[Mapping[str, Any]], *, launches: Sequence[str | None] | None = None) -> Timeline:
+    """Derive attempts, markers and per-metric kept/lost series from a run's events. Any process.
+
+    ``launches`` (optional) says how each start event came about, in order: ``"requeue"`` marks a
+    relaunch by the launcher (``elfes plot`` reads it from ``state.json``); without it every
+    ``resumed`` event is a ``resume``.
+
+    Example:
+        >>> events = [{"event": "started", "state": {"step": 0}},
+        ...           {"event": "train", "step": 5, "metrics": {"loss": 0.9}},
+        ...           {"event": "train", "step": 10, "metrics": {"loss": 0.8}},
+        ...           {"event": "resumed", "state": {"step": 5}},
+        ...           {"event": "train", "step": 10, "metrics": {"loss": 0.7}}]
+        >>> timeline = build_timeline(events)
+        >>> timeline.series["train/loss"].kept_steps, [p.step for p in timeline.series["train/loss"].lost[0]]
+        ((5, 10), [10])
+        >>> [(m.kind, m.step) for m in timeline.markers]
+        [('start', 0), ('killed', 10), ('resume', 5)]
+    """
+    groups = _split_attempts(events)
+    launches = list(launches or ())
+    attempts = [
+        _attempt(number, group, launches[number - 1] if number <= len(launches) else None, number < len(groups))
+        for number, group in enumerate(groups, start=1)
+    ]
+    # An attempt's point at step s is lost when a later attempt starts below s: that step was trained again.
+    redo_from: list[float] = [float("inf")] * len(attempts)
+    for index in range(len(attempts) - 2, -1, -1):
+        redo_from[index] = min(redo_from[index + 1], attempts[index + 1].start_step)
+
+    kept: dict[str, list[Point]] = {}
+    lost: dict[str, dict[int, list[Point]]] = {}
+    for attempt, group in zip(attempts, groups):
+        for event in group:
+            step = event.get("step")
+            if not isinstance(step, int):
+                continue
+            for name, value in event_scalars(event).items():
+                point = Point(step, value, attempt.number)
+                kept.setdefault(name, [])
+                if step > redo_from[attempt.number - 1]:
+                    lost.setdefault(name, {}).setdefault(attempt.number, []).append(point)
+                else:
+                    kept[name].append(point)
+    # Train metrics first, then evaluations; each group in order of first appearance.
+    names = sorted(kept, key=lambda name: not name.startswith(TRAIN_PREFIX))
+    series = {
+        name: Series(name, tuple(kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
+        for name in names
+    }
+    markers = tuple(marker for attempt in attempts for marker in _markers(attempt))
+    spans = tuple(LostSpan(attempt.number, max(int(redo), attempt.start_step), attempt.last_step)
+                  for attempt, redo in zip(attempts, redo_from) if attempt.last_step > redo)
+    return Timeline(attempts=tuple(attempts), markers=markers, series=series, lost_spans=spans)
