@@ -1,7 +1,8 @@
 """The ``elfes`` command line: argparse and printing only; the verbs live in launcher/actions.py.
 
 Login-node commands never import torch (nor numpy): ``--help``, ``validate``, ``status``, ``logs``,
-``schema``, ``init`` and ``submit --dry-run`` are tested for it in a subprocess. Tests call
+``schema``, ``init`` and ``submit --dry-run`` are tested for it in a subprocess; ``plot`` imports matplotlib
+(and numpy) only when it draws, never torch. Tests call
 :func:`main` directly: ``main(["status", run_dir, "--json"])`` returns the exit code.
 """
 
@@ -72,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--rank", type=int, default=0, help="the rank whose logs to show (default 0)")
     logs.add_argument("--attempt", type=int, default=None, help="the attempt (default: the latest)")
     logs.add_argument("--follow", action="store_true", help="keep printing new output until the run ends")
+
+    plot = verb("plot", "Draw runs' loss and metrics against the step, their stops, requeues, resumes and kills marked.")
+    plot.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories, overlaid by run name")
+    plot.add_argument("-o", "--output", metavar="FILE", default=None,
+                      help="FILE.png or FILE.svg (default: RUN_DIR/plot.png; needed for several runs); drawing "
+                      "needs matplotlib: pip install 'elfes[plot]'")
+    plot.add_argument("--metric", metavar="NAME", action="append", default=[],
+                      help="a metric to draw, repeatable (default: train/loss and every eval/<loader>/<metric>)")
 
     preempt = verb("preempt", "Rehearse a preemption: the job saves `last`, is requeued and resumes.")
     preempt.add_argument("run_dir", metavar="RUN_DIR")
@@ -251,6 +260,14 @@ def _logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from . import plot
+
+    result = plot.plot(args.run_dirs, output=args.output, metrics=args.metric)
+    _print(f"wrote {result.output}: {', '.join(result.metrics)} of {', '.join(run.name for run in result.runs)}")
+    return EXIT_OK
+
+
 def _signalled(result: Any, what: str) -> int:
     if result.targets:
         _print(f"{what}: sent {result.signal} to " + "; ".join(result.targets))
@@ -345,7 +362,7 @@ def _follow(run_dir: Any, *, from_start: bool) -> int:
 
 VERBS = {
     "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
-    "resume": _resume, "validate": _validate, "init": _init, "schema": _schema,
+    "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot,
 }
 
 

@@ -1,0 +1,188 @@
+"""Drawing for ``elfes plot``: each metric against the optimizer step, every interruption marked.
+
+The only module of ELFES that imports matplotlib (the non-interactive Agg canvas, no pyplot and no
+global backend change); :mod:`elfes.records.timeline` computes what it draws, torch-free and
+matplotlib-free. Install matplotlib with ``pip install 'elfes[plot]'``.
+
+What a figure holds, one panel per metric (gid ``panel:<metric>``) with the step axis shared; its y
+label is the metric, with `` (log)`` where positive values spanning more than a factor 20 get a log
+axis. Tests read the data back by gid:
+
+- the kept path of each run, one line per run and panel, labelled by the run's name (gid ``kept:<run>``);
+- each segment lost to a kill or crash, as a faded wide stroke (gid ``lost:<attempt>:<run>``): after an
+  exact resume the redo retraces it, so the stroke shows around the kept line where work was redone;
+- the step range of that lost work, shaded (gid ``lostspan:<attempt>:<run>``);
+- a vertical line per marker at its step (gid ``marker:<kind>:<attempt>:<run>``, kind: start, resume,
+  requeue, stop, killed, failed), named above the top panel (``SIGTERM``, ``requeue``, ``kill``).
+
+Example:
+    >>> figure = draw([RunCurves("quickstart", build_timeline(read_events(run_dir)))], ["train/loss"])  # doctest: +SKIP
+    >>> save(figure, Path("plot.png"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from elfes.records.timeline import Marker, Timeline
+
+try:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+except ImportError as error:
+    raise ImportError(
+        "elfes plot draws with matplotlib, which is not installed; install it with: "
+        "pip install 'elfes[plot]' (or pip install matplotlib)"
+    ) from error
+
+FORMATS = (".png", ".svg")
+RUN_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+# Marker kind -> (colour, line style, legend text).
+MARKER_STYLES: dict[str, tuple[str, str, str]] = {
+    "start": ("dimgray", ":", "start"),
+    "requeue": ("seagreen", ":", "requeue (relaunched by itself)"),
+    "resume": ("royalblue", ":", "resume"),
+    "stop": ("darkorange", "--", "stop (signal named)"),
+    "killed": ("crimson", "-.", "killed (no stop recorded)"),
+    "failed": ("crimson", "-.", "failed"),
+}
+LOST_ALPHA = 0.35
+PANEL_HEIGHT_IN = 2.3
+# A panel whose values are all positive and span more than this factor (a loss falling from 4 to 0.05)
+# gets a log axis, its label saying so ("train/loss (log)").
+LOG_SCALE_RATIO = 20.0
+
+
+@dataclass(frozen=True)
+class RunCurves:
+    """One run to draw: its legend ``name`` and its :class:`~elfes.records.timeline.Timeline`."""
+
+    name: str
+    timeline: Timeline
+
+
+def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None = None) -> Figure:
+    """A figure with one panel per metric (names as in :func:`~elfes.records.timeline.select_metrics`).
+
+    A run without a metric simply has no line in that panel. Returns the figure; :func:`save` writes it.
+    """
+    if not runs or not metrics:
+        raise ValueError("draw needs at least one run and one metric; give run directories and metric names")
+    figure = Figure(figsize=(9.0, 1.2 + PANEL_HEIGHT_IN * len(metrics)), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, metric in zip(axes, metrics):
+        for index, run in enumerate(runs):
+            _draw_series(ax, run, metric, RUN_COLORS[index % len(RUN_COLORS)])
+        for run in runs:
+            _draw_markers(ax, run)
+        log = _wants_log_scale(runs, metric)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(f"{metric} (log)" if log else metric)
+        ax.set_gid(f"panel:{metric}")
+        ax.grid(True, alpha=0.25)
+    for run in runs:
+        _label_markers(axes[0], run, several=len(runs) > 1)
+    axes[-1].set_xlabel("optimizer step")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].legend(handles=_legend_handles(runs), loc="upper right", fontsize=8, framealpha=0.85)
+    figure.suptitle(title or "; ".join(f"{run.name}: {describe(run.timeline)}" for run in runs), fontsize=10)
+    return figure
+
+
+def describe(timeline: Timeline) -> str:
+    """The interruptions of a run in a few words, for the title.
+
+    Example:
+        >>> describe(build_timeline(read_events(run_dir)))  # doctest: +SKIP
+        '4 attempts: 2 stops, 2 requeues, 1 kill, 1 resume'
+    """
+    counts: dict[str, int] = {}
+    for marker in timeline.markers:
+        counts[marker.kind] = counts.get(marker.kind, 0) + 1
+    words = {"stop": "stop", "requeue": "requeue", "killed": "kill", "failed": "failure", "resume": "resume"}
+    parts = [f"{counts[kind]} {word}{'s' if counts[kind] > 1 else ''}" for kind, word in words.items() if kind in counts]
+    attempts = len(timeline.attempts)
+    return f"{attempts} attempt{'s' if attempts > 1 else ''}" + (f": {', '.join(parts)}" if parts else "")
+
+
+def save(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` to ``path`` (``.png`` or ``.svg``, creating its folder); returns the path."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise ValueError(f"cannot write a plot to {path}: use a file name ending in {' or '.join(FORMATS)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def _draw_series(ax, run: RunCurves, metric: str, color: str) -> None:
+    series = run.timeline.series.get(metric)
+    if series is None:
+        return
+    dots = "o" if len(series.kept) <= 60 else None
+    ax.plot(series.kept_steps, series.kept_values, color=color, linewidth=1.6, marker=dots, markersize=2.5,
+            gid=f"kept:{run.name}", label=run.name, zorder=3)
+    for segment in series.lost:
+        ax.plot([point.step for point in segment], [point.value for point in segment], color=color,
+                alpha=LOST_ALPHA, linewidth=6, solid_capstyle="round", marker="o", markersize=7,
+                gid=f"lost:{segment[0].attempt}:{run.name}", label="_lost", zorder=2)
+
+
+def _wants_log_scale(runs: Sequence[RunCurves], metric: str) -> bool:
+    """A log axis for a metric whose values are all positive and span more than LOG_SCALE_RATIO."""
+    values = [point.value for run in runs if (series := run.timeline.series.get(metric)) is not None
+              for point in (*series.kept, *(point for segment in series.lost for point in segment))]
+    return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SCALE_RATIO
+
+
+def _draw_markers(ax, run: RunCurves) -> None:
+    for span in run.timeline.lost_spans:
+        ax.axvspan(span.after_step, span.last_step, color=MARKER_STYLES["killed"][0], alpha=0.07, linewidth=0,
+                   gid=f"lostspan:{span.attempt}:{run.name}", label="_lostspan")
+    for marker in run.timeline.markers:
+        color, style, _ = MARKER_STYLES[marker.kind]
+        ax.axvline(marker.step, color=color, linestyle=style, linewidth=1.0, alpha=0.8,
+                   gid=f"marker:{marker.kind}:{marker.attempt}:{run.name}", label="_marker")
+
+
+def _label_markers(ax, run: RunCurves, *, several: bool) -> None:
+    """One label per step above the top panel, naming every marker there (``stop (SIGUSR2) / requeue``)."""
+    labels: dict[int, list[str]] = {}
+    for marker in run.timeline.markers:
+        labels.setdefault(marker.step, [])
+        if _short_label(run, marker) not in labels[marker.step]:
+            labels[marker.step].append(_short_label(run, marker))
+    for step, names in labels.items():
+        text = " / ".join(names)
+        ax.text(step, 1.02, f"{run.name}: {text}" if several else text, transform=ax.get_xaxis_transform(),
+                rotation=90, ha="center", va="bottom", fontsize=7, clip_on=False)
+
+
+def _short_label(run: RunCurves, marker: Marker) -> str:
+    """A stop is named by its signal, a kill ``kill``, a failure by its exception; the line style says the rest."""
+    attempt = run.timeline.attempts[marker.attempt - 1]
+    if marker.kind == "stop":
+        return str(attempt.stop_signal)
+    if marker.kind == "failed":
+        return str(attempt.failure)
+    return "kill" if marker.kind == "killed" else marker.kind
+
+
+def _legend_handles(runs: Sequence[RunCurves]) -> list[Line2D]:
+    handles = [Line2D([], [], color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.6, label=run.name)
+               for i, run in enumerate(runs)]
+    if any(series.lost for run in runs for series in run.timeline.series.values()):
+        handles.append(Line2D([], [], color="gray", alpha=LOST_ALPHA, linewidth=6, solid_capstyle="round",
+                              label="lost to a kill, trained again"))
+    kinds = dict.fromkeys(marker.kind for run in runs for marker in run.timeline.markers)
+    for kind in MARKER_STYLES:
+        if kind in kinds:
+            color, style, text = MARKER_STYLES[kind]
+            handles.append(Line2D([], [], color=color, linestyle=style, linewidth=1.0, label=text))
+    return handles

@@ -1,0 +1,125 @@
+"""A real run preempted twice and SIGKILLed once (see interrupted_run.py), drawn by `elfes plot` and
+mirrored to TensorBoard. Golden-free: the plot's data is read back from the matplotlib figure it saved,
+and the TensorBoard files with TensorBoard's own event reader; both are checked against the run's
+records and state.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy
+import pytest
+from interrupted_run import InterruptedRun, attempt_events, events, kill_leftovers, run_interrupted_job
+
+from elfes.launcher import state as run_state
+from elfes.launcher.paths import RunPaths
+from elfes.launcher.plot import plot
+
+pytest.importorskip("matplotlib", reason="the plot extra: pip install -e '.[test]' installs it")
+pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e '.[test]' installs it")
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("interrupted")
+    try:
+        yield run_interrupted_job(folder)
+    finally:
+        kill_leftovers(folder / "interrupted")
+
+
+def last_value_per_step(run_dir: Path, event_name: str, metric) -> dict[int, float]:
+    """Step -> the value the run's records hold last for it (a redo's, where a step was trained twice)."""
+    return {e["step"]: metric(e) for e in events(run_dir) if e["event"] == event_name}
+
+
+def kill_facts(run: InterruptedRun) -> tuple[int, list[dict]]:
+    """The step of the last checkpoint before the kill, and the train records of attempt 3 past it."""
+    before_kill = [e for attempt in (1, 2, 3) for e in attempt_events(run.run_dir, attempt)]
+    last_checkpoint = max(e["step"] for e in before_kill if e["event"] == "checkpoint")
+    lost = [e for e in attempt_events(run.run_dir, 3) if e["event"] == "train" and e["step"] > last_checkpoint]
+    return last_checkpoint, lost
+
+
+def lines(ax, prefix: str) -> list:
+    return [line for line in ax.get_lines() if (line.get_gid() or "").startswith(prefix)]
+
+
+def test_the_plot_has_one_kept_path_the_lost_segment_apart_and_every_interruption_marked(interrupted, tmp_path):
+    run_dir = interrupted.run_dir
+    result = plot([run_dir], output=tmp_path / "interrupted.png")
+    assert result.output.read_bytes().startswith(PNG_SIGNATURE)
+    assert result.metrics == ("train/loss", "eval/validation/loss", "eval/validation/mae", "eval/validation/rmse")
+    panels = {ax.get_gid().removeprefix("panel:"): ax for ax in result.figure.get_axes()}
+    assert list(panels) == list(result.metrics)
+    loss_panel = panels["train/loss"]
+
+    # The kept path: one line, every step once and in order, each with the value the records keep last.
+    (kept,) = lines(loss_panel, "kept:interrupted")
+    kept_loss = last_value_per_step(run_dir, "train", lambda e: e["metrics"]["loss"])
+    assert list(kept.get_xdata()) == sorted(kept_loss) == list(range(1, 25))
+    assert list(kept.get_ydata()) == [kept_loss[step] for step in range(1, 25)]
+    (kept_eval,) = lines(panels["eval/validation/loss"], "kept:interrupted")
+    assert list(kept_eval.get_xdata()) == [8, 16, 24]
+
+    # The lost segment: its own faded line, the steps attempt 3 logged past its last checkpoint.
+    last_checkpoint, lost_records = kill_facts(interrupted)
+    assert len(lost_records) >= 2 and lost_records[-1]["step"] == interrupted.killed_at_step
+    (lost,) = lines(loss_panel, "lost:")
+    assert lost.get_gid() == "lost:3:interrupted" and lost.get_alpha() < 1
+    assert list(lost.get_xdata()) == [e["step"] for e in lost_records]
+    assert list(lost.get_ydata()) == [e["metrics"]["loss"] for e in lost_records]
+    assert lines(panels["eval/validation/loss"], "lost:") == []  # no evaluation was lost
+
+    # The markers, at the steps state.json recorded for each attempt, in every panel.
+    attempts = run_state.load_state(RunPaths(run_dir)).attempts
+    assert [(a.outcome, a.signal, a.launch) for a in attempts] == [
+        ("requeued", "SIGUSR2", "submit"), ("requeued", "SIGUSR2", "requeue"), ("lost", None, "requeue"),
+        ("finished", None, "resume")]
+    first_stop, second_stop = attempts[0].step, attempts[1].step
+    expected = {("start", 1, 0), ("stop", 1, first_stop), ("requeue", 2, first_stop), ("stop", 2, second_stop),
+                ("requeue", 3, second_stop), ("killed", 3, interrupted.killed_at_step), ("resume", 4, last_checkpoint)}
+    for ax in panels.values():
+        drawn = set()
+        for line in lines(ax, "marker:"):
+            _, kind, attempt, run = line.get_gid().split(":", 3)
+            assert run == "interrupted" and line.get_xdata()[0] == line.get_xdata()[1]
+            drawn.add((kind, int(attempt), line.get_xdata()[0]))
+        assert drawn == expected
+    labels = {text.get_position()[0]: text.get_text() for text in loss_panel.texts}
+    assert labels[first_stop] == "SIGUSR2 / requeue"
+    assert labels[interrupted.killed_at_step] == "kill"
+    assert "2 stops, 2 requeues, 1 kill, 1 resume" in result.figure.get_suptitle()
+
+
+def test_tensorboard_holds_each_steps_loss_once_equal_to_the_run_records(interrupted):
+    run_dir = interrupted.run_dir
+    accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    kept_loss = last_value_per_step(run_dir, "train", lambda e: e["metrics"]["loss"])
+    loss = accumulator.Scalars("train/loss")
+    assert [event.step for event in loss] == list(range(1, 25))
+    # TensorBoard stores float32: each value is the record's, rounded to float32.
+    assert [event.value for event in loss] == [float(numpy.float32(kept_loss[step])) for step in range(1, 25)]
+    evaluations = last_value_per_step(run_dir, "evaluation", lambda e: e["metrics"]["validation"]["loss"])
+    assert [(e.step, e.value) for e in accumulator.Scalars("eval/validation/loss")] == [
+        (step, float(numpy.float32(value))) for step, value in sorted(evaluations.items())]
+
+    # In the files: one per attempt, in the order TensorBoard reads them. Stopped attempts' steps never
+    # repeat; the killed attempt's lost steps are written again only after the next file's purge marker.
+    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 4
+    steps = []
+    purges = []
+    for file in files:
+        found = list(EventFileLoader(str(file)).Load())
+        purges.append(next(e.step for e in found if e.HasField("session_log")))
+        steps.append([e.step for e in found if e.HasField("summary") and e.summary.value[0].tag == "train/loss"])
+    last_checkpoint, lost_records = kill_facts(interrupted)
+    assert steps[0] + steps[1] + steps[3] == list(range(1, 25))
+    assert steps[2] == [e["step"] for e in lost_records]
+    assert purges[3] == last_checkpoint + 1 <= min(steps[2])
