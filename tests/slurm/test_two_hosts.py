@@ -5,20 +5,35 @@ host; a 2-node batch job's step sees its own host name, address and SLURM ranks 
 host of ``SLURM_JOB_NODELIST`` is ``node1`` (where submitit's ``TorchDistributedEnvironment`` puts the
 master), and ``sacct`` works from inside the job; teardown ends by pid what a job left running in a node
 and deletes the namespaces and bridge it made, and nothing else.
+
+ELFES on two hosts (real jobs through the `elfes` CLI, gloo between the hosts, the quickstart model): a
+2-node job preempted by a `high` job (the user signal) saves, requeues itself and resumes bitwise equal
+(torch.equal on every tensor) to the same job run uninterrupted, its hosts listed per attempt by `elfes
+status`; the requeue signal sent to the task on node2 alone stops both ranks at the same window boundary
+and requeues once; a 2-node x 2-task job forms one group of 4 ranks, numbered across the hosts.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster import process_alive, wait_for
 from two_hosts import TwoHostCluster
+
+from elfes.launcher import state as run_state
+from elfes.launcher.paths import RunPaths
 
 STEP = (
     'echo "$(hostname) $(hostname -i) procid=$SLURM_PROCID nodeid=$SLURM_NODEID localid=$SLURM_LOCALID '
@@ -105,3 +120,227 @@ def _command(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except FileNotFoundError:
         return ""
+
+
+# -- ELFES jobs on the two hosts ----------------------------------------------------------------------------------
+ELFES = str(Path(sys.executable).with_name("elfes"))
+REPOSITORY = Path(__file__).resolve().parents[2]
+# 256 samples in batches of 16, accumulation 2: on 2 ranks 4 optimizer steps per epoch, 8 in all (4 on 4 ranks).
+CONFIG = {"epochs": 2, "train_samples": 256, "log_every": 1}
+PLANNED_STEPS = 8
+STEP_DELAY_S = 0.4  # per batch, in the interrupted runs: ~6 s of training, so that a signal lands mid-run
+RUN_TIMEOUT_S = 180.0  # torch imports of several ranks on 2 loaded cores
+
+
+def write_spec(folder: Path, name: str, *, tasks_per_node: int = 1, step_delay_s: float = 0.0) -> Path:
+    spec = folder / f"{name}.yaml"
+    spec.write_text(json.dumps({
+        "name": name, "entrypoint": "tests.slurm.two_host_jobs:ranked_quickstart", "workdir": str(REPOSITORY),
+        "run_dir": str(folder / name), "config": {**CONFIG, "step_delay_s": step_delay_s},
+        "resources": {"nodes": 2, "tasks_per_node": tasks_per_node, "gpus_per_node": 0, "cpus_per_task": 1,
+                      "mem_gb": 1, "timeout_min": 10},
+        "slurm": {"partition": "low", "signal_delay_s": 60}, "requeue": {"max_requeues": 3},
+        "env": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPOSITORY)},
+    }))
+    return spec
+
+
+def elfes(cluster: TwoHostCluster, *argv: str) -> subprocess.CompletedProcess:
+    completed = subprocess.run([ELFES, *argv], env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, f"elfes {' '.join(argv)}: {completed.stderr}"
+    return completed
+
+
+def submit(cluster: TwoHostCluster, folder: Path, name: str, **spec: Any) -> Path:
+    submitted = elfes(cluster, "submit", str(write_spec(folder, name, **spec)), "--executor", "slurm")
+    assert "as slurm job" in submitted.stdout
+    return folder / name
+
+
+def state_of(run_dir: Path) -> run_state.RunState | None:
+    return run_state.load_state(RunPaths(run_dir))
+
+
+def diagnostics(run_dir: Path) -> str:
+    paths = RunPaths(run_dir)
+    files = [paths.state, *sorted(paths.pids.glob("*.json")), *sorted(paths.logs.glob("attempt-*/rank-*.*")),
+             *sorted(paths.submitit.glob("*_log.*"))]
+    return "\n".join(f"--- {file} (tail) ---\n{file.read_text(errors='replace')[-2500:]}" for file in files
+                     if file.is_file())
+
+
+def wait_run(run_dir: Path, condition: Callable[[], Any], what: str, timeout_s: float = RUN_TIMEOUT_S) -> Any:
+    """``wait_for`` that fails with the run's files, and at once when the run failed meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        state = state_of(run_dir)
+        if state is not None and state.status == "failed" or time.monotonic() > deadline:
+            pytest.fail(f"waiting for {what}: the run is {state.status if state else 'not started'}\n"
+                        f"{diagnostics(run_dir)}")
+        time.sleep(0.1)
+    return value
+
+
+def wait_finished(run_dir: Path) -> run_state.RunState:
+    state = wait_run(run_dir, lambda: (s := state_of(run_dir)) is not None and s.status in run_state.ENDED and s,
+                     "the run to end")
+    assert state.status == "finished", diagnostics(run_dir)
+    return state
+
+
+def trained_to(run_dir: Path, step: int) -> bool:
+    """Whether the run logged a train record at ``step`` or later."""
+    try:
+        lines = RunPaths(run_dir).events.read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any('"event": "train"' in line and json.loads(line).get("step", -1) >= step for line in lines[:-1])
+
+
+def task(run_dir: Path, rank: int, attempt: int) -> dict | None:
+    """The pid record of ``rank`` in ``attempt`` (written once its signal handlers are in), or None."""
+    try:
+        record = json.loads(RunPaths(run_dir).pid_file(rank).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if record.get("attempt") == attempt else None
+
+
+def rank_records(run_dir: Path, ranks: int) -> list[dict]:
+    """What each rank of the latest attempt recorded about itself (tests/slurm/two_host_jobs.py)."""
+    return [json.loads((run_dir / "ranks" / f"rank-{rank}.json").read_text()) for rank in range(ranks)]
+
+
+def ends_in_logs(run_dir: Path, attempt: int, ranks: int) -> list[str]:
+    """How each rank said ``attempt`` ended ("requeued (SIGUSR2) at step 3")."""
+    paths = RunPaths(run_dir)
+    return [re.search(rf"elfes: attempt {attempt} ended (.*)", paths.rank_log(attempt, rank).read_text()).group(1)
+            for rank in range(ranks)]
+
+
+def outcomes(state: run_state.RunState) -> list[tuple]:
+    return [(attempt.outcome, attempt.signal, attempt.launch, attempt.hosts) for attempt in state.attempts]
+
+
+def assert_bitwise_equal_runs(run_dir: Path, reference: Path) -> None:
+    """Every tensor of the final checkpoint (weights, EMA, optimizer, generators) and of the exported
+    model is torch.equal to the uninterrupted run's."""
+    import torch
+
+    def tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        if isinstance(value, torch.Tensor):
+            yield prefix, value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                yield from tensors(item, f"{prefix}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                yield from tensors(item, f"{prefix}[{index}]")
+
+    for relative in ("checkpoints/final", "model.pt"):
+        ours, theirs = (dict(tensors(torch.load(folder / relative, map_location="cpu", weights_only=True)))
+                        for folder in (run_dir, reference))
+        assert ours and ours.keys() == theirs.keys(), f"{relative}: different tensors"
+        different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+        assert not different, f"{relative}: tensors differ from the uninterrupted run: {different}"
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_two_hosts_cluster: TwoHostCluster, tmp_path_factory: pytest.TempPathFactory
+              ) -> Callable[[], Path]:
+    """``reference()``: the run directory of the 2-node x 1-task job run uninterrupted, submitted on first
+    use. The test that submits it waits for it to finish (each test ends with an empty queue)."""
+    folder = tmp_path_factory.mktemp("reference")
+    run_dirs: list[Path] = []
+
+    def run() -> Path:
+        if not run_dirs:
+            run_dirs.append(submit(slurm_two_hosts_cluster, folder, "reference"))
+        return run_dirs[0]
+
+    return run
+
+
+def test_preempted_two_node_job_requeues_and_resumes_bitwise(
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+):
+    """A job in `low` on node1 and node2 is preempted by a job in `high` that needs both whole nodes: SLURM
+    sends the user signal (USR2) to both tasks, they save `last` at one boundary, rank 0 runs `scontrol
+    requeue`, the preemptor runs, and the relaunch on both hosts resumes to the uninterrupted run's end."""
+    run_dir = submit(slurm_two_hosts, tmp_path, "preempted", step_delay_s=STEP_DELAY_S)
+    wait_run(run_dir, lambda: task(run_dir, 0, 1) and task(run_dir, 1, 1) and trained_to(run_dir, 2),
+             "attempt 1 to train to step 2")
+    preemptor = slurm_two_hosts.run(
+        "sbatch", "--parsable", "--partition=high", "--nodes=2", "--exclusive", "--mem=100M",
+        f"--output={tmp_path / 'preemptor.out'}", "--wrap", "srun hostname", cwd=tmp_path).stdout.strip()
+    wait_run(run_dir, lambda: (s := state_of(run_dir)) and s.attempts[0].ended, "attempt 1 to end")
+    wait_for(lambda: slurm_two_hosts.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", preemptor).stdout.strip()
+             == "COMPLETED", timeout_s=60, what=f"the preempting job {preemptor} to complete")
+    assert sorted((tmp_path / "preemptor.out").read_text().split()) == ["node1", "node2"]
+    expected = reference()  # trains while the preempted job waits for its relaunch
+    state = wait_finished(run_dir)
+
+    hosts = ("node1", "node2")
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit", hosts), ("finished", None, "requeue", hosts)]
+    assert 2 <= state.attempts[0].step < PLANNED_STEPS and state.attempts[1].step == PLANNED_STEPS
+    assert ends_in_logs(run_dir, 1, 2) == [f"requeued (SIGUSR2) at step {state.attempts[0].step}"] * 2
+    assert {attempt.job_id for attempt in state.attempts} == {state.job_id}  # SLURM relaunched the same job
+    assert [r["environment"]["SLURM_RESTART_COUNT"] for r in rank_records(run_dir, 2)] == ["1", "1"]
+    report = json.loads(elfes(slurm_two_hosts, "status", str(run_dir), "--json").stdout)
+    assert report["status"] == "finished" and [a["hosts"] for a in report["attempts"]] == [list(hosts)] * 2
+    table = elfes(slurm_two_hosts, "status", str(run_dir)).stdout
+    assert table.count("node1,node2") == 2, table  # the attempts table: one row per attempt
+    assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
+    assert_bitwise_equal_runs(run_dir, expected)
+
+
+def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+):
+    """USR2 sent to the task on node2 alone (by its pid, which is a pid of the root namespace too): rank 0 on
+    node1 never sees it, yet both ranks stop at the same window boundary, rank 0 requeues the job (once),
+    and the relaunch resumes bitwise."""
+    expected = reference()
+    run_dir = submit(slurm_two_hosts, tmp_path, "one-host", step_delay_s=STEP_DELAY_S)
+    record = wait_run(run_dir, lambda: task(run_dir, 0, 1) and trained_to(run_dir, 2) and task(run_dir, 1, 1),
+                      "attempt 1 to train to step 2")
+    assert record["host"] == "node2"
+    assert record["pid"] in slurm_two_hosts.namespace_pids("node2")
+    assert record["pid"] not in slurm_two_hosts.namespace_pids("node1")
+    assert "submitit.core._submit" in _command(record["pid"])
+    os.kill(record["pid"], signal.SIGUSR2)
+    state = wait_finished(run_dir)
+
+    hosts = ("node1", "node2")
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit", hosts), ("finished", None, "requeue", hosts)]
+    saved = state.attempts[0].step
+    assert 2 <= saved < PLANNED_STEPS and state.requeues_used == 1
+    # Both ranks agreed on the stop (and on its reason) at the same boundary; the record of it, `last`,
+    # came from rank 0.
+    assert ends_in_logs(run_dir, 1, 2) == [f"requeued (SIGUSR2) at step {saved}"] * 2
+    stopped = [json.loads(line) for line in RunPaths(run_dir).events.read_text().splitlines()
+               if '"event": "stopped"' in line]
+    assert [(event["reason"], event["state"]["step"]) for event in stopped] == [("SIGUSR2", saved)]
+    assert [r["environment"]["SLURM_RESTART_COUNT"] for r in rank_records(run_dir, 2)] == ["1", "1"]
+    assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
+    assert_bitwise_equal_runs(run_dir, expected)
+
+
+def test_two_nodes_of_two_tasks_form_one_group_of_four_ranks(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
+    """2 nodes x 2 tasks: global ranks 0-3 across the hosts (0, 1 on node1; 2, 3 on node2), local ranks
+    per host, the master on the allocation's first host, one process group of 4 that trains to the end."""
+    run_dir = submit(slurm_two_hosts, tmp_path, "four-ranks", tasks_per_node=2)
+    state = wait_finished(run_dir)
+    records = rank_records(run_dir, 4)
+    seen = [(r["host"], *(r["environment"][name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                              "MASTER_ADDR"))) for r in records]
+    assert seen == [("node1", "0", "0", "4", "2", "node1"), ("node1", "1", "1", "4", "2", "node1"),
+                    ("node2", "2", "0", "4", "2", "node1"), ("node2", "3", "1", "4", "2", "node1")]
+    assert [(r["job"]["rank"], r["job"]["local_rank"], r["job"]["world_size"]) for r in records] == [
+        (0, 0, 4), (1, 1, 4), (2, 0, 4), (3, 1, 4)]
+    assert len({r["environment"]["MASTER_PORT"] for r in records}) == 1
+    assert outcomes(state) == [("finished", None, "submit", ("node1", "node2"))]
+    assert state.attempts[0].world_size == 4 and state.attempts[0].step == PLANNED_STEPS // 2
+    started = [json.loads(line) for line in RunPaths(run_dir).events.read_text().splitlines()
+               if '"event": "started"' in line]
+    assert [event["world_size"] for event in started] == [4]  # one gloo group of the 4 tasks
