@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .paths import RunPaths
-from .spec import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, JobSpec
+from .spec_models import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, JobSpec
 
 EXECUTORS = ("auto", "slurm", "local")
 

@@ -1,0 +1,63 @@
+"""The verbs that help write a job spec and touch no run: ``elfes init`` (a template), ``elfes
+schema`` and ``elfes validate``. Torch-free; only ``init`` writes a file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from . import executors
+from .run_dir import UsageError
+from .spec import JobSpec, json_schema, load_spec
+
+TEMPLATES_PACKAGE = "elfes.launcher.templates"
+
+
+@dataclass(frozen=True)
+class Validated:
+    spec: JobSpec
+    source: Path
+    executor: str  # what `auto` would choose here
+
+
+def validate(spec_file: str | os.PathLike[str], *, executor: str = "auto") -> Validated:
+    """Check a spec file (and that ``executor`` can run it). Creates nothing."""
+    spec = load_spec(spec_file)
+    chosen = executors.choose_executor(executor)
+    executors.check_executor(spec, chosen)
+    return Validated(spec=spec, source=Path(spec_file), executor=chosen)
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the job spec."""
+    return json_schema()
+
+
+def template_names() -> list[str]:
+    """The templates ``elfes init`` can write (file stems of ``templates/*.yaml``)."""
+    folder = resources.files(TEMPLATES_PACKAGE)
+    return sorted(entry.name[: -len(".yaml")] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def template_text(name: str) -> str:
+    names = template_names()
+    if name not in names:
+        raise UsageError(f"template {name!r} does not exist; choose one of: {', '.join(names)}")
+    return resources.files(TEMPLATES_PACKAGE).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+
+
+def init(template: str = "local-debug", path: str | os.PathLike[str] = "job.yaml") -> Path:
+    """Write template ``template`` to ``path`` (refusing to overwrite a file); returns ``path``."""
+    text = template_text(template)
+    target = Path(path)
+    if target.exists():
+        raise UsageError(f"{target} already exists; give another path (elfes init {template} PATH) or remove it")
+    if not target.parent.is_dir():
+        raise UsageError(f"{target.parent} is not a folder; create it first or give another path")
+    with open(target, "x", encoding="utf-8") as stream:
+        stream.write(text)
+    return target

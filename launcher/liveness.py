@@ -1,0 +1,166 @@
+"""Whether a run's job is still queued or alive, as far as this machine can tell: the local job's
+processes in /proc, SLURM's ``squeue``/``sacct`` for a cluster job, the tasks that recorded their
+pids, and the run's state once a job that vanished without recording its end is counted lost.
+
+Torch-free; reads files and asks SLURM, writes nothing. Every verb that looks at a live run uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from . import state as run_state
+from .paths import RunPaths
+
+# squeue states in which a SLURM job is still queued or alive.
+_SLURM_ALIVE = frozenset({
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
+})
+
+
+def _proc_cmdline(pid: int) -> list[str] | None:
+    """The command line of a live (non-zombie) process, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2:].startswith(("Z", "X")):
+            return None
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _same_folder(argument: str, folder: Path) -> bool:
+    return os.path.realpath(argument) == os.path.realpath(folder)
+
+
+def _is_process_of(cmdline: list[str] | None, paths: RunPaths, module: str) -> bool:
+    """Whether a command line is ``python ... -m <module> <RUN_DIR/submitit>`` of this run."""
+    return bool(cmdline) and module in cmdline and _same_folder(cmdline[-1], paths.submitit)
+
+
+def local_processes(paths: RunPaths) -> dict[str, list[int]]:
+    """Live processes of this run's local job on this machine: ``{"controller": [...], "task": [...]}``."""
+    found: dict[str, list[int]] = {"controller": [], "task": []}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        cmdline = _proc_cmdline(int(entry.name))
+        if _is_process_of(cmdline, paths, "submitit.local._local"):
+            found["controller"].append(int(entry.name))
+        elif _is_process_of(cmdline, paths, "submitit.core._submit"):
+            found["task"].append(int(entry.name))
+    return found
+
+
+def run_slurm_tool(argv: list[str]) -> subprocess.CompletedProcess | None:
+    """Run a SLURM command (``squeue``, ``sacct``, ``scancel``) for at most 30 s; None where it is not
+    on PATH or does not answer."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def slurm_queue_state(job_id: str) -> str | None:
+    """SLURM's state of ``job_id`` (``squeue``, else ``sacct``), or None where neither answers."""
+    queued = run_slurm_tool(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    if queued is not None and queued.returncode == 0 and queued.stdout.strip():
+        return queued.stdout.split()[0]
+    accounted = run_slurm_tool(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    if accounted is not None and accounted.returncode == 0 and accounted.stdout.strip():
+        return accounted.stdout.splitlines()[-1].split()[0]
+    if queued is not None and (queued.returncode == 0 or "Invalid job id" in queued.stderr):
+        return "GONE"  # squeue answered and no longer knows the job
+    return None
+
+
+@dataclass(frozen=True)
+class Liveness:
+    alive: bool | None  # None: cannot tell from here
+    queue_state: str | None  # SLURM's state, "RUNNING"/"GONE" for a local job, None when unknown
+
+
+def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
+    """Whether the run's job is still queued or alive, as far as this machine can tell."""
+    if state is None or state.job_id is None:
+        return Liveness(None, None)
+    if state.executor == "local":
+        processes = local_processes(paths)
+        alive = bool(processes["controller"] or processes["task"])
+        if state.status in run_state.ENDED:
+            return Liveness(alive, "EXITING" if alive else None)
+        return Liveness(alive, "RUNNING" if alive else "GONE")
+    queue = slurm_queue_state(state.job_id)
+    if queue is None:
+        return Liveness(None, None)
+    return Liveness(queue in _SLURM_ALIVE, queue)
+
+
+class LivenessProbe:
+    """:func:`liveness` for a polling loop, asking SLURM at most every ``slurm_every_s`` (squeue loads
+    the cluster's controller) and /proc at most every ``local_every_s``."""
+
+    def __init__(self, paths: RunPaths, *, slurm_every_s: float = 30.0, local_every_s: float = 1.0) -> None:
+        self.paths = paths
+        self.every_s = {"slurm": slurm_every_s, "local": local_every_s}
+        self._last: tuple[float, str | None, Liveness] | None = None
+
+    def __call__(self, state: run_state.RunState | None) -> Liveness:
+        now = time.monotonic()
+        key = None if state is None else f"{state.executor}:{state.job_id}:{state.status in run_state.ENDED}"
+        if self._last is not None:
+            at, last_key, live = self._last
+            every = self.every_s.get(state.executor if state is not None else "", 0.0)
+            if last_key == key and now - at < every:
+                return live
+        live = liveness(self.paths, state)
+        self._last = (now, key, live)
+        return live
+
+
+def cancel_requested(paths: RunPaths, state: run_state.RunState | None) -> bool:
+    """Whether ``elfes cancel`` left its marker for the current submission (the rule the runtime uses)."""
+    try:
+        marked = paths.cancel_marker.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if state is None or not state.submissions:
+        return True
+    return marked >= datetime.fromisoformat(state.submissions[-1].at).timestamp()
+
+
+def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None:
+    """``state`` as it is once a job that is gone without recording its end is counted lost (pure)."""
+    if state is None or state.status in run_state.ENDED or state.status == "submitted" or live.alive is not False:
+        return state
+    return run_state.mark_lost(state, cancelled=cancel_requested(paths, state))
+
+
+def recorded_tasks(paths: RunPaths) -> list[dict[str, Any]]:
+    """The pid records of the run's tasks that are still that task on this host (checked in /proc)."""
+    host = socket.gethostname()
+    tasks = []
+    for file in sorted(paths.pids.glob("rank-*.json")) if paths.pids.is_dir() else ():
+        try:
+            record = json.loads(file.read_text(encoding="utf-8"))
+            pid = int(record["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if record.get("host") not in (None, host):
+            continue
+        if _is_process_of(_proc_cmdline(pid), paths, "submitit.core._submit"):
+            tasks.append(record)
+    return tasks

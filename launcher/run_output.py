@@ -1,0 +1,135 @@
+"""A run's output as it grows: its log files (``elfes logs``, ``--follow``) and its run records
+(``elfes submit --follow``). Reads files only; the followers poll until the run ends.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import state as run_state
+from .liveness import LivenessProbe, effective_state
+from .paths import RunPaths
+from .run_dir import UsageError, run_paths
+
+
+@dataclass(frozen=True)
+class LogFiles:
+    attempt: int | None
+    rank: int
+    files: list[Path]  # stdout then stderr, those that exist
+
+
+def _latest_attempt(paths: RunPaths, state: run_state.RunState | None) -> int | None:
+    numbers = [attempt.number for attempt in state.attempts] if state is not None else []
+    if paths.logs.is_dir():
+        numbers += [int(p.name.split("-")[1]) for p in paths.logs.glob("attempt-*") if p.name.split("-")[1].isdigit()]
+    return max(numbers) if numbers else None
+
+
+def log_files(run_dir: str | os.PathLike[str], *, rank: int = 0, attempt: int | None = None) -> LogFiles:
+    """The stdout and stderr files of ``rank`` in ``attempt`` (the latest by default). Reads nothing else."""
+    paths = run_paths(run_dir)
+    state = run_state.load_state(paths)
+    if attempt is None:
+        attempt = _latest_attempt(paths, state)
+    if rank < 0 or (state is not None and state.attempts and rank >= max(a.world_size for a in state.attempts)):
+        size = max(a.world_size for a in state.attempts) if state is not None and state.attempts else 1
+        raise UsageError(f"--rank {rank}: the job has ranks 0-{size - 1}; give one of them")
+    files: list[Path] = []
+    if attempt is not None:
+        files = [paths.rank_log(attempt, rank, stream) for stream in ("out", "err")]
+        files = [file for file in files if file.is_file()]
+    if not files and state is not None and state.job_id is not None:
+        # Before the runtime redirects its streams (or when it could not start), submitit's own logs.
+        files = [file for file in (paths.submitit / f"{state.job_id}_{rank}_log.out",
+                                   paths.submitit / f"{state.job_id}_{rank}_log.err") if file.is_file()]
+    if not files and paths.controller_log.is_file():
+        files = [paths.controller_log]
+    return LogFiles(attempt=attempt, rank=rank, files=files)
+
+
+def follow_logs(run_dir: str | os.PathLike[str], *, rank: int = 0, interval_s: float = 0.5) -> Iterator[tuple[Path, str]]:
+    """Yield ``(file, new text)`` from the latest attempt's logs of ``rank`` until the run ends,
+    moving on to each new attempt's files. The caller stops whenever it likes."""
+    paths = run_paths(run_dir)
+    offsets: dict[Path, int] = {}
+    probe = LivenessProbe(paths)
+    while True:
+        state = run_state.load_state(paths)
+        state = effective_state(paths, state, probe(state))
+        ended = state is None or state.status in run_state.ENDED  # read once more after the end, then stop
+        for file in log_files(paths.run_dir, rank=rank).files:
+            offset = offsets.get(file, 0)
+            with open(file, "rb") as stream:
+                stream.seek(offset)
+                data = stream.read()
+            if data:
+                offsets[file] = offset + len(data)
+                yield file, data.decode(errors="replace")
+        if ended:
+            return
+        time.sleep(interval_s)
+
+
+class EventTail:
+    """New complete lines of a run's ``events.jsonl`` since the last call (a torn last line waits)."""
+
+    def __init__(self, paths: RunPaths, *, from_start: bool = True) -> None:
+        self.file = paths.events
+        self.offset = 0
+        if not from_start and self.file.is_file():
+            self.offset = self.file.stat().st_size  # only what is written from now on
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.file, "rb") as stream:
+                stream.seek(self.offset)
+                data = stream.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        events = []
+        for line in data[:end].splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "event" in event:
+                events.append(event)
+        return events
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One look at a followed run: the events written since the previous look, and its state."""
+
+    events: list[dict[str, Any]]
+    state: run_state.RunState | None
+    queue_state: str | None
+    ended: bool
+
+
+def watch(run_dir: str | os.PathLike[str], *, from_start: bool = True, interval_s: float = 0.5) -> Iterator[Snapshot]:
+    """Snapshots of a run until it ends (its last snapshot has ``ended`` true). Reads files only.
+    ``from_start``: replay the run records already written (else only new ones)."""
+    paths = run_paths(run_dir)
+    tail = EventTail(paths, from_start=from_start)
+    probe = LivenessProbe(paths)
+    while True:
+        state = run_state.load_state(paths)
+        live = probe(state)
+        state = effective_state(paths, state, live)
+        ended = state is not None and state.status in run_state.ENDED
+        yield Snapshot(tail.read(), state, live.queue_state, ended)
+        if ended:
+            return
+        time.sleep(interval_s)
