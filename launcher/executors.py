@@ -310,7 +310,7 @@ def dry_run(spec: JobSpec, paths: RunPaths, executor: str) -> str:
 def submit(spec: JobSpec, paths: RunPaths, executor: str) -> str:
     """Submit ``JobRuntime(run_dir)`` for ``spec`` on ``executor`` ("slurm" or "local"); return the job id.
 
-    Callers: ``elfes submit``/``resume`` (launcher/actions.py) and a local job's rank 0 resubmitting past
+    Callers: ``elfes submit``/``resume`` (launcher/submission.py) and a local job's rank 0 resubmitting past
     submitit's six starts. The run directory must hold the recorded spec and state already.
     Raises :class:`ExecutorError` (spec unfit for the executor) or :class:`SubmissionError`.
     """

@@ -4,8 +4,8 @@ Torch-free (login-node commands import it). The field names are a contract: they
 YAML files, in the recorded ``job.yaml`` of every run directory and in ``elfes schema``.
 
 >>> spec = load_spec("examples/quickstart/job.yaml")     # raises SpecError naming file, field, value
->>> spec.run_dir                                          # absolute, resolved against the spec's folder
-PosixPath('/work/main/examples/quickstart/runs/quickstart')
+>>> spec.run_dir                                          # absolute: run_dir ../../runs/quickstart-job
+PosixPath('/home/me/elfes/runs/quickstart-job')           # resolved against the spec file's folder
 
 Paths (``workdir``, ``run_dir``) are resolved once, when the spec is loaded, relative to the folder
 of the spec file, and kept absolute from then on: the copy recorded in the run directory reloads to
