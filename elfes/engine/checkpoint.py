@@ -365,5 +365,7 @@ def _component_state(component: Any) -> Any:
     if component is None:
         return None
     if isinstance(component, nn.Module):
-        return plain_state_dict(component)
+        # The payload is written before training resumes, so a tensor already on the CPU is saved as
+        # it is: copying it first would add a pass over the whole model to every save.
+        return {name: tensor.detach().to("cpu") for name, tensor in component.state_dict().items()}
     return component.state_dict()

@@ -1,0 +1,82 @@
+"""Run every ELFES benchmark, then print the table of ratios and write it as JSON.
+
+    python -m benchmarks                     # everything, 7 rounds (about 10 minutes on 2 cores)
+    python -m benchmarks --only loop,stop    # some of them
+    python -m benchmarks --smoke             # tiny sizes, 1 round: checks that the command works (~1 minute)
+    python -m benchmarks --record            # also write benchmarks/results/<date>.md and .json
+
+Progress goes to stderr, one line per round; the table goes to stdout at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .measure import REPOSITORY, Progress, Row, machine, write_json
+from .table import markdown_table, print_table
+
+# name -> module; each module has run(rounds, progress, *, smoke) -> list[Row]
+BENCHMARKS = {
+    "loop": "benchmarks.loop",
+    "ddp": "benchmarks.loop_ddp",
+    "checkpoint": "benchmarks.checkpoint",
+    "stop": "benchmarks.stop",
+    "resume": "benchmarks.resume",
+    "login": "benchmarks.login",
+}
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per benchmark (default 7; 1 with --smoke)")
+    parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes and one round: a check that every benchmark runs")
+    parser.add_argument("--json", type=Path, default=None, help="where to write the results as JSON (default: a temporary file)")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/<UTC date>.md and .json")
+    arguments = parser.parse_args(argv)
+    chosen = [name.strip() for name in arguments.only.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown or not chosen:
+        parser.error(f"--only names {unknown or 'nothing'}; choose from {', '.join(BENCHMARKS)}.")
+    arguments.only = chosen
+    if arguments.rounds is None:
+        arguments.rounds = 1 if arguments.smoke else 7
+    if arguments.rounds < 1:
+        parser.error(f"--rounds is {arguments.rounds}; use 1 or more.")
+    return arguments
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    progress = Progress()
+    info = machine()
+    progress(
+        f"{len(arguments.only)} benchmark(s) x {arguments.rounds} round(s){' (smoke sizes)' if arguments.smoke else ''} on "
+        f"{info['cores']} cores ({info['cpu']}), load average {info['load_average'][0]}; a line per round:"
+    )
+    rows: list[Row] = []
+    for name in arguments.only:
+        module = importlib.import_module(BENCHMARKS[name])
+        rows += module.run(arguments.rounds, progress, smoke=arguments.smoke)
+    settings = {"rounds": arguments.rounds, "smoke": arguments.smoke, "benchmarks": arguments.only,
+                "wall_s": round(progress.elapsed(), 1)}
+    print_table(rows, info, settings)
+    path = arguments.json or Path(tempfile.mkdtemp(prefix="elfes-benchmarks-")) / "results.json"
+    write_json(path, info, settings, rows)
+    progress(f"results written to {path}")
+    if arguments.record:
+        stem = REPOSITORY / "benchmarks" / "results" / datetime.now(timezone.utc).strftime("%Y-%m-%d")
+        write_json(stem.with_suffix(".json"), info, settings, rows)
+        stem.with_suffix(".md").write_text(markdown_table(rows, info, settings))
+        progress(f"recorded as {stem.with_suffix('.md').relative_to(REPOSITORY)} and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

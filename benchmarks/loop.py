@@ -1,0 +1,250 @@
+"""Loop overhead, one process: ``Trainer`` against a hand-written loop doing the same math (and Lightning).
+
+Every variant trains one epoch of the same in-memory data, in the same order, from the same initial
+weights, with accumulation 2 and exact sample weighting (each microbatch's mean loss weighted by its
+share of the window's samples), AdamW and gradient clipping, on one CPU thread. The Trainer's and
+the hand loop's final weights are compared to show that they did the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from elfes.engine import Evaluator, Interval, MeanMetric, StepOutput, TrainConfig, Trainer
+
+from .measure import Progress, Row, interleave, median_difference, median_of, median_ratio, timed
+
+ACCUMULATION = 2
+LEARNING_RATE = 1e-3
+MAX_GRAD_NORM = 1.0
+FEATURES = 64
+
+
+@dataclass(frozen=True)
+class LoopCase:
+    name: str
+    width: int
+    depth: int  # hidden layers
+    batch_size: int
+    samples: int
+    evaluate_every: int | None = None  # steps; evaluation uses the EMA weights when ema_decay is set
+    ema_decay: float | None = None
+    validation_samples: int = 1024
+    target_over_us: float | None = None  # the most CPU microseconds per microbatch ELFES may add
+    target_speed: float | None = None  # the least samples/s ratio ELFES / hand loop
+
+    @property
+    def microbatches(self) -> int:
+        return -(-self.samples // self.batch_size)
+
+    def describe(self) -> str:
+        extras = (f", evaluation every {self.evaluate_every} steps" if self.evaluate_every else "") + (
+            f", EMA {self.ema_decay}" if self.ema_decay else "")
+        return f"{self.depth}x{self.width} MLP, batch {self.batch_size}{extras}"
+
+
+def cases(smoke: bool) -> list[LoopCase]:
+    if smoke:
+        # Too short for the targets (an epoch's fixed costs weigh on 32 microbatches): a check that it runs.
+        return [LoopCase("tiny", 16, 2, 8, 256), LoopCase("tiny+eval+ema", 16, 2, 8, 256, 16, 0.999, 64)]
+    return [
+        LoopCase("tiny", 16, 2, 8, 8192, target_over_us=100),
+        LoopCase("mlp", 512, 4, 64, 16384, target_speed=0.98),
+        LoopCase("tiny+eval+ema", 16, 2, 8, 8192, evaluate_every=64, ema_decay=0.999),
+    ]
+
+
+def make_model(case: LoopCase) -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(FEATURES, case.width), nn.GELU()]
+    for _ in range(case.depth - 1):
+        layers += [nn.Linear(case.width, case.width), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(case.width, 1))
+
+
+def make_data(samples: int, seed: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(samples, FEATURES, generator=generator), torch.randn(samples, 1, generator=generator))
+
+
+def step(model: nn.Module, batch: Any) -> StepOutput:
+    inputs, targets = batch
+    return StepOutput(loss=(model(inputs) - targets).square().mean(), num_samples=len(inputs))
+
+
+def evaluation_step(model: nn.Module, batch: Any) -> StepOutput:
+    inputs, targets = batch
+    error = model(inputs) - targets
+    return StepOutput(loss=error.square().mean(), num_samples=len(inputs), metrics={"mae": MeanMetric(error.abs().sum(), error.numel())})
+
+
+# ------------------------------------------------------------------------------------------------
+# The variants. Each returns the seconds of one epoch (construction of the trainer excluded).
+
+
+def hand_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validation: TensorDataset) -> dict[str, float]:
+    """The loop a researcher writes by hand for exact accumulation: weigh each microbatch's mean by its
+    share of the window's samples, clip, step (and keep an EMA and evaluate it, when the case says so)."""
+    loader = DataLoader(train, batch_size=case.batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    parameters = list(model.parameters())
+    average = [p.detach().clone() for p in parameters] if case.ema_decay else None
+
+    def run() -> None:
+        model.train()
+        batches, updates, evaluated = iter(loader), 0, False
+        while window := list(itertools.islice(batches, ACCUMULATION)):
+            optimizer.zero_grad(set_to_none=True)
+            total = sum(len(inputs) for inputs, _ in window)
+            for inputs, targets in window:
+                loss = (model(inputs) - targets).square().mean()
+                (loss * (len(inputs) / total)).backward()
+            torch.nn.utils.clip_grad_norm_(parameters, MAX_GRAD_NORM)
+            optimizer.step()
+            updates += 1
+            if average is not None:
+                with torch.no_grad():
+                    torch._foreach_lerp_(average, [p.detach() for p in parameters], 1.0 - case.ema_decay)
+            evaluated = bool(case.evaluate_every) and updates % case.evaluate_every == 0
+            if evaluated:
+                hand_evaluate(model, parameters, average, validation)
+        if case.evaluate_every and not evaluated:
+            hand_evaluate(model, parameters, average, validation)
+
+    return timed(run)
+
+
+def hand_evaluate(model: nn.Module, parameters: list[nn.Parameter], average: list[torch.Tensor] | None, data: TensorDataset) -> float:
+    raw = [p.detach().clone() for p in parameters]
+    model.eval()
+    total = absolute = count = 0.0
+    with torch.no_grad():
+        if average is not None:
+            torch._foreach_copy_(parameters, average)
+        for inputs, targets in DataLoader(data, batch_size=64):
+            error = model(inputs) - targets
+            total += float(error.square().sum())
+            absolute += float(error.abs().sum())
+            count += len(inputs)
+        torch._foreach_copy_(parameters, raw)
+    model.train()
+    return total / count
+
+
+def elfes_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validation: TensorDataset) -> dict[str, float]:
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    evaluator = None
+    if case.evaluate_every:
+        evaluator = Evaluator(accelerator, {"validation": DataLoader(validation, batch_size=64)}, evaluation_step)
+    trainer = Trainer(accelerator, model, optimizer, DataLoader(train, batch_size=case.batch_size), step,
+                      evaluator=evaluator, ema_decay=case.ema_decay)
+    evaluate_every = Interval(case.evaluate_every, "step") if case.evaluate_every else None
+    config = TrainConfig(epochs=1, max_grad_norm=MAX_GRAD_NORM, evaluate_every=evaluate_every, checkpoint_every=None)
+    return timed(lambda: trainer.train(config))
+
+
+def lightning_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validation: TensorDataset) -> dict[str, float]:
+    """PyTorch Lightning's automatic optimization with the same accumulation, clipping and optimizer."""
+    import lightning
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+            inputs, targets = batch
+            return (self.model(inputs) - targets).square().mean()  # Lightning divides by the accumulation
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=LEARNING_RATE)
+
+    trainer = lightning.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, accumulate_grad_batches=ACCUMULATION, gradient_clip_val=MAX_GRAD_NORM,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    module = Module()
+    return timed(lambda: trainer.fit(module, DataLoader(train, batch_size=case.batch_size)))
+
+
+def lightning_available() -> bool:
+    try:
+        import lightning  # noqa: F401
+    except ImportError:
+        return False
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
+    torch.set_num_threads(1)
+    with_lightning = lightning_available()
+    rows: list[Row] = []
+    for case in cases(smoke):
+        finals: dict[str, nn.Module] = {}
+        variants = {"hand": _Variant(hand_epoch, "hand", case, finals), "elfes": _Variant(elfes_epoch, "elfes", case, finals)}
+        if with_lightning and not case.evaluate_every:
+            variants["lightning"] = _Variant(lightning_epoch, "lightning", case, finals)
+        samples = interleave(variants, rounds, progress, f"loop {case.name}")
+        difference = max((a - b).abs().max().item() for a, b in zip(finals["elfes"].parameters(), finals["hand"].parameters()))
+        for name in [name for name in variants if name != "hand"]:
+            rows += _rows(case, samples, name, rounds, difference if name == "elfes" else None)
+    return rows
+
+
+class _Variant:
+    """One variant of a case: a fresh model each call, kept in ``finals`` to compare final weights."""
+
+    def __init__(self, epoch: Any, name: str, case: LoopCase, finals: dict[str, nn.Module]) -> None:
+        self.epoch, self.name, self.case, self.finals = epoch, name, case, finals
+        self.train, self.validation = make_data(case.samples, seed=1), make_data(case.validation_samples, seed=2)
+
+    def __call__(self) -> dict[str, float]:
+        self.finals[self.name] = make_model(self.case)
+        return self.epoch(self.case, self.finals[self.name], self.train, self.validation)
+
+
+def _rows(case: LoopCase, samples: dict[str, list[dict[str, float]]], name: str, rounds: int, difference: float | None) -> list[Row]:
+    label = "ELFES" if name == "elfes" else "Lightning"
+    per_microbatch = 1e6 / case.microbatches
+    details: dict[str, Any] = {
+        "model": case.describe(), "microbatches": case.microbatches, "accumulation": ACCUMULATION,
+        "over_us_wall": median_difference(samples, name, "hand", "wall_s", per_microbatch),
+        "hand_samples_per_s": case.samples / median_of(samples, "hand", "wall_s"),
+        f"{name}_samples_per_s": case.samples / median_of(samples, name, "wall_s"),
+    }
+    if difference is not None:
+        details["max_parameter_difference_vs_hand"] = difference
+    over = Row(
+        "loop", case.name, f"{label}: CPU µs per microbatch over the hand loop", "µs",
+        median_of(samples, name, "cpu_s") * per_microbatch, median_of(samples, "hand", "cpu_s") * per_microbatch, "hand loop",
+        "difference", median_difference(samples, name, "hand", "cpu_s", per_microbatch),
+        target=f"<= {case.target_over_us:g}" if case.target_over_us is not None and name == "elfes" else None,
+        rounds=rounds, details=details,
+    )
+    speed = Row(
+        "loop", case.name, f"{label}: samples/s, {label} / hand loop", "samples/s",
+        details[f"{name}_samples_per_s"], details["hand_samples_per_s"], "hand loop",
+        "ratio", median_ratio(samples, "hand", name, "wall_s"),
+        target=f">= {case.target_speed:g}" if case.target_speed is not None and name == "elfes" else None, rounds=rounds,
+    )
+    return [over, speed]
