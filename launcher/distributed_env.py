@@ -83,5 +83,9 @@ def export_distributed_environment(*, gpus_per_node: int) -> None:
         os.environ["ACCELERATE_USE_CPU"] = "1"  # without it Accelerate forms no group on a CPU-only machine
     from submitit.helpers import TorchDistributedEnvironment
 
-    # overwrite: a job submitted from inside another distributed job inherits its variables.
+    # A job submitted from inside another distributed job (or from a shell that sets them) inherits its
+    # variables: sbatch exports the submitter's environment. overwrite replaces them; MASTER_PORT must go
+    # first, as submitit would keep an inherited one instead of deriving it from the job id (two jobs whose
+    # first host is the same would then both listen on it).
+    os.environ.pop("MASTER_PORT", None)
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)

@@ -146,14 +146,15 @@ def write_spec(folder: Path, name: str, *, tasks_per_node: int = 1, step_delay_s
     return spec
 
 
-def elfes(cluster: TwoHostCluster, *argv: str) -> subprocess.CompletedProcess:
-    completed = subprocess.run([ELFES, *argv], env=cluster.env, capture_output=True, text=True, timeout=120)
+def elfes(cluster: TwoHostCluster, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environment = {**cluster.env, **(env or {})}
+    completed = subprocess.run([ELFES, *argv], env=environment, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, f"elfes {' '.join(argv)}: {completed.stderr}"
     return completed
 
 
-def submit(cluster: TwoHostCluster, folder: Path, name: str, **spec: Any) -> Path:
-    submitted = elfes(cluster, "submit", str(write_spec(folder, name, **spec)), "--executor", "slurm")
+def submit(cluster: TwoHostCluster, folder: Path, name: str, env: dict[str, str] | None = None, **spec: Any) -> Path:
+    submitted = elfes(cluster, "submit", str(write_spec(folder, name, **spec)), "--executor", "slurm", env=env)
     assert "as slurm job" in submitted.stdout
     return folder / name
 
@@ -329,8 +330,12 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
 
 def test_two_nodes_of_two_tasks_form_one_group_of_four_ranks(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
     """2 nodes x 2 tasks: global ranks 0-3 across the hosts (0, 1 on node1; 2, 3 on node2), local ranks
-    per host, the master on the allocation's first host, one process group of 4 that trains to the end."""
-    run_dir = submit(slurm_two_hosts, tmp_path, "four-ranks", tasks_per_node=2)
+    per host, the master on the allocation's first host, one process group of 4 that trains to the end.
+    Submitted from inside another distributed job: sbatch exports its variables to the job, where SLURM's
+    view replaces every one of them (the port too: it comes from the job id, not from the submitter)."""
+    surrounding = {"MASTER_ADDR": "elsewhere", "MASTER_PORT": "29517", "RANK": "5", "WORLD_SIZE": "9",
+                   "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "3"}
+    run_dir = submit(slurm_two_hosts, tmp_path, "four-ranks", env=surrounding, tasks_per_node=2)
     state = wait_finished(run_dir)
     records = rank_records(run_dir, 4)
     seen = [(r["host"], *(r["environment"][name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -340,6 +345,7 @@ def test_two_nodes_of_two_tasks_form_one_group_of_four_ranks(slurm_two_hosts: Tw
     assert [(r["job"]["rank"], r["job"]["local_rank"], r["job"]["world_size"]) for r in records] == [
         (0, 0, 4), (1, 1, 4), (2, 0, 4), (3, 1, 4)]
     assert len({r["environment"]["MASTER_PORT"] for r in records}) == 1
+    assert records[0]["environment"]["MASTER_PORT"] != surrounding["MASTER_PORT"]
     assert outcomes(state) == [("finished", None, "submit", ("node1", "node2"))]
     assert state.attempts[0].world_size == 4 and state.attempts[0].step == PLANNED_STEPS // 2
     started = [json.loads(line) for line in RunPaths(run_dir).events.read_text().splitlines()
