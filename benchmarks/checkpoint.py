@@ -60,6 +60,7 @@ def payload_megabytes(trainer: Trainer) -> float:
 
 def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
     width, layers = (256, 2) if smoke else (2048, 4)
+    rounds *= 3  # a save takes a fraction of a second: more rounds steady the medians against disk and allocator noise
     trainer = build(width, layers)
     megabytes = payload_megabytes(trainer)
     with tempfile.TemporaryDirectory(prefix="elfes-checkpoint-bench-") as folder:

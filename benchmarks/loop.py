@@ -40,12 +40,14 @@ class LoopCase:
     evaluate_every: int | None = None  # steps; evaluation uses the EMA weights when ema_decay is set
     ema_decay: float | None = None
     validation_samples: int = 1024
+    repeats: int = 1  # epochs of each variant per round, alternating (a round trains samples x repeats)
     target_over_us: float | None = None  # the most CPU microseconds per microbatch ELFES may add
     target_speed: float | None = None  # the least samples/s ratio ELFES / hand loop
 
     @property
     def microbatches(self) -> int:
-        return -(-self.samples // self.batch_size)
+        """Per round: of every epoch of the round together."""
+        return -(-self.samples // self.batch_size) * self.repeats
 
     def describe(self) -> str:
         extras = (f", evaluation every {self.evaluate_every} steps" if self.evaluate_every else "") + (
@@ -58,9 +60,9 @@ def cases(smoke: bool) -> list[LoopCase]:
         # Too short for the targets (an epoch's fixed costs weigh on 32 microbatches): a check that it runs.
         return [LoopCase("tiny", 16, 2, 8, 256), LoopCase("tiny+eval+ema", 16, 2, 8, 256, 16, 0.999, 64)]
     return [
-        LoopCase("tiny", 16, 2, 8, 8192, target_over_us=100),
-        LoopCase("mlp", 512, 4, 64, 16384, target_speed=0.98),
-        LoopCase("tiny+eval+ema", 16, 2, 8, 8192, evaluate_every=64, ema_decay=0.999),
+        LoopCase("tiny", 16, 2, 8, 2048, repeats=4, target_over_us=100),
+        LoopCase("mlp", 512, 4, 64, 4096, repeats=4, target_speed=0.98),
+        LoopCase("tiny+eval+ema", 16, 2, 8, 4096, evaluate_every=64, ema_decay=0.999, repeats=2),
     ]
 
 
@@ -204,7 +206,7 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
         variants = {"hand": _Variant(hand_epoch, "hand", case, finals), "elfes": _Variant(elfes_epoch, "elfes", case, finals)}
         if with_lightning and not case.evaluate_every:
             variants["lightning"] = _Variant(lightning_epoch, "lightning", case, finals)
-        samples = interleave(variants, rounds, progress, f"loop {case.name}")
+        samples = interleave(variants, rounds, progress, f"loop {case.name}", repeats=case.repeats)
         difference = max((a - b).abs().max().item() for a, b in zip(finals["elfes"].parameters(), finals["hand"].parameters()))
         for name in [name for name in variants if name != "hand"]:
             rows += _rows(case, samples, name, rounds, difference if name == "elfes" else None)
@@ -227,10 +229,11 @@ def _rows(case: LoopCase, samples: dict[str, list[dict[str, float]]], name: str,
     label = "ELFES" if name == "elfes" else "Lightning"
     per_microbatch = 1e6 / case.microbatches
     details: dict[str, Any] = {
-        "model": case.describe(), "microbatches": case.microbatches, "accumulation": ACCUMULATION,
+        "model": case.describe(), "microbatches_per_round": case.microbatches, "epochs_per_round": case.repeats,
+        "accumulation": ACCUMULATION,
         "over_us_wall": median_difference(samples, name, "hand", "wall_s", per_microbatch),
-        "hand_samples_per_s": case.samples / median_of(samples, "hand", "wall_s"),
-        f"{name}_samples_per_s": case.samples / median_of(samples, name, "wall_s"),
+        "hand_samples_per_s": case.samples * case.repeats / median_of(samples, "hand", "wall_s"),
+        f"{name}_samples_per_s": case.samples * case.repeats / median_of(samples, name, "wall_s"),
     }
     if difference is not None:
         details["max_parameter_difference_vs_hand"] = difference

@@ -85,22 +85,32 @@ Variant = Callable[[], Sample]
 
 
 def interleave(
-    variants: Mapping[str, Variant], rounds: int, progress: Progress, label: str, *, warmup: bool = True
+    variants: Mapping[str, Variant], rounds: int, progress: Progress, label: str, *, warmup: bool = True, repeats: int = 1
 ) -> dict[str, list[Sample]]:
-    """Run each variant once per round, rotating their order; returns each variant's samples.
+    """Run each variant ``repeats`` times per round, alternating them and rotating their order; returns
+    each variant's per-round sums.
 
-    A variant returns a dict of figures (e.g. ``{"wall_s": ..., "cpu_s": ...}``). An unrecorded warm-up
-    round runs first when ``warmup`` (first-call costs: allocator, lazy imports, page cache).
+    A variant returns a dict of figures (e.g. ``{"wall_s": ..., "cpu_s": ...}``). Several short
+    repeats per round interleave the variants finely, so that a burst of load on a shared machine
+    (seconds long) hits both. An unrecorded warm-up call of each variant runs first when ``warmup``
+    (first-call costs: allocator, lazy imports, page cache).
     """
     names = list(variants)
     if warmup:
         for name in names:
             variants[name]()
     samples: dict[str, list[Sample]] = {name: [] for name in names}
+    turn = 0
     for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            samples[name].append(variants[name]())
+        sums: dict[str, Sample] = {name: {} for name in names}
+        for _ in range(repeats):
+            shift = turn % len(names)
+            turn += 1
+            for name in names[shift:] + names[:shift]:
+                for key, value in variants[name]().items():
+                    sums[name][key] = sums[name].get(key, 0.0) + value
+        for name in names:
+            samples[name].append(sums[name])
         shown = ", ".join(f"{name} {_short(samples[name][-1])}" for name in names)
         progress(f"{label}: round {round_index + 1}/{rounds}: {shown}")
     return samples

@@ -165,24 +165,39 @@ def test_the_elfes_command_reports_its_version_without_importing_torch():
     assert probe.returncode == 0 and probe.stdout.strip().endswith("False")
 
 
-def test_the_overhead_benchmark_shows_progress_as_it_runs_then_prints_its_table():
+def test_the_benchmark_command_shows_progress_then_prints_its_table_and_writes_json(tmp_path):
+    """`python -m benchmarks --smoke` runs every benchmark at tiny sizes. Nothing is timed here: only what
+    the command prints and writes is checked (and that a resume reads none of the skipped batches)."""
+    written = tmp_path / "results.json"
     benchmark = subprocess.Popen(
-        [sys.executable, str(REPOSITORY / "benchmarks" / "engine_overhead.py"), "--rounds", "2", "--samples", "512"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_environment(OMP_NUM_THREADS="2"),
+        [sys.executable, "-m", "benchmarks", "--smoke", "--json", str(written)], cwd=REPOSITORY,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_environment(),
     )
     try:
         plan = benchmark.stderr.readline()
         first_round = benchmark.stderr.readline()
-        # The first round is reported while the other five still run, not all at the end.
-        still_running = benchmark.poll() is None
-        stdout, rest = benchmark.communicate(timeout=300)
+        still_running = benchmark.poll() is None  # progress is reported as it goes, not all at the end
+        stdout, rest = benchmark.communicate(timeout=900)
     finally:
         benchmark.kill()
     assert benchmark.returncode == 0, rest[-3000:]
-    assert "3 model sizes x 2 rounds" in plan
-    assert re.match(r"width 64, batch size 32, round 1/2: plain [\d.]+ s, ELFES [\d.]+ s, ratio [\d.]+", first_round)
+    assert "6 benchmark(s) x 1 round(s) (smoke sizes)" in plan
+    assert re.search(r"loop tiny: round 1/1: hand wall [\d.]+ s cpu [\d.]+ s, elfes wall", first_round)
     assert still_running
-    assert len(re.findall(r"^width \d+, batch size \d+, round \d/2: ", first_round + rest, flags=re.M)) == 6
-    assert "ELFES Trainer / plain loop" in stdout and "ratio" in stdout
-    rows = [line for line in stdout.splitlines() if re.match(r"^│\s+\d+ │", line)]
-    assert len(rows) == 3
+    assert "ELFES benchmarks" in stdout and "SMOKE SIZES" in stdout
+    for name in ("loop", "checkpoint", "stop", "resume", "login"):
+        assert re.search(rf"^│ {name} +│", stdout, flags=re.M), name
+    results = json.loads(written.read_text())
+    assert set(results) == {"machine", "settings", "results"}
+    assert {"date", "cpu", "cores", "load_average", "python", "versions", "commit"} <= set(results["machine"])
+    assert {"torch", "accelerate"} <= set(results["machine"]["versions"])
+    rows = results["results"]
+    fields = {"benchmark", "case", "measure", "unit", "value", "reference", "reference_name", "kind", "result",
+              "target", "holds", "rounds", "details"}
+    assert all(set(row) == fields and row["kind"] in ("ratio", "difference", "value") for row in rows)
+    assert {row["benchmark"] for row in rows} == {"loop", "checkpoint", "stop", "resume", "login"}
+    assert {row["case"] for row in rows if row["benchmark"] == "login"} == {
+        "elfes --help", "elfes status", "elfes validate", "elfes submit --dry-run"}
+    assert any(row["case"] == "tiny, 2 ranks" for row in rows)
+    (skipped,) = [row for row in rows if row["measure"].startswith("samples of skipped batches")]
+    assert skipped["result"] == 0 and skipped["holds"] is True
