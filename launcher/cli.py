@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from typing import Any
 
 import elfes
@@ -103,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("path", metavar="PATH", nargs="?", default="job.yaml", help="where to write it (job.yaml)")
 
     verb("schema", "Print the JSON Schema of a job spec (for editors).")
+
     return parser
 
 
@@ -127,7 +127,9 @@ def _submit(args: argparse.Namespace) -> int:
     _print(f"{result.name}: {verb} as {result.executor} job {result.job_id}")
     _print(f"run directory: {result.run_dir}")
     if args.follow:
-        return _follow(result.run_dir, from_start=not result.continued)
+        from .cli_follow import follow
+
+        return follow(result.run_dir, from_start=not result.continued)
     _print(f"follow it: elfes status {result.run_dir}   (or elfes logs {result.run_dir} --follow)")
     return EXIT_OK
 
@@ -138,7 +140,11 @@ def _resume(args: argparse.Namespace) -> int:
     result = actions.resume(args.run_dir)
     _print(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`")
     _print(f"run directory: {result.run_dir}")
-    return _follow(result.run_dir, from_start=False) if args.follow else EXIT_OK
+    if not args.follow:
+        return EXIT_OK
+    from .cli_follow import follow
+
+    return follow(result.run_dir, from_start=False)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -185,6 +191,11 @@ def _short_checkpoint(result: Any) -> str:
     return result.last_checkpoint.removeprefix(prefix)
 
 
+def _queue(result: Any) -> str:
+    """SLURM's state with its reason: ``PENDING (BeginTime)``."""
+    return f"{result.queue_state} ({result.queue_reason})" if result.queue_reason else result.queue_state
+
+
 def _status(args: argparse.Namespace) -> int:
     from . import actions
 
@@ -207,8 +218,9 @@ def _status(args: argparse.Namespace) -> int:
             f"{result.monitor or 'metric'} {_cell(result.best_metric)} @ {_cell(result.best_step)}")
         table.add_row(
             f"{result.name or '?'} ({result.run_dir})",
-            result.status + (f" [{result.queue_state}]" if result.queue_state else ""),
-            f"{result.executor or '-'} {result.job_id or ''}".strip(),
+            result.status + (f" [{_queue(result)}]" if result.queue_state else ""),
+            f"{result.executor or '-'} {result.job_id or ''}".strip()
+            + (f" (restarts {result.restart_count})" if result.restart_count else ""),
             str(len(result.attempts)),
             f"{result.requeues_used} used, {_cell(result.requeues_left)} left",
             f"{_cell(result.step)}/{_cell(result.planned_steps)}",
@@ -293,71 +305,6 @@ def _cancel(args: argparse.Namespace) -> int:
     if result.targets:
         _print(f"the job saves `last` and ends cancelled; continue it later with: elfes resume {result.run_dir}")
     return EXIT_OK
-
-
-# -- --follow ---------------------------------------------------------------------------------------------------
-def _event_time(event: dict[str, Any]) -> datetime:
-    try:
-        return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00"))
-    except (KeyError, ValueError):
-        return datetime.now(timezone.utc)
-
-
-def _state_lines(before: Any, after: Any) -> list[str]:
-    """Human lines for what changed in state.json between two looks (attempts, requeues, status)."""
-    if after is None:
-        return []
-    lines = []
-    old = {attempt.number: attempt for attempt in (before.attempts if before is not None else ())}
-    for attempt in after.attempts:
-        previous = old.get(attempt.number)
-        if previous is None and attempt.token != "submission":
-            lines.append(f"attempt {attempt.number} started ({attempt.launch}) on {','.join(attempt.hosts) or '?'}, "
-                         f"{after.executor} job {attempt.job_id}; requeues used {after.requeues_used} of "
-                         f"{after.max_requeues}")
-        if attempt.ended and (previous is None or not previous.ended):
-            lines.append(f"attempt {attempt.number} ended {attempt.outcome}"
-                         + (f" ({attempt.signal})" if attempt.signal else "")
-                         + (f" at step {attempt.step}" if attempt.step is not None else "")
-                         + (f": {attempt.error}" if attempt.error else ""))
-    if before is None or before.status != after.status:
-        lines.append(f"run {after.status}" + (f" ({after.stopping_signal})" if after.stopping_signal else ""))
-    return lines
-
-
-def _follow(run_dir: Any, *, from_start: bool) -> int:
-    from rich.console import Console
-
-    from elfes.records import EVENT_FIELDS
-    from elfes.records.console import ConsoleDisplay
-
-    from . import actions
-
-    console = Console(highlight=False)
-    display = ConsoleDisplay(console)
-    previous = None
-    try:
-        for snapshot in actions.watch(run_dir, from_start=from_start):
-            for event in snapshot.events:
-                if event.get("event") in EVENT_FIELDS:
-                    display.show(event, _event_time(event))
-            for line in _state_lines(previous, snapshot.state):
-                console.out(f"elfes: {line}", highlight=False)
-            previous = snapshot.state
-            if snapshot.ended:
-                break
-    except KeyboardInterrupt:
-        display.close()
-        _print(f"\nstopped following; the job keeps running (elfes status {run_dir}; elfes cancel {run_dir})")
-        return EXIT_INTERRUPTED
-    display.close()
-    status = previous.status if previous is not None else "unknown"
-    if status == "finished":
-        return EXIT_OK
-    if previous is not None and previous.error:
-        _print(f"error: {previous.error}")
-    _print(f"see: elfes logs {run_dir}" + ("" if status == "failed" else f"; continue: elfes resume {run_dir}"))
-    return EXIT_RUN_FAILED if status == "failed" else EXIT_RUN_STOPPED
 
 
 VERBS = {

@@ -74,23 +74,51 @@ def run_slurm_tool(argv: list[str]) -> subprocess.CompletedProcess | None:
         return None
 
 
-def slurm_queue_state(job_id: str) -> str | None:
-    """SLURM's state of ``job_id`` (``squeue``, else ``sacct``), or None where neither answers."""
-    queued = run_slurm_tool(["squeue", "-h", "-j", job_id, "-o", "%T"])
+@dataclass(frozen=True)
+class SlurmQueueEntry:
+    """What SLURM says of a job: its state, why it waits (squeue's reason, e.g. ``BeginTime`` after a
+    requeue), and how often SLURM restarted it (``RestartCnt``: requeues by preemption, ``scontrol
+    requeue``, node failure). ``reason``/``restarts`` are None where only ``sacct`` still knows the job."""
+
+    state: str
+    reason: str | None = None
+    restarts: int | None = None
+
+    def describe(self) -> str:
+        """``"PENDING (BeginTime)"``, or the state alone."""
+        return f"{self.state} ({self.reason})" if self.reason else self.state
+
+
+def slurm_queue_entry(job_id: str) -> SlurmQueueEntry | None:
+    """SLURM's view of ``job_id`` (``squeue``, else ``sacct``); state ``GONE`` when squeue answers and no
+    longer knows it; None where neither answers."""
+    queued = run_slurm_tool(["squeue", "-h", "-j", job_id, "-O", "State:|,Reason:|,RestartCnt:"])
     if queued is not None and queued.returncode == 0 and queued.stdout.strip():
-        return queued.stdout.split()[0]
+        state, _, rest = queued.stdout.strip().splitlines()[0].partition("|")
+        reason, _, restarts = rest.partition("|")
+        reason = reason.strip()
+        return SlurmQueueEntry(state.strip(), None if reason in ("", "None") else reason,
+                               int(restarts) if restarts.strip().isdigit() else None)
     accounted = run_slurm_tool(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
     if accounted is not None and accounted.returncode == 0 and accounted.stdout.strip():
-        return accounted.stdout.splitlines()[-1].split()[0]
+        return SlurmQueueEntry(accounted.stdout.splitlines()[-1].split()[0])  # "CANCELLED by 0" -> CANCELLED
     if queued is not None and (queued.returncode == 0 or "Invalid job id" in queued.stderr):
-        return "GONE"  # squeue answered and no longer knows the job
+        return SlurmQueueEntry("GONE")  # squeue answered and no longer knows the job
     return None
+
+
+def slurm_queue_state(job_id: str) -> str | None:
+    """SLURM's state of ``job_id`` (``squeue``, else ``sacct``), or None where neither answers."""
+    entry = slurm_queue_entry(job_id)
+    return entry.state if entry is not None else None
 
 
 @dataclass(frozen=True)
 class Liveness:
     alive: bool | None  # None: cannot tell from here
     queue_state: str | None  # SLURM's state, "RUNNING"/"GONE" for a local job, None when unknown
+    queue_reason: str | None = None  # SLURM's reason a job waits ("BeginTime", "Resources", ...)
+    restarts: int | None = None  # SLURM's restart count of the job (RestartCnt)
 
 
 def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
@@ -103,10 +131,10 @@ def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
         if state.status in run_state.ENDED:
             return Liveness(alive, "EXITING" if alive else None)
         return Liveness(alive, "RUNNING" if alive else "GONE")
-    queue = slurm_queue_state(state.job_id)
-    if queue is None:
+    entry = slurm_queue_entry(state.job_id)
+    if entry is None:
         return Liveness(None, None)
-    return Liveness(queue in _SLURM_ALIVE, queue)
+    return Liveness(entry.state in _SLURM_ALIVE, entry.state, entry.reason, entry.restarts)
 
 
 class LivenessProbe:
@@ -143,7 +171,13 @@ def cancel_requested(paths: RunPaths, state: run_state.RunState | None) -> bool:
 
 
 def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None:
-    """``state`` as it is once a job that is gone without recording its end is counted lost (pure)."""
+    """``state`` as it is once a job that is gone without recording its end is counted lost, and once SLURM
+    requeued a job that stopped on SIGTERM and waited (its restart count grew; pure)."""
+    if state is not None and state.executor == "slurm" and live.alive and live.restarts is not None:
+        attempt = state.last_attempt
+        restart = run_state.token_restart(attempt.token) if attempt is not None else None
+        if restart is not None and live.restarts > restart:
+            return run_state.requeued_by_slurm(state)  # stopped on SIGTERM, then SLURM requeued the job
     if state is None or state.status in run_state.ENDED or state.status == "submitted" or live.alive is not False:
         return state
     return run_state.mark_lost(state, cancelled=cancel_requested(paths, state))

@@ -6,6 +6,7 @@ SLURM to end it. Inside the job; torch-free.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 
@@ -19,15 +20,30 @@ LOCAL_REQUEUE_EXIT_CODE = 144
 LOCAL_MAX_STARTS = 6
 
 
-def requeue_slurm_job(job_id: str, *, countdown: int) -> str | None:
-    """``scontrol requeue JOB_ID`` from inside the job (rank 0, through submitit); None when SLURM accepted
-    it, else why not. SLURM then ends every task and starts the job again, same id."""
-    from submitit.core.job_environment import JobEnvironment
+def _ignore_stop_signals() -> None:
+    # preexec_fn: scontrol must outlive the SIGTERM that its own requeue makes SLURM send to every process
+    # of the job (it is one of them); killed before it exits, it reports nothing although the job is
+    # requeued. SIGKILL, KillWait later, still ends it.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
 
+
+def requeue_slurm_job(job_id: str) -> str | None:
+    """``scontrol requeue JOB_ID`` from inside the job (rank 0); None when SLURM accepted it, else why not
+    (with what to do). SLURM then ends every task and starts the job again, same id."""
     try:
-        JobEnvironment()._requeue(countdown)  # scontrol requeue JOB_ID
+        completed = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60,
+                                   check=False, preexec_fn=_ignore_stop_signals)
     except (OSError, subprocess.SubprocessError) as error:
-        return f"`scontrol requeue {job_id}` failed ({error}); `last` is saved: `elfes resume RUN_DIR` continues the run"
+        return (f"`scontrol requeue {job_id}` could not run ({error}); `last` is saved: `elfes resume RUN_DIR` "
+                "continues the run (`elfes doctor JOB.yaml --test-job` checks scontrol inside jobs)")
+    if completed.returncode != 0:
+        said = (completed.stderr or completed.stdout).strip() or f"exit code {completed.returncode}"
+        hint = (" (requeues are disabled for this job: JobRequeue=0 without --requeue, or --no-requeue)"
+                if "disabled" in said.lower() else "")
+        return f"`scontrol requeue {job_id}` failed: {said}{hint}; `last` is saved: `elfes resume RUN_DIR` continues the run"
+    print(f"elfes: requeued SLURM job {job_id} (scontrol requeue); SLURM ends this attempt and starts the job again",
+          flush=True)
     return None
 
 

@@ -280,7 +280,7 @@ class _Attempt:
     def _finish(self, decision: Decision, *, step: int | None) -> dict[str, Any]:
         """Record the outcome (rank 0) and act on it (every rank alike)."""
         if decision.requeue and self.start.executor == "slurm" and self.is_main:
-            refused = requeue_slurm_job(self.start.job_id, countdown=self.max_requeues - self.requeues_used)
+            refused = requeue_slurm_job(self.start.job_id)
             if refused is not None:
                 decision = Decision("stopped", signal=decision.signal, error=refused)
         resubmit = (decision.requeue and self.start.executor == "local"

@@ -88,7 +88,9 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
     state = _live_state(paths)
     live = liveness(paths, state)
     current = effective_state(paths, state, live)
-    if current.status in run_state.ENDED:
+    # A SLURM job that stopped on SIGTERM stays alive until SLURM ends it, and comes back if that was a
+    # preemption: cancel it too.
+    if current.status in run_state.ENDED and not (state.executor == "slurm" and live.alive):
         return Signalled(paths.run_dir, state.executor, state.job_id, "none", [],
                          note=f"the run is already {current.status}; nothing to cancel")
     write_text_atomically(paths.cancel_marker, json.dumps({"at": run_state.now(), "host": socket.gethostname(),

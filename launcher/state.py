@@ -13,6 +13,7 @@ The state machine (``RunState.status``)::
     running|stopping --> requeued --(relaunch)--> running
     running|stopping --> finished | stopped | failed | cancelled     (terminal until `elfes resume`)
     stopped|failed|cancelled --(elfes resume)--> submitted
+    stopped --(SLURM requeued a job that stopped on SIGTERM and waited: a preemption)--> requeued
 
 A transition is a pure function ``RunState -> RunState`` (it returns a new object and refuses an
 impossible move with :class:`StateError`), so the submitter and the job share them:
@@ -237,8 +238,9 @@ def begin_attempt(
 ) -> RunState:
     """Rank 0 started attempt ``len(attempts_without(token)) + 1``: status "running".
 
-    A previous attempt that never recorded its end is closed as "lost" first. Recording the same
-    ``token`` again is a no-op (idempotent).
+    A previous attempt that never recorded its end is closed as "lost" first; one of the same job that
+    stopped (SIGTERM: it saved and waited) before this requeue launch was requeued by SLURM, and says so.
+    Recording the same ``token`` again is a no-op (idempotent).
     """
     _check(launch, LAUNCHES, "launch")
     if any(attempt.token == token for attempt in state.attempts):
@@ -249,6 +251,9 @@ def begin_attempt(
             attempts[-1], ended_at=now(), outcome="lost",
             error=attempts[-1].error or "the attempt ended without recording an outcome (killed, or its node failed)",
         )
+    elif attempts and launch == "requeue" and attempts[-1].outcome == "stopped" and attempts[-1].job_id == str(job_id):
+        # It stopped on SIGTERM and waited; SLURM requeued the same job (a preemption in PreemptMode=REQUEUE).
+        attempts[-1] = dataclasses.replace(attempts[-1], outcome="requeued")
     attempt = Attempt(number=len(attempts) + 1, token=token, job_id=str(job_id), launch=launch, started_at=now(),
                       hosts=tuple(hosts), world_size=world_size)
     return _replace(state, status="running", job_id=str(job_id), attempts=(*attempts, attempt), stopping_signal=None)
@@ -283,6 +288,25 @@ def end_attempt(
     attempts = (*state.attempts[:index], ended, *state.attempts[index + 1:])
     status = _STATUS_AFTER[outcome] if index == len(state.attempts) - 1 else state.status
     return _replace(state, status=status, attempts=attempts, stopping_signal=None)
+
+
+def requeued_by_slurm(state: RunState) -> RunState:
+    """The run as it is once SLURM requeued a job whose last attempt stopped on SIGTERM and waited (a
+    preemption in PreemptMode=REQUEUE): that attempt "requeued", the run "requeued". For ``elfes status``,
+    which sees SLURM's restart count grow before the relaunch records itself; no-op otherwise."""
+    attempt = state.last_attempt
+    if state.status != "stopped" or attempt is None or attempt.outcome != "stopped":
+        return state
+    return _replace(state, status="requeued", attempts=(*state.attempts[:-1],
+                                                        dataclasses.replace(attempt, outcome="requeued")))
+
+
+def token_restart(token: str) -> int | None:
+    """The restart number in an attempt's token (``"JOB:RESTART/SUBMISSIONS"``, built by
+    ``launcher.distributed_env.Start.token``), or None for another token."""
+    _, separator, rest = token.rpartition(":")
+    restart = rest.partition("/")[0]
+    return int(restart) if separator and restart.isdigit() else None
 
 
 def mark_lost(state: RunState, *, cancelled: bool, error: str | None = None) -> RunState:

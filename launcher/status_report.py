@@ -44,6 +44,8 @@ class Status:
     last_event_time: str | None
     error: str | None
     notes: list[str] = field(default_factory=list)
+    queue_reason: str | None = None  # why SLURM holds the job ("BeginTime" after a requeue, "Resources", ...)
+    restart_count: int | None = None  # SLURM's restarts of the job (preemptions, requeues), while it is queued
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +82,9 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
     state = effective_state(paths, recorded, live)
     if state is not recorded and state is not None:
         notes.append(f"the job is gone without recording its end (was {recorded.status}); `elfes resume` continues it")
+    if state is not None and state.executor == "slurm" and state.status == "stopped" and live.alive:
+        notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
+                     "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
     summary = _summary(paths)
     return Status(
         run_dir=str(paths.run_dir),
@@ -103,6 +108,8 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
         last_event_time=getattr(summary, "last_event_time", None),
         error=state.error if state is not None else None,
         notes=notes,
+        queue_reason=live.queue_reason,
+        restart_count=live.restarts,
     )
 
 

@@ -53,9 +53,17 @@ def _refuse_different_spec(spec: JobSpec, source: Path, paths: RunPaths) -> bool
 
 
 def _close_lost_job(paths: RunPaths) -> run_state.RunState | None:
-    """Record a job that is gone without an outcome as lost (submitter side, before a new submission)."""
+    """Record a job that is gone without an outcome as lost (submitter side, before a new submission).
+    Refuses (StateError) while a SLURM job of a stopped run is still queued or alive."""
     state = run_state.load_state(paths)
     live = liveness(paths, state)
+    if state is not None and state.executor == "slurm" and state.status in run_state.ENDED and live.alive:
+        # A SIGTERM stop saves `last` and waits for SLURM to end the job, which may requeue it (preemption).
+        reason = f" ({live.queue_reason})" if live.queue_reason else ""
+        raise run_state.StateError(
+            f"{paths.run_dir}: SLURM job {state.job_id} of this run is still {live.queue_state}{reason} (a stopped job "
+            "waits for SLURM to end it, and a preempted one comes back by itself); wait until `elfes status` no "
+            f"longer shows it in the queue, or `scancel {state.job_id}` first")
     if effective_state(paths, state, live) is state:
         return state
     return run_state.update_state(

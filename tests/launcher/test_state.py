@@ -57,6 +57,23 @@ def test_a_start_after_an_attempt_that_recorded_no_end_closes_it_as_lost_and_rec
     assert begin(state, "41:1", launch="requeue") is state
 
 
+def test_an_attempt_stopped_by_sigterm_that_slurm_requeued_is_counted_requeued():
+    """Under SLURM a preempted job saves on SIGTERM, records "stopped" and waits; SLURM kills and requeues
+    it. `elfes status` sees the restart count grow (requeued_by_slurm); the relaunch records it for good."""
+    state = S.end_attempt(begin(submitted(), "41:0/1"), token="41:0/1", outcome="stopped", signal="SIGTERM", step=5)
+    assert S.token_restart("41:0/1") == 0 and S.token_restart("41:3/2") == 3 and S.token_restart("submission") is None
+    seen = S.requeued_by_slurm(state)
+    assert (seen.status, seen.attempts[0].outcome, seen.attempts[0].signal) == ("requeued", "requeued", "SIGTERM")
+    assert S.requeued_by_slurm(seen) is seen  # no-op unless stopped
+    state = begin(state, "41:1/1", launch="requeue")
+    assert [(a.outcome, a.launch) for a in state.attempts] == [("requeued", "submit"), (None, "requeue")]
+    assert state.requeues_used == 1
+    # A relaunch of another job (elfes resume) leaves a stopped attempt stopped.
+    other = S.end_attempt(begin(submitted(), "41:0/1"), token="41:0/1", outcome="stopped", signal="SIGTERM")
+    other = S.begin_attempt(other, token="42:0/2", job_id="42", launch="resume", hosts=["node1"], world_size=2)
+    assert other.attempts[0].outcome == "stopped"
+
+
 def test_a_job_gone_without_an_outcome_ends_failed_or_cancelled():
     running = begin(submitted(), "41:0")
     failed = S.mark_lost(running, cancelled=False)

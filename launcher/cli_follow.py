@@ -1,0 +1,75 @@
+"""``elfes submit --follow`` and ``elfes resume --follow``: the run shown live from its records and
+``state.json`` (rich progress on a terminal, plain lines otherwise) until it ends. Printing only; the
+watching itself is launcher/run_output.py's ``watch``. Part of the CLI (launcher/cli.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED, _print
+
+
+def _event_time(event: dict[str, Any]) -> datetime:
+    try:
+        return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return datetime.now(timezone.utc)
+
+
+def _state_lines(before: Any, after: Any) -> list[str]:
+    """Human lines for what changed in state.json between two looks (attempts, requeues, status)."""
+    if after is None:
+        return []
+    lines = []
+    old = {attempt.number: attempt for attempt in (before.attempts if before is not None else ())}
+    for attempt in after.attempts:
+        previous = old.get(attempt.number)
+        if previous is None and attempt.token != "submission":
+            lines.append(f"attempt {attempt.number} started ({attempt.launch}) on {','.join(attempt.hosts) or '?'}, "
+                         f"{after.executor} job {attempt.job_id}; requeues used {after.requeues_used} of "
+                         f"{after.max_requeues}")
+        if attempt.ended and (previous is None or not previous.ended):
+            lines.append(f"attempt {attempt.number} ended {attempt.outcome}"
+                         + (f" ({attempt.signal})" if attempt.signal else "")
+                         + (f" at step {attempt.step}" if attempt.step is not None else "")
+                         + (f": {attempt.error}" if attempt.error else ""))
+    if before is None or before.status != after.status:
+        lines.append(f"run {after.status}" + (f" ({after.stopping_signal})" if after.stopping_signal else ""))
+    return lines
+
+
+def follow(run_dir: Any, *, from_start: bool) -> int:
+    """Show the run live until it ends (``submit --follow``, ``resume --follow``); returns the exit code."""
+    from rich.console import Console
+
+    from elfes.records import EVENT_FIELDS
+    from elfes.records.console import ConsoleDisplay
+
+    from . import actions
+
+    console = Console(highlight=False)
+    display = ConsoleDisplay(console)
+    previous = None
+    try:
+        for snapshot in actions.watch(run_dir, from_start=from_start):
+            for event in snapshot.events:
+                if event.get("event") in EVENT_FIELDS:
+                    display.show(event, _event_time(event))
+            for line in _state_lines(previous, snapshot.state):
+                console.out(f"elfes: {line}", highlight=False)
+            previous = snapshot.state
+            if snapshot.ended:
+                break
+    except KeyboardInterrupt:
+        display.close()
+        _print(f"\nstopped following; the job keeps running (elfes status {run_dir}; elfes cancel {run_dir})")
+        return EXIT_INTERRUPTED
+    display.close()
+    status = previous.status if previous is not None else "unknown"
+    if status == "finished":
+        return EXIT_OK
+    if previous is not None and previous.error:
+        _print(f"error: {previous.error}")
+    _print(f"see: elfes logs {run_dir}" + ("" if status == "failed" else f"; continue: elfes resume {run_dir}"))
+    return EXIT_RUN_FAILED if status == "failed" else EXIT_RUN_STOPPED

@@ -1,0 +1,333 @@
+"""ELFES jobs preempted, timed out and cancelled on a real (private) SLURM cluster, end to end.
+
+Real jobs through the `elfes` CLI (the quickstart model, slowed in its first attempt so that a signal lands
+mid-run), real preemption by a job in the `high` partition, real time limits, real `scancel`. Each
+interrupted run ends bitwise equal (torch.equal on every tensor of the final checkpoint and of the exported
+model) to an uninterrupted run of the same job (the local executor, started on first use, trains it while
+the SLURM jobs wait).
+
+- the user signal (`preempt_send_user_signal`, 2 tasks in one gloo group): USR2, `last` saved, rank 0 runs
+  `scontrol requeue`, every rank exits, `elfes status` shows `PENDING (BeginTime)` and the restart count,
+  the relaunch resumes; the per-task logs of both starts are kept (`--open-mode=append`);
+- plain SIGTERM (the parameter off): `last` saved, the job stays alive (a resume is refused meanwhile) until
+  SLURM kills it at the end of GraceTime and requeues it itself;
+- the time limit: a first attempt whose training would outlast its 3-minute limit gets USR2 before the
+  limit, requeues itself, and the relaunch finishes; side by side with it (one test, to keep the suite
+  short), `elfes cancel`: `last` saved, the job stays cancelled; `elfes resume` finishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster import SlurmCluster, wait_for
+
+from elfes.launcher import state as run_state
+from elfes.launcher.paths import RunPaths
+
+ELFES = str(Path(sys.executable).with_name("elfes"))
+REPOSITORY = Path(__file__).resolve().parents[2]
+# 256 samples in batches of 16, accumulation 2: 16 optimizer steps on one rank, 8 on two.
+CONFIG = {"epochs": 2, "train_samples": 256, "log_every": 1}
+PLANNED_STEPS = 16
+STEP_DELAY_S = 0.4  # per batch, in the first attempt only: ~13 s of training, so that a preemption lands mid-run
+RUN_TIMEOUT_S = 240.0  # torch imports and SLURM's relaunch delays on 2 loaded cores
+
+
+# -- specs, runs, waiting -----------------------------------------------------------------------------------------
+def write_spec(folder: Path, name: str, *, tasks: int = 1, cpus_per_task: int = 1, step_delay_s: float = STEP_DELAY_S,
+               timeout_min: int = 10, signal_delay_s: int = 60, max_requeues: int = 3) -> Path:
+    spec = folder / f"{name}.yaml"
+    spec.write_text(json.dumps({
+        "name": name, "entrypoint": "tests.slurm.slurm_jobs:first_attempts_slow", "workdir": str(REPOSITORY),
+        "run_dir": str(folder / name), "config": {**CONFIG, "step_delay_s": step_delay_s, "slow_attempts": 1},
+        "resources": {"nodes": 1, "tasks_per_node": tasks, "gpus_per_node": 0, "cpus_per_task": cpus_per_task,
+                      "mem_gb": 1, "timeout_min": timeout_min},
+        "slurm": {"partition": "low", "signal_delay_s": signal_delay_s}, "requeue": {"max_requeues": max_requeues},
+        "env": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPOSITORY)},
+    }))
+    return spec
+
+
+def elfes(cluster: SlurmCluster | None, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the `elfes` CLI (with the cluster's SLURM_CONF; without a cluster, none)."""
+    environment = cluster.env if cluster is not None else {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    completed = subprocess.run([ELFES, *argv], env=environment, capture_output=True, text=True, timeout=180)
+    if check:
+        assert completed.returncode == 0, f"elfes {' '.join(argv)} exited {completed.returncode}: {completed.stderr}"
+    return completed
+
+
+def submit(cluster: SlurmCluster, folder: Path, name: str, **spec: Any) -> Path:
+    submitted = elfes(cluster, "submit", str(write_spec(folder, name, **spec)), "--executor", "slurm")
+    assert "as slurm job" in submitted.stdout
+    return folder / name
+
+
+def status(cluster: SlurmCluster, run_dir: Path) -> dict[str, Any]:
+    return json.loads(elfes(cluster, "status", str(run_dir), "--json").stdout)
+
+
+def state_of(run_dir: Path) -> run_state.RunState | None:
+    return run_state.load_state(RunPaths(run_dir))
+
+
+def diagnostics(run_dir: Path) -> str:
+    paths = RunPaths(run_dir)
+    files = [paths.state, *sorted(paths.logs.glob("attempt-*/rank-*.*")), *sorted(paths.submitit.glob("*_log.*"))]
+    return "\n".join(f"--- {file} (tail) ---\n{file.read_text(errors='replace')[-2500:]}" for file in files
+                     if file.is_file())
+
+
+def wait_run(run_dir: Path, condition: Callable[[], Any], what: str, timeout_s: float = RUN_TIMEOUT_S) -> Any:
+    """Poll ``condition``; fail with the run's files after ``timeout_s``, or at once when the run failed."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        state = state_of(run_dir)
+        if (state is not None and state.status == "failed") or time.monotonic() > deadline:
+            pytest.fail(f"waiting for {what}: the run is {state.status if state else 'not started'}\n"
+                        f"{diagnostics(run_dir)}")
+        time.sleep(0.2)
+    return value
+
+
+def wait_ended(run_dir: Path, expected: str) -> run_state.RunState:
+    state = wait_run(run_dir, lambda: (s := state_of(run_dir)) is not None and s.status in run_state.ENDED and s,
+                     f"the run to end {expected}")
+    assert state.status == expected, diagnostics(run_dir)
+    return state
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        lines = RunPaths(run_dir).events.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written
+    return found
+
+
+def training_from(run_dir: Path, step: int, attempt: int = 1) -> bool:
+    """Whether ``attempt`` runs (its rank 0 recorded its pid) and the run logged a train record at ``step``."""
+    try:
+        task = json.loads(RunPaths(run_dir).pid_file(0).read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return task.get("attempt") == attempt and any(
+        event["event"] == "train" and event.get("step", -1) >= step for event in events(run_dir))
+
+
+def outcomes(state: run_state.RunState) -> list[tuple[str | None, str | None, str]]:
+    return [(attempt.outcome, attempt.signal, attempt.launch) for attempt in state.attempts]
+
+
+def queue(cluster: SlurmCluster, job_id: str) -> str:
+    """squeue's ``STATE|REASON`` of the job ("" once it left the queue)."""
+    return cluster.run("squeue", "-h", "-j", job_id, "-o", "%T|%r", check=False).stdout.strip()
+
+
+def accounted(cluster: SlurmCluster, job_id: str) -> str:
+    """sacct's state of the job ("COMPLETED", "CANCELLED", ...; "" while unknown)."""
+    lines = cluster.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id, check=False).stdout.split()
+    return lines[0] if lines else ""
+
+
+def preempt_with_a_high_job(cluster: SlurmCluster, folder: Path) -> str:
+    """Submit a one-CPU job to `high`, which needs a CPU that the `low` job holds; returns its id."""
+    return cluster.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", "--cpus-per-task=1", "--mem=100M",
+                       f"--output={folder / 'preemptor.out'}", "--wrap", "echo preemptor ran", cwd=folder
+                       ).stdout.strip()
+
+
+def started_at(attempt: run_state.Attempt) -> float:
+    return datetime.fromisoformat(attempt.started_at).timestamp()
+
+
+def ended_at(attempt: run_state.Attempt) -> float:
+    return datetime.fromisoformat(str(attempt.ended_at)).timestamp()
+
+
+def submitit_starts(run_dir: Path, job_id: str) -> int:
+    """How many starts submitit logged in rank 0's own log (SLURM's ``%j_%t_log.out``) of the job."""
+    log = RunPaths(run_dir).submitit / f"{job_id}_0_log.out"
+    return log.read_text().count("Starting with JobEnvironment") if log.exists() else 0
+
+
+# -- the uninterrupted runs ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Path]]:
+    """``reference(tasks)``: the run directory of the job run uninterrupted on ``tasks`` ranks (the local
+    executor, unslowed; submitted on first use, so call it early: it trains while the SLURM job waits)."""
+    folder = tmp_path_factory.mktemp("references")
+    run_dirs: dict[int, Path] = {}
+
+    def run(tasks: int) -> Path:
+        if tasks not in run_dirs:
+            spec = write_spec(folder, f"reference-{tasks}", tasks=tasks, step_delay_s=0.0)
+            assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
+            run_dirs[tasks] = folder / f"reference-{tasks}"
+        return run_dirs[tasks]
+
+    yield run
+    from elfes.launcher.liveness import local_processes
+
+    for run_dir in run_dirs.values():
+        processes = local_processes(RunPaths(run_dir))
+        for pid in processes["controller"] + processes["task"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def assert_bitwise_equal_to(run_dir: Path, reference: Path, tasks: int) -> None:
+    """Every tensor of the final checkpoint (raw and EMA weights, optimizer state, generators) and of the
+    exported model is torch.equal to the uninterrupted run's."""
+    import torch
+
+    assert wait_ended(reference, "finished").attempts[-1].step == PLANNED_STEPS // tasks
+
+    def tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        if isinstance(value, torch.Tensor):
+            yield prefix, value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                yield from tensors(item, f"{prefix}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                yield from tensors(item, f"{prefix}[{index}]")
+
+    for relative in ("checkpoints/final", "model.pt"):
+        ours, theirs = (dict(tensors(torch.load(folder / relative, map_location="cpu", weights_only=True)))
+                        for folder in (run_dir, reference))
+        assert ours and ours.keys() == theirs.keys(), f"{relative}: different tensors"
+        different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+        assert not different, f"{relative}: tensors differ from the uninterrupted run: {different}"
+
+
+# -- the tests -----------------------------------------------------------------------------------------------------
+def test_preempted_with_the_user_signal_requeues_itself_and_resumes_bitwise(
+    slurm_user_signal: SlurmCluster, tmp_path: Path, reference: Callable[[int], Path]
+):
+    """Two tasks (one gloo group) in `low` on both CPUs; a one-CPU job in `high` preempts them: both get USR2,
+    stop at one window boundary, `last` is saved, rank 0 runs `scontrol requeue` and every rank exits; the
+    preemptor runs; `elfes status` shows the job PENDING (BeginTime) with one restart; the relaunch resumes."""
+    slurm, tasks = slurm_user_signal, 2
+    expected = reference(tasks)
+    run_dir = submit(slurm, tmp_path, "user-signal", tasks=tasks)
+    wait_run(run_dir, lambda: training_from(run_dir, 2), "attempt 1 to train to step 2")
+    preemptor = preempt_with_a_high_job(slurm, tmp_path)
+    job_id = state_of(run_dir).job_id
+
+    report = wait_run(run_dir, lambda: (r := status(slurm, run_dir))["queue_state"] == "PENDING" and r,
+                      "elfes status to show the requeued job pending")
+    assert (report["status"], report["queue_reason"], report["restart_count"]) == ("requeued", "BeginTime", 1), report
+    assert report["attempts"][0]["outcome"] == "requeued" and report["job_id"] == job_id
+    state = wait_ended(run_dir, "finished")
+
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit"), ("finished", None, "requeue")]
+    assert 2 <= state.attempts[0].step < PLANNED_STEPS // tasks and state.attempts[1].step == PLANNED_STEPS // tasks
+    assert f"elfes: requeued SLURM job {job_id} (scontrol requeue)" in RunPaths(run_dir).rank_log(1, 0).read_text()
+    for rank in range(tasks):  # every rank stopped at the same boundary and left for the requeue
+        log = RunPaths(run_dir).rank_log(1, rank).read_text()
+        assert f"elfes: attempt 1 ended requeued (SIGUSR2) at step {state.attempts[0].step}" in log
+    assert {attempt.job_id for attempt in state.attempts} == {job_id}  # SLURM started the same job again
+    assert accounted(slurm, preemptor) == "COMPLETED" and "preemptor ran" in (tmp_path / "preemptor.out").read_text()
+    assert submitit_starts(run_dir, job_id) == 2  # --open-mode=append: the relaunch kept the first start's log
+    assert [e["world_size"] for e in events(run_dir) if e["event"] in ("started", "resumed")] == [tasks, tasks]
+    assert_bitwise_equal_to(run_dir, expected, tasks)
+
+
+def test_preempted_with_plain_sigterm_waits_and_is_requeued_by_slurm_bitwise(
+    slurm_plain_sigterm: SlurmCluster, tmp_path: Path, reference: Callable[[int], Path]
+):
+    """Without `preempt_send_user_signal` the preempted job gets SIGTERM: it saves `last` and stays alive
+    (a job that exits during GraceTime is not requeued; `elfes resume` is refused meanwhile), SLURM kills it
+    at the end of GraceTime and requeues it, and the relaunch resumes to the uninterrupted run's end."""
+    slurm = slurm_plain_sigterm
+    expected = reference(1)
+    run_dir = submit(slurm, tmp_path, "plain-sigterm", cpus_per_task=2)
+    wait_run(run_dir, lambda: training_from(run_dir, 2), "attempt 1 to train to step 2")
+    preempt_with_a_high_job(slurm, tmp_path)
+    preempted = time.time()
+    job_id = state_of(run_dir).job_id
+
+    wait_run(run_dir, lambda: state_of(run_dir).attempts[0].ended, "attempt 1 to save `last` and record its end")
+    assert RunPaths(run_dir).last.exists() and queue(slurm, job_id).startswith("RUNNING")
+    refused = elfes(slurm, "resume", str(run_dir), check=False)
+    assert refused.returncode == 3 and f"SLURM job {job_id} of this run is still RUNNING" in refused.stderr
+    assert any(f"SLURM job {job_id} is still RUNNING: it saved `last`" in note for note in status(slurm, run_dir)["notes"])
+    log = RunPaths(run_dir).rank_log(1, 0)
+    wait_run(run_dir, lambda: "waiting for SLURM to end the job" in log.read_text(), "the saved job to wait")
+    # At the end of GraceTime SLURM kills and requeues it; `elfes status` tells so before the relaunch starts.
+    report = wait_run(run_dir, lambda: (r := status(slurm, run_dir))["status"] != "stopped" and r,
+                      "elfes status to show that SLURM requeued the job")
+    assert (report["status"], report["restart_count"], report["attempts"][0]["outcome"]) == ("requeued", 1, "requeued")
+    wait_run(run_dir, lambda: len(state_of(run_dir).attempts) == 2, "SLURM's relaunch to start attempt 2")
+    state = wait_ended(run_dir, "finished")
+
+    assert outcomes(state) == [("requeued", "SIGTERM", "submit"), ("finished", None, "requeue")]
+    assert 2 <= state.attempts[0].step < PLANNED_STEPS and state.attempts[1].step == PLANNED_STEPS
+    # SLURM, not the job, requeued it: only after GraceTime (and the job never said it requeued itself).
+    assert started_at(state.attempts[1]) - preempted >= slurm.grace_time_s
+    assert "ended stopped (SIGTERM)" in log.read_text() and "requeued SLURM job" not in log.read_text()
+    assert {attempt.job_id for attempt in state.attempts} == {job_id} and state.requeues_used == 1
+    assert_bitwise_equal_to(run_dir, expected, 1)
+
+
+def test_time_limit_requeues_before_the_limit_and_a_cancelled_job_stays_cancelled_then_resumes(
+    slurm: SlurmCluster, tmp_path: Path, reference: Callable[[int], Path]
+):
+    """Two one-CPU jobs side by side (one test, to keep the suite short).
+
+    Time limit: a 3-minute limit with `--signal=USR2@140`, and a first attempt whose training would take
+    longer than the limit (16 steps of 2 batches, 6 s each): USR2 comes before the limit, the job saves,
+    requeues itself (it never ends TIMEOUT), and its relaunch (a fresh limit, full speed) finishes bitwise.
+
+    Cancel: `elfes cancel` (a marker, then scancel) sends SIGTERM; `last` is saved within KillWait, the job
+    ends CANCELLED and is not requeued; `elfes resume` submits it again and it finishes bitwise."""
+    expected = reference(1)
+    limit_s = 180
+    timed = submit(slurm, tmp_path, "time-limit", timeout_min=limit_s // 60, signal_delay_s=140, step_delay_s=6.0)
+    cancelled = submit(slurm, tmp_path, "cancelled")
+
+    wait_run(cancelled, lambda: training_from(cancelled, 2), "attempt 1 to train to step 2")
+    job_id = state_of(cancelled).job_id
+    assert f"SLURM job {job_id} (scancel)" in elfes(slurm, "cancel", str(cancelled)).stdout
+    state = wait_ended(cancelled, "cancelled")
+    assert outcomes(state) == [("cancelled", "SIGTERM", "submit")] and 2 <= state.attempts[0].step < PLANNED_STEPS
+    assert RunPaths(cancelled).last.exists()
+    wait_for(lambda: queue(slurm, job_id) == "", timeout_s=slurm.kill_wait_s + 60, what=f"job {job_id} to leave the queue")
+    assert accounted(slurm, job_id) == "CANCELLED" and len(state_of(cancelled).attempts) == 1  # never came back
+    assert "resumed as slurm job" in elfes(slurm, "resume", str(cancelled)).stdout
+
+    state = wait_ended(timed, "finished")
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit"), ("finished", None, "requeue")]
+    first = state.attempts[0]
+    assert ended_at(first) - started_at(first) < limit_s - 60, "USR2 came at the limit, not before it"
+    assert 0 <= first.step < PLANNED_STEPS and state.attempts[1].step == PLANNED_STEPS
+    signalled = [e for e in events(timed) if e["event"] in ("stop_signal", "stop_requested")][0]
+    assert signalled["signal"] == "SIGUSR2"
+    wait_for(lambda: accounted(slurm, state.job_id) == "COMPLETED", timeout_s=60,
+             what=f"sacct: job {state.job_id} COMPLETED (not TIMEOUT)")
+    assert_bitwise_equal_to(timed, expected, 1)
+
+    state = wait_ended(cancelled, "finished")
+    assert outcomes(state) == [("cancelled", "SIGTERM", "submit"), ("finished", None, "resume")]
+    assert state.attempts[1].job_id != job_id and state.requeues_used == 0
+    assert_bitwise_equal_to(cancelled, expected, 1)
