@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     verb("schema", "Print the JSON Schema of a job spec (for editors).")
 
+    doctor = verb("doctor", "Tell what this SLURM cluster does to a job on preemption, time limit and cancel "
+                  "(from scontrol), and what to change.")
+    doctor.add_argument("spec", metavar="JOB.yaml", nargs="?", default=None,
+                        help="the job spec (default: any job of the default partition)")
+    doctor.add_argument("--test-job", action="store_true",
+                        help="submit a one-minute job that checks that scontrol works from inside a job")
+    doctor.add_argument("--json", action="store_true", help="print JSON: the settings read and the findings")
     return parser
 
 
@@ -280,6 +287,24 @@ def _plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    result = doctor.doctor(args.spec, test_job=args.test_job)
+    if args.json:
+        _print(json.dumps(result.to_json(), indent=2))
+        return EXIT_OK
+    settings = ", ".join(f"{name}={value}" for name, value in result.settings.items())
+    _print(f"{'job ' + repr(result.job) if result.job else 'any job'} in partition {result.partition} ({settings})")
+    for finding in result.findings:
+        _print(f"[{finding.level}] {finding.topic}: {finding.says}")
+        if finding.change:
+            _print(f"    change: {finding.change}")
+    problems = len(result.problems)
+    _print(f"{problems} problem(s)" if problems else "no problems found")
+    return EXIT_OK
+
+
 def _signalled(result: Any, what: str) -> int:
     if result.targets:
         _print(f"{what}: sent {result.signal} to " + "; ".join(result.targets))
@@ -309,7 +334,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 VERBS = {
     "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
-    "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot,
+    "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot, "doctor": _doctor,
 }
 
 

@@ -13,7 +13,8 @@ the SLURM jobs wait).
   SLURM kills it at the end of GraceTime and requeues it itself;
 - the time limit: a first attempt whose training would outlast its 3-minute limit gets USR2 before the
   limit, requeues itself, and the relaunch finishes; side by side with it (one test, to keep the suite
-  short), `elfes cancel`: `last` saved, the job stays cancelled; `elfes resume` finishes it.
+  short), `elfes cancel`: `last` saved, the job stays cancelled; `elfes resume` finishes it;
+- `elfes doctor` against both preemption configurations.
 """
 
 from __future__ import annotations
@@ -331,3 +332,65 @@ def test_time_limit_requeues_before_the_limit_and_a_cancelled_job_stays_cancelle
     assert outcomes(state) == [("cancelled", "SIGTERM", "submit"), ("finished", None, "resume")]
     assert state.attempts[1].job_id != job_id and state.requeues_used == 0
     assert_bitwise_equal_to(cancelled, expected, 1)
+
+
+def doctor(cluster: SlurmCluster, *argv: str) -> dict[str, Any]:
+    report = json.loads(elfes(cluster, "doctor", *argv, "--json").stdout)
+    report["by_topic"] = {}
+    for finding in report["findings"]:
+        report["by_topic"].setdefault(finding["topic"], []).append(finding)
+    return report
+
+
+def test_doctor_tells_what_preemption_time_limit_and_cancel_do_in_both_configurations(
+    slurm: SlurmCluster, tmp_path: Path
+):
+    spec = write_spec(tmp_path, "doctored", signal_delay_s=60)
+    if not slurm.user_signal:
+        slurm.reconfigure(user_signal=True)
+    report = doctor(slurm, str(spec), "--test-job")
+    topics = report["by_topic"]
+    assert report["partition"] == "low" and report["settings"]["partition.GraceTime"] == str(slurm.grace_time_s)
+    assert "gets USR2 (preempt_send_user_signal is set)" in topics["preemption"][0]["says"]
+    assert topics["preemption"][0]["level"] == "ok" and topics["preemption"][0]["change"] is None
+    budget = slurm.grace_time_s + slurm.kill_wait_s
+    assert f"= {budget} s to save before SIGKILL" in topics["grace time"][0]["says"]
+    assert f"SIGKILL KillWait ({slurm.kill_wait_s} s) later" in topics["cancel"][0]["says"]
+    assert "JobRequeue=1" in topics["requeue"][0]["says"]
+    assert "USR2 comes 60 s (slurm.signal_delay_s) before the 10 min limit" in topics["time limit"][0]["says"]
+    assert topics["save time"][0]["level"] == "note"  # nothing measured yet
+    assert topics["scontrol in a job"][0]["level"] == "ok", topics["scontrol in a job"]
+    assert not [finding for finding in report["findings"] if finding["level"] == "problem"]
+
+    # An earlier attempt recorded a save longer than signal_delay_s (and than KillWait and the grace budget).
+    paths = RunPaths(tmp_path / "doctored")
+    paths.run_dir.mkdir()
+    paths.events.write_text("".join(json.dumps(event) + "\n" for event in (
+        {"event": "stop_signal", "time": "2026-01-01T00:00:00+00:00", "signal": "SIGTERM"},
+        {"event": "checkpoint", "time": "2026-01-01T00:01:15+00:00", "reason": "stop", "duration_s": 70.0},
+    )))
+    slurm.reconfigure(user_signal=False)
+    report = doctor(slurm, str(spec))
+    topics = report["by_topic"]
+    assert "gets SIGTERM (preempt_send_user_signal is not set)" in topics["preemption"][0]["says"]
+    assert "preempt_send_user_signal" in topics["preemption"][0]["change"]
+    problems = {finding["topic"]: finding for finding in report["findings"] if finding["level"] == "problem"}
+    assert set(problems) == {"grace time", "cancel", "save time"}, problems
+    assert "a stop took 75.0 s" in problems["save time"]["says"]
+    assert problems["save time"]["change"] == "set slurm.signal_delay_s to at least 160"
+    assert "--test-job" in topics["scontrol in a job"][0]["change"]
+
+    # Without a spec: the default partition, no job-specific findings. `high` is not preempted; an unknown
+    # partition is named with the ones that exist.
+    anyone = doctor(slurm)
+    assert anyone["partition"] == "low" and "time limit" not in anyone["by_topic"] and anyone["job"] is None
+    high = json.loads(spec.read_text())
+    high["slurm"]["partition"] = "high"
+    (tmp_path / "high.yaml").write_text(json.dumps(high))
+    assert "not preempted (PreemptMode=OFF)" in doctor(slurm, str(tmp_path / "high.yaml"))["by_topic"]["preemption"][0][
+        "says"]
+    high["slurm"]["partition"] = "nowhere"
+    (tmp_path / "nowhere.yaml").write_text(json.dumps(high))
+    unknown = elfes(slurm, "doctor", str(tmp_path / "nowhere.yaml"), check=False)
+    assert unknown.returncode == 2 and "slurm.partition = 'nowhere': no such partition (partitions: high, low)" in (
+        unknown.stderr)
