@@ -278,7 +278,8 @@ def test_preempted_with_plain_sigterm_waits_and_is_requeued_by_slurm_bitwise(
     # At the end of GraceTime SLURM kills and requeues it; `elfes status` tells so before the relaunch starts.
     report = wait_run(run_dir, lambda: (r := status(slurm, run_dir))["status"] != "stopped" and r,
                       "elfes status to show that SLURM requeued the job")
-    assert (report["status"], report["restart_count"], report["attempts"][0]["outcome"]) == ("requeued", 1, "requeued")
+    assert report["attempts"][0]["outcome"] == "requeued" and report["restart_count"] == 1, report
+    assert report["status"] in ("requeued", "running"), report  # "running" once the relaunch recorded itself
     wait_run(run_dir, lambda: len(state_of(run_dir).attempts) == 2, "SLURM's relaunch to start attempt 2")
     state = wait_ended(run_dir, "finished")
 
