@@ -26,12 +26,19 @@ WAITING = (
 
 def write_spec(folder: Path, **resources: object) -> Path:
     spec = folder / "job.yaml"
-    spec.write_text(json.dumps({
-        "name": "elfes-on-slurm", "command": ["{python}", "-c", WAITING], "run_dir": "run",
-        "resources": {"tasks_per_node": 1, "timeout_min": 10, "mem_gb": 0.5, **resources},
-        "slurm": {"partition": "low", "signal_delay_s": 60}, "requeue": {"max_requeues": 2},
-        "env": {"PYTHONPATH": str(REPOSITORY)},
-    }))
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "elfes-on-slurm",
+                "command": ["{python}", "-c", WAITING],
+                "run_dir": "run",
+                "resources": {"tasks_per_node": 1, "timeout_min": 10, "mem_gb": 0.5, **resources},
+                "slurm": {"partition": "low", "signal_delay_s": 60},
+                "requeue": {"max_requeues": 2},
+                "env": {"PYTHONPATH": str(REPOSITORY)},
+            }
+        )
+    )
     return spec
 
 
@@ -64,8 +71,11 @@ def test_submit_status_preempt_requeue_and_cancel(slurm: SlurmCluster, tmp_path:
 
     preempted = elfes(slurm, "preempt", str(run_dir), cwd=tmp_path)
     assert preempted.returncode == 0 and "sent SIGUSR2 to SLURM job" in preempted.stdout, preempted.stderr
-    wait_for(lambda: len(status(slurm, run_dir)["attempts"]) == 2 and status(slurm, run_dir)["status"] == "running",
-             timeout_s=90, what="attempt 2 (SLURM's relaunch after `scontrol requeue`) running")
+    wait_for(
+        lambda: len(status(slurm, run_dir)["attempts"]) == 2 and status(slurm, run_dir)["status"] == "running",
+        timeout_s=90,
+        what="attempt 2 (SLURM's relaunch after `scontrol requeue`) running",
+    )
     report = status(slurm, run_dir)
     assert [(a["outcome"], a["signal"]) for a in report["attempts"]] == [("requeued", "SIGUSR2"), (None, None)]
     assert report["attempts"][1]["launch"] == "requeue" and report["requeues_used"] == 1
