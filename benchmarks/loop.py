@@ -206,11 +206,28 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
         variants = {"hand": _Variant(hand_epoch, "hand", case, finals), "elfes": _Variant(elfes_epoch, "elfes", case, finals)}
         if with_lightning and not case.evaluate_every:
             variants["lightning"] = _Variant(lightning_epoch, "lightning", case, finals)
+        if not smoke:  # the hand loop against itself: how far apart identical code lands on this machine
+            variants["hand again"] = _Variant(hand_epoch, "hand again", case, finals)
         samples = interleave(variants, rounds, progress, f"loop {case.name}", repeats=case.repeats)
         difference = max((a - b).abs().max().item() for a, b in zip(finals["elfes"].parameters(), finals["hand"].parameters()))
-        for name in [name for name in variants if name != "hand"]:
+        for name in [name for name in variants if name not in ("hand", "hand again")]:
             rows += _rows(case, samples, name, rounds, difference if name == "elfes" else None)
+        if "hand again" in variants:
+            rows.append(_noise_row(case, samples, rounds))
     return rows
+
+
+def _noise_row(case: LoopCase, samples: dict[str, list[dict[str, float]]], rounds: int) -> Row:
+    """The same hand loop run twice per round: the spread that any ratio of this case carries."""
+    per_microbatch = 1e6 / case.microbatches
+    cpu = median_difference(samples, "hand again", "hand", "cpu_s", per_microbatch)
+    return Row(
+        "loop", case.name, f"noise: the same hand loop twice, samples/s ratio (CPU {cpu:+,.0f} µs per microbatch)", "samples/s",
+        case.samples * case.repeats / median_of(samples, "hand again", "wall_s"),
+        case.samples * case.repeats / median_of(samples, "hand", "wall_s"), "hand loop",
+        "ratio", median_ratio(samples, "hand", "hand again", "wall_s"), rounds=rounds,
+        details={"cpu_us_difference": cpu},
+    )
 
 
 class _Variant:
