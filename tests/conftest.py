@@ -84,15 +84,29 @@ def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
         str(script), *arguments,
     ]
-    completed = subprocess.run(
-        command, env=launch_environment(), capture_output=True, text=True, timeout=timeout_s, cwd=REPOSITORY
+    process = subprocess.Popen(
+        command, env=launch_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPOSITORY
     )
-    if completed.returncode != 0:
+    timed_out = False
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # SIGTERM, not subprocess.run's SIGKILL: torchrun then kills each rank's process group (ranks run
+        # in sessions of their own, with their DataLoader workers), which would otherwise outlive the test.
+        timed_out = True
+        process.terminate()
+        try:
+            stdout, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+    if timed_out or process.returncode != 0:
+        outcome = f"did not finish within {timeout_s} s" if timed_out else f"exited with {process.returncode}"
         pytest.fail(
-            f"torchrun {script.name} {' '.join(arguments)} exited with {completed.returncode}\n"
-            f"--- stdout ---\n{completed.stdout[-6000:]}\n--- stderr ---\n{completed.stderr[-6000:]}"
+            f"torchrun {script.name} {' '.join(arguments)} {outcome}\n"
+            f"--- stdout ---\n{stdout[-6000:]}\n--- stderr ---\n{stderr[-6000:]}"
         )
-    return completed
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.fixture
