@@ -88,6 +88,7 @@ def child(run_dir: Path, smoke: bool) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from elfes.engine import RunLogger, StepOutput, StopRequest, TrainConfig, Trainer
+    from elfes.files import write_text_atomically
     from elfes.records import read_events
 
     torch.set_num_threads(1)
@@ -108,7 +109,8 @@ def child(run_dir: Path, smoke: bool) -> None:
     def after_update(*_: object) -> None:
         updates.append(time.perf_counter())
         if len(updates) == READY_AFTER_UPDATES + 1:
-            (run_dir / "ready").write_text(json.dumps({"window_s": statistics.median(_differences(updates))}))
+            # Atomically: the parent polls for this file and reads it as soon as it exists.
+            write_text_atomically(run_dir / "ready", json.dumps({"window_s": statistics.median(_differences(updates))}))
 
     optimizer.register_step_post_hook(after_update)
     stop = StopRequest()
