@@ -14,12 +14,12 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from . import state as run_state
 from .paths import RunPaths
+from .task_files import cancel_requested
 
 # squeue states in which a SLURM job is still queued or alive.
 _SLURM_ALIVE = frozenset({
@@ -157,17 +157,6 @@ class LivenessProbe:
         live = liveness(self.paths, state)
         self._last = (now, key, live)
         return live
-
-
-def cancel_requested(paths: RunPaths, state: run_state.RunState | None) -> bool:
-    """Whether ``elfes cancel`` left its marker for the current submission (the rule the runtime uses)."""
-    try:
-        marked = paths.cancel_marker.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if state is None or not state.submissions:
-        return True
-    return marked >= datetime.fromisoformat(state.submissions[-1].at).timestamp()
 
 
 def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None:

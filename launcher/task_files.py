@@ -47,7 +47,10 @@ def remove_pid_file(paths: RunPaths, rank: int) -> None:
 
 
 def cancel_requested(paths: RunPaths, state: run_state.RunState | None) -> bool:
-    """Whether ``elfes cancel`` left its marker for the current submission (an older one is stale)."""
+    """Whether ``elfes cancel`` left its marker for the current submission (an older one is stale).
+
+    The one rule both the runtime (cancelled or stopped) and ``elfes status`` (a lost job) apply.
+    """
     try:
         marked = paths.cancel_marker.stat().st_mtime
     except FileNotFoundError:
