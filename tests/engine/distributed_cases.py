@@ -458,8 +458,7 @@ if __name__ == "__main__":
     output.mkdir(parents=True, exist_ok=True)
     # The first Accelerator forms the gloo group; later ones (after reset_accelerate) reuse it. A short
     # collective timeout turns a rank waiting for a peer that already left (ranks disagreeing on a stop)
-    # into an error before the launch times out (300 s); 60 s proved too short on a loaded 2-core
-    # machine, where a rank with DataLoader workers once lagged its peer by more than a minute.
-    fresh_accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=150))])
+    # into an error within a minute instead of a hang until the launch times out.
+    fresh_accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
     CASES[case_name](output)
     release_process_group()
