@@ -12,6 +12,7 @@ steps: one small collective and one gradient all-reduce per window, as the Train
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import subprocess
@@ -28,6 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
+
+import elfes.engine  # noqa: F401  before the process group forms: it imports torch.distributed.nn early (see there)
 
 from .loop import ACCUMULATION, LEARNING_RATE, MAX_GRAD_NORM, LoopCase, make_data, make_model, step
 from .measure import REPOSITORY, Progress, Row, child_environment, median_difference, median_of, median_ratio
@@ -168,3 +171,6 @@ if __name__ == "__main__":
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true")
     worker(parser.parse_args())
+    # The accelerator and its DDP wrappers reference the destroyed group; freeing them now joins gloo's
+    # threads, which at interpreter shutdown could abort the rank (see launcher.runtime.release_process_group).
+    gc.collect()

@@ -38,6 +38,7 @@ This module imports neither torch nor the engine at import time: the submitter p
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -223,6 +224,7 @@ class _Attempt:
                 stop.handle_signal(signal.SIGTERM)  # cancelled between attempts: save at the first boundary
             with self._stopping_watcher(lambda: stop.signal or stop.reason):
                 result = main(job)
+        release_process_group()
         # The trainer made every rank agree on one stop reason and returns it in its TrainState.
         if not hasattr(result, "stop_reason"):
             print(f"elfes: warning: {self.spec.entrypoint} returned {type(result).__name__}, not the TrainState of "
@@ -304,6 +306,22 @@ class _Attempt:
             # is (PreemptMode=REQUEUE), and a scancel'ed one stays cancelled. So wait to be ended.
             wait_for_slurm_to_end_the_job()
         return {"outcome": decision.outcome, "attempt": self.attempt, "step": step}
+
+
+def release_process_group() -> None:
+    """Tear down the torch process group that ``main`` formed, and free it now, before the task exits.
+
+    Freed only at interpreter shutdown, a gloo worker thread that releases a collective's tensors then
+    aborts the process (SIGABRT), which would turn a finished or requeued attempt into a failed one.
+    ``accelerator.end_training()`` destroys the group, but the DDP wrappers the accelerator keeps still
+    reference it; collecting them joins gloo's threads (torch releases the GIL in that destructor).
+    """
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available():
+        return
+    if distributed.is_initialized():
+        distributed.destroy_process_group()
+    gc.collect()
 
 
 def _load_spec(paths: RunPaths) -> Any:

@@ -303,7 +303,10 @@ def evaluator(out: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 # 5./6. Bitwise pause/resume at every window boundary, the stop requested on rank 1 only
 
-RESUME_SPECS = {"resume": RunSpec(), "resume_workers": RunSpec(num_workers=2)}
+# Workers start from a forkserver: forked from a rank, whose gloo threads run Python code (freeing
+# tensors), a worker can freeze in its first instant on this machine's Python 3.11.7 (CPython
+# gh-112275, a runtime lock held by another thread at fork). The forkserver has no such threads.
+RESUME_SPECS = {"resume": RunSpec(), "resume_workers": RunSpec(num_workers=2, worker_start="forkserver")}
 
 
 def window_sizes(trainer: Trainer, epochs: int) -> list[int]:

@@ -130,6 +130,7 @@ class RunSpec:
     max_steps: int | None = None
     shuffle: bool = True
     num_workers: int = 0
+    worker_start: str | None = None  # the DataLoader's multiprocessing_context: "fork" (None), "forkserver", "spawn"
     dropout: float = 0.2
     ema_decay: float | None = 0.9
     optimizer: str = "adamw"  # "adamw" | "adamw_fused" | "adam_fused" | "sgd"
@@ -185,7 +186,8 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
     else:
         raise ValueError(spec.optimizer)
     train_data = RegressionData(spec.samples, seed=1, dtype=dtype)
-    train_loader = DataLoader(train_data, batch_size=spec.batch_size, shuffle=spec.shuffle, num_workers=spec.num_workers)
+    train_loader = DataLoader(train_data, batch_size=spec.batch_size, shuffle=spec.shuffle, num_workers=spec.num_workers,
+                              multiprocessing_context=spec.worker_start if spec.num_workers else None)
     evaluator = None
     step, objective = (two_term_step, TWO_TERMS) if spec.objective else (mse_step, None)
     if spec.evaluate:

@@ -36,6 +36,7 @@ def _tests_conftest():
 _SHARED = _tests_conftest()
 REPOSITORY: Path = _SHARED.REPOSITORY
 launch_environment = _SHARED.launch_environment
+torchrun = _SHARED.torchrun
 
 # A pid far above any kernel's pid_max: no process has it.
 GONE_JOB_ID = "4194999"
