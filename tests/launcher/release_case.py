@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-import elfes.engine  # first, as the runtime does: before any process group forms
+import elfes.engine  # noqa: F401  first, as the runtime does: before any process group forms
 from elfes.launcher.runtime import release_process_group
 
 
