@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from run_comparison import assert_runs_bitwise_equal
 
 from elfes.launcher import state as run_state
 from elfes.launcher.cli import main as elfes
@@ -195,34 +196,6 @@ def preempt(run_dir: Path) -> None:
     assert elfes(["preempt", str(run_dir)]) == 0
 
 
-# -- comparing runs ---------------------------------------------------------------------------------------------
-def tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield prefix, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from tensors(item, f"{prefix}/{key}")
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from tensors(item, f"{prefix}[{index}]")
-
-
-def assert_bitwise_equal_runs(run_dir: Path, reference: Path) -> None:
-    """Every tensor of the final checkpoint (raw and EMA weights, optimizer state, generators) and of
-    the exported model is torch.equal to the uninterrupted run's."""
-    import torch
-
-    for relative in ("checkpoints/final", "model.pt"):
-        ours = dict(tensors(torch.load(run_dir / relative, map_location="cpu", weights_only=True)))
-        theirs = dict(tensors(torch.load(reference / relative, map_location="cpu", weights_only=True)))
-        assert ours.keys() == theirs.keys(), f"{relative}: different tensors"
-        assert ours, f"{relative} holds no tensors"
-        different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
-        assert not different, f"{relative}: tensors differ from the uninterrupted run: {different}"
-
-
 def outcomes(state: run_state.RunState) -> list[tuple[str, str | None, str]]:
     return [(attempt.outcome, attempt.signal, attempt.launch) for attempt in state.attempts]
 
@@ -260,7 +233,7 @@ def test_preempted_twice_resumes_bitwise(runs: Runs, references: Callable[[int],
         for rank in range(tasks):
             assert f"elfes: attempt {attempt} " in RunPaths(run_dir).rank_log(attempt, rank, "out").read_text()
     assert wait_ended(reference, "finished").attempts[-1].step == PLANNED_STEPS // tasks
-    assert_bitwise_equal_runs(run_dir, reference)
+    assert_runs_bitwise_equal(run_dir, reference)
 
 
 def test_cancel_then_resume(runs: Runs, references: Callable[[int], Path]) -> None:
@@ -282,7 +255,7 @@ def test_cancel_then_resume(runs: Runs, references: Callable[[int], Path]) -> No
     assert state.attempts[1].number == 2 and state.requeues_used == 0
     assert [s.kind for s in state.submissions] == ["submit", "resume"]
     wait_ended(reference, "finished")
-    assert_bitwise_equal_runs(run_dir, reference)
+    assert_runs_bitwise_equal(run_dir, reference)
 
 
 def test_failing_entrypoint_is_failed_and_not_requeued(runs: Runs) -> None:
@@ -327,7 +300,7 @@ def test_requeue_cap_holds(runs: Runs, references: Callable[[int], Path]) -> Non
     state = wait_ended(run_dir, "finished")
     assert [a.outcome for a in state.attempts] == ["requeued", "stopped", "finished"]
     wait_ended(reference, "finished")
-    assert_bitwise_equal_runs(run_dir, reference)
+    assert_runs_bitwise_equal(run_dir, reference)
 
 
 def test_command_job_pauses_and_resumes(runs: Runs, references: Callable[[int], Path]) -> None:
@@ -358,7 +331,7 @@ def test_command_job_pauses_and_resumes(runs: Runs, references: Callable[[int], 
     state = wait_ended(run_dir, "finished")
     assert state.attempts[-1].outcome == "finished" and state.attempts[-1].step == PLANNED_STEPS
     wait_ended(reference, "finished")
-    assert_bitwise_equal_runs(run_dir, reference)
+    assert_runs_bitwise_equal(run_dir, reference)
 
 
 def test_local_requeues_past_six_starts_resubmit(runs: Runs) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from cluster import SlurmCluster, wait_for
+from run_comparison import assert_runs_bitwise_equal
 
 from elfes.launcher import state as run_state
 from elfes.launcher.paths import RunPaths
@@ -197,28 +198,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 
 
 def assert_bitwise_equal_to(run_dir: Path, reference: Path, tasks: int) -> None:
-    """Every tensor of the final checkpoint (raw and EMA weights, optimizer state, generators) and of the
-    exported model is torch.equal to the uninterrupted run's."""
-    import torch
-
+    """The reference finished its planned steps, and ``run_dir`` ended bitwise equal to it."""
     assert wait_ended(reference, "finished").attempts[-1].step == PLANNED_STEPS // tasks
-
-    def tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-        if isinstance(value, torch.Tensor):
-            yield prefix, value
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                yield from tensors(item, f"{prefix}/{key}")
-        elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                yield from tensors(item, f"{prefix}[{index}]")
-
-    for relative in ("checkpoints/final", "model.pt"):
-        ours, theirs = (dict(tensors(torch.load(folder / relative, map_location="cpu", weights_only=True)))
-                        for folder in (run_dir, reference))
-        assert ours and ours.keys() == theirs.keys(), f"{relative}: different tensors"
-        different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
-        assert not different, f"{relative}: tensors differ from the uninterrupted run: {different}"
+    assert_runs_bitwise_equal(run_dir, reference)
 
 
 # -- the tests -----------------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from cluster import process_alive, wait_for
+from run_comparison import assert_runs_bitwise_equal
 from two_hosts import TwoHostCluster
 
 from elfes.launcher import state as run_state
@@ -224,29 +225,6 @@ def outcomes(state: run_state.RunState) -> list[tuple]:
     return [(attempt.outcome, attempt.signal, attempt.launch, attempt.hosts) for attempt in state.attempts]
 
 
-def assert_bitwise_equal_runs(run_dir: Path, reference: Path) -> None:
-    """Every tensor of the final checkpoint (weights, EMA, optimizer, generators) and of the exported
-    model is torch.equal to the uninterrupted run's."""
-    import torch
-
-    def tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-        if isinstance(value, torch.Tensor):
-            yield prefix, value
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                yield from tensors(item, f"{prefix}/{key}")
-        elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                yield from tensors(item, f"{prefix}[{index}]")
-
-    for relative in ("checkpoints/final", "model.pt"):
-        ours, theirs = (dict(tensors(torch.load(folder / relative, map_location="cpu", weights_only=True)))
-                        for folder in (run_dir, reference))
-        assert ours and ours.keys() == theirs.keys(), f"{relative}: different tensors"
-        different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
-        assert not different, f"{relative}: tensors differ from the uninterrupted run: {different}"
-
-
 @pytest.fixture(scope="module")
 def reference(slurm_two_hosts_cluster: TwoHostCluster, tmp_path_factory: pytest.TempPathFactory
               ) -> Callable[[], Path]:
@@ -293,7 +271,7 @@ def test_preempted_two_node_job_requeues_and_resumes_bitwise(
     table = elfes(slurm_two_hosts, "status", str(run_dir)).stdout
     assert table.count("node1,node2") == 2, table  # the attempts table: one row per attempt
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
-    assert_bitwise_equal_runs(run_dir, expected)
+    assert_runs_bitwise_equal(run_dir, expected)
 
 
 def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
@@ -325,7 +303,7 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
     assert [(event["reason"], event["state"]["step"]) for event in stopped] == [("SIGUSR2", saved)]
     assert [r["environment"]["SLURM_RESTART_COUNT"] for r in rank_records(run_dir, 2)] == ["1", "1"]
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
-    assert_bitwise_equal_runs(run_dir, expected)
+    assert_runs_bitwise_equal(run_dir, expected)
 
 
 def test_two_nodes_of_two_tasks_form_one_group_of_four_ranks(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
