@@ -98,6 +98,17 @@ class RunPaths:
         return self.checkpoints / "final"
 
     @property
+    def tensorboard(self) -> Path:
+        """The engine's TensorBoard mirror (``RunLogger(tensorboard=True)`` or ``ELFES_TENSORBOARD=1``;
+        ``elfes.tensorboard.TENSORBOARD_DIR_NAME``): ``tensorboard --logdir`` it."""
+        return self.run_dir / "tensorboard"
+
+    @property
+    def plot(self) -> Path:
+        """Where ``elfes plot RUN_DIR`` draws when no ``-o`` names another file."""
+        return self.run_dir / "plot.png"
+
+    @property
     def logs(self) -> Path:
         """Per-attempt, per-rank standard streams of the job."""
         return self.run_dir / "logs"

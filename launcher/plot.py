@@ -28,8 +28,6 @@ from .actions import ActionFailed, UsageError
 from .paths import RunPaths
 from .spec import SpecError, load_spec
 
-DEFAULT_FILE_NAME = "plot.png"
-
 
 @dataclass(frozen=True)
 class PlottedRun:
@@ -58,7 +56,7 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
     if output is None:
         if len(run_dirs) != 1:
             raise UsageError("several runs are drawn into one file: name it with -o FILE.png (or FILE.svg)")
-        output = Path(run_dirs[0]) / DEFAULT_FILE_NAME
+        output = RunPaths(run_dirs[0]).plot
     output = Path(output)
     if output.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"cannot write a plot to {output}: give a file name ending in .png or .svg")

@@ -1,0 +1,16 @@
+"""RunPaths names what the engine writes into a run directory by the engine's own names."""
+
+from __future__ import annotations
+
+from elfes.launcher.paths import RunPaths
+from elfes.records import EVENTS_FILE_NAME
+from elfes.tensorboard import TENSORBOARD_DIR_NAME, tensorboard_dir
+
+
+def test_run_paths_agree_with_the_engines_file_names(tmp_path):
+    paths = RunPaths(tmp_path / "run")
+    assert paths.events.name == EVENTS_FILE_NAME
+    assert paths.tensorboard == tensorboard_dir(tmp_path / "run")
+    assert paths.tensorboard.name == TENSORBOARD_DIR_NAME
+    assert (paths.checkpoints, paths.last) == (tmp_path / "run" / "checkpoints", tmp_path / "run" / "checkpoints" / "last")
+    assert paths.plot == tmp_path / "run" / "plot.png"
