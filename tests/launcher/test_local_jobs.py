@@ -361,6 +361,9 @@ def test_cancel_before_the_handlers_are_in_still_cancels(runs: Runs) -> None:
     run_dir = runs.submit("cancel-early", entrypoint=None, command=command, config={})
     paths = RunPaths(run_dir)
     wait_for(lambda: tasks_running(run_dir, 1, 1), what="attempt 1 to start", run_dir=run_dir)
+    # The command counts only once the runtime has looked for a marker and started it; a marker left
+    # before that look cancels attempt 1 itself (also right, but not what this test is about).
+    wait_for(lambda: (run_dir / "count.txt").exists(), what="attempt 1's command to count", run_dir=run_dir)
     paths.cancel_marker.write_text("{}\n")  # as `elfes cancel` leaves it, without the signal
     preempt(run_dir)  # the requeue goes ahead; the relaunch sees the marker
     state = wait_ended(run_dir, "cancelled")
