@@ -31,7 +31,7 @@ from rich.console import Console
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
-from workloads import RunSpec, build, mse_step, snapshot
+from workloads import RunSpec, build, gloo_threads, mse_step, snapshot
 
 from elfes.engine import (
     Evaluator,
@@ -419,17 +419,6 @@ def resume(out: Path) -> None:
 @case
 def resume_workers(out: Path) -> None:
     resume_case(out, "resume_workers")
-
-
-def gloo_threads() -> list[str]:
-    """Names of this process's gloo threads (the transport loop and the process group's workers)."""
-    names = []
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            names.append((task / "comm").read_text().strip())
-        except OSError:  # the thread ended meanwhile
-            continue
-    return sorted(name for name in names if "gloo" in name)
 
 
 def release_process_group() -> None:

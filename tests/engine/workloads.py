@@ -248,3 +248,14 @@ def save_snapshot(trainer: Trainer, path: Path) -> None:
 def windows_per_epoch(spec: RunSpec, world_size: int = 1) -> int:
     batches = math.ceil(spec.samples / spec.batch_size) // world_size
     return math.ceil(batches / spec.accumulation)
+
+
+def gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (the transport loop and the process group's workers)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(name for name in names if "gloo" in name)

@@ -11,22 +11,14 @@ import os
 import sys
 from pathlib import Path
 
-import elfes.engine  # noqa: F401  first, as the runtime does: before any process group forms
+from workloads import gloo_threads  # tests/engine, on PYTHONPATH
+
+import elfes.engine  # noqa: F401  as in a job: imported before any process group forms
 from elfes.launcher.runtime import release_process_group
 
 
-def gloo_threads() -> list[str]:
-    names = []
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            names.append((task / "comm").read_text().strip())
-        except OSError:  # the thread ended meanwhile
-            continue
-    return sorted(name for name in names if "gloo" in name)
-
-
 def attempt() -> None:
-    from workloads import RunSpec, build  # tests/engine, on PYTHONPATH
+    from workloads import RunSpec, build
 
     run = build(RunSpec(epochs=1))
     run.trainer.train(run.config)
