@@ -5,6 +5,7 @@ schema`` and ``elfes validate``. Torch-free; only ``init`` writes a file.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -12,7 +13,8 @@ from typing import Any
 
 from . import executors
 from .run_dir import UsageError
-from .spec import JobSpec, json_schema, load_spec
+from .overrides import load_spec_with
+from .spec import JobSpec, json_schema
 
 TEMPLATES_PACKAGE = "elfes.launcher.templates"
 
@@ -24,9 +26,10 @@ class Validated:
     executor: str  # what `auto` would choose here
 
 
-def validate(spec_file: str | os.PathLike[str], *, executor: str = "auto") -> Validated:
-    """Check a spec file (and that ``executor`` can run it). Creates nothing."""
-    spec = load_spec(spec_file)
+def validate(spec_file: str | os.PathLike[str], *, executor: str = "auto", sets: Sequence[str] = ()) -> Validated:
+    """Check a spec file with the ``--set`` texts ``sets`` applied (and that ``executor`` can run it).
+    Creates nothing."""
+    spec = load_spec_with(spec_file, sets)
     chosen = executors.choose_executor(executor)
     executors.check_executor(spec, chosen)
     return Validated(spec=spec, source=Path(spec_file), executor=chosen)

@@ -29,11 +29,12 @@ exit codes:
   1    an internal error (a bug: the traceback is printed)
   {EXIT_BAD_INPUT}    bad input: a malformed job spec, bad arguments, not a run directory, a run directory
        holding a different job; nothing was created
-  {EXIT_NOT_NOW}    cannot be done now: SLURM is absent or refused the job, the run is busy or not
-       resumable, no live task to signal
+  {EXIT_NOT_NOW}    cannot be done now: SLURM is absent or refused the job (the run directory is left as it
+       was), the run is busy, finished (raise its budget) or not resumable, no live task to signal
   {EXIT_RUN_FAILED}    --follow: the run ended failed
   {EXIT_RUN_STOPPED}    --follow: the run ended stopped or cancelled (`elfes resume` continues it)
-  {EXIT_INTERRUPTED}  --follow interrupted (Ctrl-C): the job keeps running
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); a submission was completed or undone first; --follow: the job
+       keeps running
 """
 
 
@@ -52,11 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
         return verbs.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
+    def set_option(sub: argparse.ArgumentParser, what: str) -> None:
+        sub.add_argument("--set", metavar="KEY=VALUE", dest="sets", action="append", default=[],
+                         help=f"change a field of {what}, repeatable: a dotted path and a YAML scalar, e.g. "
+                         "--set config.epochs=40 --set slurm.partition=long (config, env and slurm.additional take "
+                         "new keys)")
+
     submit = verb("submit", "Validate a job spec, create its run directory and submit the job.")
     submit.add_argument("spec", metavar="JOB.yaml", help="the job spec")
     submit.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
                         help="auto (default): slurm where sbatch is on PATH and a SLURM cluster is configured, "
                         "local otherwise")
+    set_option(submit, "the spec")
     submit.add_argument("--dry-run", action="store_true",
                         help="print the sbatch script (slurm) or the local command, touching nothing")
     submit.add_argument("--follow", action="store_true",
@@ -87,12 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = verb("cancel", "Stop a run for good: it saves `last` and ends cancelled.")
     cancel.add_argument("run_dir", metavar="RUN_DIR")
 
-    resume = verb("resume", "Submit a stopped, cancelled or failed run again; it continues from `last`.")
+    resume = verb("resume", "Submit a stopped, cancelled or failed run again; it continues from `last`. "
+                  "A finished run continues with a raised budget (--set config.epochs=N).")
     resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--executor", choices=("auto", "slurm", "local"), default=None,
+                        help="where to run it (default: the executor of its last submission)")
+    set_option(resume, "the recorded spec (the budget, resources, SLURM options, requeue cap, env; not what "
+               "changes the math once the run has checkpoints)")
     resume.add_argument("--follow", action="store_true", help="show the job live until it ends")
 
     validate = verb("validate", "Check a job spec without submitting it; creates nothing.")
     validate.add_argument("spec", metavar="JOB.yaml")
+    set_option(validate, "the spec")
     validate.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
                           help="also check that this executor can run it (default: the one submit would use)")
 
@@ -125,13 +139,13 @@ def _error(message: str) -> None:
 def _submit(args: argparse.Namespace) -> int:
     from . import actions
 
-    result = actions.submit(args.spec, executor=args.executor, dry_run=args.dry_run)
+    result = actions.submit(args.spec, executor=args.executor, dry_run=args.dry_run, sets=args.sets)
     if result.dry_run is not None:
         sys.stdout.write(result.dry_run)
         sys.stdout.flush()
         return EXIT_OK
     verb = "continues" if result.continued else "submitted"
-    _print(f"{result.name}: {verb} as {result.executor} job {result.job_id}")
+    _print(f"{result.name}: {verb} as {result.executor} job {result.job_id}{_submission_note(result)}")
     _print(f"run directory: {result.run_dir}")
     if args.follow:
         from .cli_follow import follow
@@ -144,8 +158,9 @@ def _submit(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from . import actions
 
-    result = actions.resume(args.run_dir)
-    _print(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`")
+    result = actions.resume(args.run_dir, executor=args.executor, sets=args.sets)
+    _print(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`"
+           f"{_submission_note(result)}")
     _print(f"run directory: {result.run_dir}")
     if not args.follow:
         return EXIT_OK
@@ -154,10 +169,18 @@ def _resume(args: argparse.Namespace) -> int:
     return follow(result.run_dir, from_start=False)
 
 
+def _submission_note(result: Any) -> str:
+    if result.adopted:
+        return " (an interrupted submission had started it; no second job was started)"
+    if result.changed:
+        return f" (recorded spec changed: {', '.join(result.changed)})"
+    return ""
+
+
 def _validate(args: argparse.Namespace) -> int:
     from . import actions
 
-    result = actions.validate(args.spec, executor=args.executor)
+    result = actions.validate(args.spec, executor=args.executor, sets=args.sets)
     spec = result.spec
     what = spec.entrypoint if spec.entrypoint else " ".join(spec.command or ())
     _print(f"{result.source}: valid job {spec.name!r} ({what})")
@@ -342,10 +365,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see ``elfes --help``)."""
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-    from . import actions, executors, spec, state
-
+    try:
+        from . import actions, executors, handover, spec, state
+    except KeyboardInterrupt:
+        _error("interrupted (Ctrl-C) before anything was done")
+        return EXIT_INTERRUPTED
     try:
         return VERBS[args.verb](args)
+    except handover.Interrupted as interrupted:
+        _error(str(interrupted))
+        return 128 + interrupted.signum
+    except KeyboardInterrupt:
+        _error("interrupted (Ctrl-C)")
+        return EXIT_INTERRUPTED
     except (spec.SpecError, executors.ExecutorError, actions.UsageError) as error:
         _error(str(error))
         return EXIT_BAD_INPUT

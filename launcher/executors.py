@@ -25,6 +25,8 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +162,33 @@ def sbatch_script(spec: JobSpec, paths: RunPaths, *, python: str | None = None) 
     return _make_sbatch_string(command=_submitit_command(folder, python), folder=folder, **slurm_parameters(spec))
 
 
+@contextmanager
+def _submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
+    """A submission that raises leaves submitit's folder as it found it: the pickles and sbatch scripts
+    it wrote are removed, what it appended to the controller log is cut off, a folder it created goes."""
+    folder = paths.submitit
+    existed = folder.is_dir()
+    before = {entry.name: entry.lstat().st_size for entry in folder.iterdir()} if existed else {}
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.name not in before:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+                elif entry.is_file() and entry.lstat().st_size > before[entry.name]:
+                    os.truncate(entry, before[entry.name])
+        raise
+
+
 def _submit_slurm(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
+    with _submitit_files_undone_on_failure(paths):
+        return _sbatch(spec, paths, runtime)
+
+
+def _sbatch(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
     from submitit import SlurmExecutor
 
     try:
@@ -250,6 +278,25 @@ def _reset_signals() -> None:
 def _submit_local(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
     """Submit through ``LocalExecutor`` from a forked child in a new session whose standard streams
     are the controller log; the controller outlives the child (and this process)."""
+    with _submitit_files_undone_on_failure(paths):
+        log_size = paths.controller_log.stat().st_size if paths.controller_log.is_file() else 0
+        try:
+            return _start_local_controller(spec, paths, runtime)
+        except SubmissionError as error:
+            appended = _read_from(paths.controller_log, log_size).strip()
+            raise SubmissionError(f"{error}" + (f"; it wrote: {appended[-2000:]}" if appended else "")) from None
+
+
+def _read_from(file: Path, offset: int) -> str:
+    try:
+        with open(file, "rb") as stream:
+            stream.seek(offset)
+            return stream.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _start_local_controller(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
     paths.submitit.mkdir(parents=True, exist_ok=True)
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
@@ -294,7 +341,7 @@ def _submit_local(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
         reply = {}
     if "job_id" not in reply:
         raise SubmissionError(f"the local executor could not start job {spec.name}: "
-                              f"{reply.get('error', 'no reply from the submitting child')}; see {paths.controller_log}")
+                              f"{reply.get('error', 'no reply from the submitting child')}")
     return reply["job_id"]
 
 

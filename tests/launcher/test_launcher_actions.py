@@ -72,15 +72,21 @@ def test_a_folder_that_is_not_a_run_directory_exits_2(tmp_path: Path, capsys, ve
     assert "no such run directory" in capsys.readouterr().err
 
 
-def test_submitting_a_different_spec_into_a_run_directory_is_refused_naming_the_fields(tmp_path: Path, capsys):
+def test_submitting_a_spec_that_changes_the_math_of_a_run_with_checkpoints_is_refused_naming_the_fields(
+        tmp_path: Path, capsys):
     paths = make_run(tmp_path)
+    paths.checkpoints.mkdir()
+    (paths.checkpoints / "step-00000004.pt").write_bytes(b"a checkpoint")
     spec = tmp_path / "demo.yaml"
     spec.write_text(spec.read_text().replace("tasks_per_node: 2", "tasks_per_node: 1").replace("epochs: 1", "epochs: 5"))
     recorded = {path: path.read_bytes() for path in (paths.spec, paths.state)}
-    for argv in (["submit", str(spec), "--executor", "local"], ["submit", str(spec), "--executor", "local", "--dry-run"]):
+    for argv in (["submit", str(spec), "--executor", "local"], ["submit", str(spec), "--executor", "local", "--dry-run"],
+                 ["resume", str(paths.run_dir), "--set", "resources.tasks_per_node=1", "--set", "config.epochs=5"]):
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert "holds a different job (fields that differ: config.epochs, resources.tasks_per_node)" in err
+        assert ("holds a different job (fields that may not change when a run continues from its checkpoints: "
+                "resources.tasks_per_node)") in err  # config.epochs, the budget, may change
+        assert "another run_dir (e.g. --set run_dir=NEW_FOLDER)" in err
     assert {path: path.read_bytes() for path in recorded} == recorded
 
 
@@ -121,12 +127,16 @@ def test_cancelling_an_ended_run_changes_nothing(tmp_path: Path, capsys):
     assert not paths.cancel_marker.exists()
 
 
-def test_resume_refuses_a_finished_run(tmp_path: Path, capsys):
+def test_resume_or_submit_of_a_finished_run_is_refused_with_the_line_that_extends_it(tmp_path: Path, capsys):
     paths = make_run(tmp_path, outcome="finished")
-    recorded = paths.state.read_bytes()
-    assert main(["resume", str(paths.run_dir)]) == 3
-    assert "the run is finished; only a stopped, cancelled or failed run can be resumed" in capsys.readouterr().err
-    assert paths.state.read_bytes() == recorded
+    recorded = {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()}
+    for argv in (["resume", str(paths.run_dir)], ["submit", str(tmp_path / "demo.yaml"), "--executor", "local"],
+                 ["resume", str(paths.run_dir), "--set", "resources.timeout_min=20"]):
+        assert main(argv) == 3
+        err = capsys.readouterr().err
+        assert "the run is finished; submitting it again would train nothing" in err
+        assert f"elfes resume {paths.run_dir} --set config.epochs=2" in err
+    assert {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()} == recorded
 
 
 def test_validate_refuses_a_spec_the_chosen_executor_cannot_run(tmp_path: Path, capsys):

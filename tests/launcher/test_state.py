@@ -86,7 +86,7 @@ def test_impossible_transitions_are_refused_saying_what_to_do():
     running = begin(submitted(), "41:0")
     with pytest.raises(S.StateError, match="cannot record a submit while the run is running .*elfes cancel"):
         S.record_submission(running, executor="local", kind="submit", max_requeues=2)
-    with pytest.raises(S.StateError, match="only a stopped, cancelled or failed run can be resumed"):
+    with pytest.raises(S.StateError, match="only a stopped, cancelled, failed or finished run can be resumed"):
         S.record_submission(running, executor="local", kind="resume", max_requeues=2)
     with pytest.raises(S.StateError, match="only a requeued run is resubmitted"):
         S.record_submission(running, executor="local", kind="requeue", max_requeues=2)
