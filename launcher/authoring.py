@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from . import executors
-from .run_dir import UsageError
 from .overrides import load_spec_with
+from .run_dir import UsageError
 from .spec import JobSpec, json_schema
 
 TEMPLATES_PACKAGE = "elfes.launcher.templates"
