@@ -33,6 +33,8 @@ COMMANDS = {
     "init": ["init", "slurm-gpu", "{folder}/new.yaml"],
     "submit-dry-run-slurm": ["submit", "{spec}", "--executor", "slurm", "--dry-run"],
     "submit-dry-run-local": ["submit", "{spec}", "--executor", "local", "--dry-run"],
+    "validate-set": ["validate", "{spec}", "--set", "config.epochs=3", "--set", "slurm.partition=long"],
+    "submit-dry-run-set": ["submit", "{spec}", "--executor", "slurm", "--dry-run", "--set", "resources.timeout_min=5"],
     "doctor-help": ["doctor", "--help"],
     "doctor": ["doctor", "{spec}"],
 }
