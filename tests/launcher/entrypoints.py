@@ -25,3 +25,35 @@ def slow_quickstart(job: Any) -> Any:
 def failing(job: Any) -> Any:
     """Fails on every rank, before any training, with a recognisable message."""
     raise RuntimeError(f"the data folder /nonexistent/{job.rank} is missing")
+
+
+def budget_free_quickstart(job: Any) -> Any:
+    """The quickstart model, data and step with a constant learning rate: nothing it computes depends on
+    ``epochs``, so raising them on a finished run must continue it to the bits of a run that had the
+    larger budget from the start (the quickstart's own schedule spans the budget, so it would not)."""
+    import torch
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import set_seed
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from elfes.engine import Evaluator, RunLogger, TrainConfig, Trainer
+    from examples.quickstart.train import make_data, step
+
+    config = {**quickstart.DEFAULTS, **job.config}
+    accelerator = Accelerator(gradient_accumulation_steps=config["accumulation"],
+                              dataloader_config=DataLoaderConfiguration(even_batches=False))
+    set_seed(config["seed"])
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+    train_loader = DataLoader(make_data(config["train_samples"], seed=1), batch_size=config["batch_size"], shuffle=True)
+    evaluator = Evaluator(accelerator, {"validation": DataLoader(make_data(64, seed=2), batch_size=64)}, step)
+    with RunLogger(job.run_dir, is_main_process=accelerator.is_main_process) as logger:
+        trainer = Trainer(accelerator, model, optimizer, train_loader, step, evaluator=evaluator, ema_decay=0.9,
+                          logger=logger)
+        state = trainer.train(TrainConfig(epochs=config["epochs"], log_every=config["log_every"]),
+                              checkpoint_dir=job.checkpoint_dir, resume_from=job.resume_from, stop=job.stop)
+        if state.stop_reason is None:
+            trainer.save_model(job.run_dir / "model.pt", weights="ema")
+    accelerator.end_training()
+    return state

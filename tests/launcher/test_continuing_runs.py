@@ -1,0 +1,76 @@
+"""Continuing a run with a changed spec, end to end on the local executor: a finished run extended
+with `elfes resume RUN_DIR --set config.epochs=N` ends bitwise equal (torch.equal on every tensor) to
+a straight N-epoch run; a change to what the run computes is refused by field; a run directory whose
+first submission failed before any checkpoint takes the corrected spec, its history kept."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from run_comparison import assert_runs_bitwise_equal
+from run_fixtures import launch_environment
+from test_local_jobs import CONFIG, Runs, wait_ended, write_spec
+
+from elfes.launcher import state as run_state
+from elfes.launcher.paths import RunPaths
+
+ELFES = str(Path(sys.executable).with_name("elfes"))
+ENTRYPOINT = "tests.launcher.entrypoints:budget_free_quickstart"
+TRAINING = {key: CONFIG[key] for key in ("train_samples", "log_every")}
+
+
+def elfes(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ELFES, *argv], env=launch_environment(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[Runs]:
+    runs = Runs(tmp_path)
+    yield runs
+    runs.kill_leftovers()
+
+
+def test_resume_with_a_raised_epoch_budget_continues_a_finished_run_bitwise(runs: Runs):
+    reference = runs.submit("straight", tasks=2, entrypoint=ENTRYPOINT, config={**TRAINING, "epochs": 4})
+    run_dir = runs.submit("extended", tasks=2, entrypoint=ENTRYPOINT, config={**TRAINING, "epochs": 2})
+    first = wait_ended(run_dir, "finished")
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+
+    again = elfes("resume", str(run_dir))
+    assert again.returncode == 3 and f"elfes resume {run_dir} --set config.epochs=4" in again.stderr, again.stderr
+    changed = elfes("resume", str(run_dir), "--set", "config.epochs=4", "--set", "config.lr=0.1")
+    assert changed.returncode == 2 and "may not change when a run continues from its checkpoints: config.lr" in \
+        changed.stderr, changed.stderr
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+
+    extended = elfes("resume", str(run_dir), "--set", "config.epochs=4", "--set", "resources.timeout_min=20")
+    assert extended.returncode == 0, extended.stderr
+    assert "recorded spec changed: config.epochs, resources.timeout_min" in extended.stdout
+    state = wait_ended(run_dir, "finished")
+    assert [(a.outcome, a.launch) for a in state.attempts] == [("finished", "submit"), ("finished", "resume")]
+    assert state.attempts[1].step == 2 * first.attempts[0].step
+    recorded = yaml.safe_load(RunPaths(run_dir).spec.read_text())
+    assert recorded["config"]["epochs"] == 4 and recorded["resources"]["timeout_min"] == 20
+    wait_ended(reference, "finished")
+    assert_runs_bitwise_equal(run_dir, reference)
+
+
+def test_a_run_whose_first_submission_failed_before_a_checkpoint_takes_the_corrected_spec(runs: Runs):
+    run_dir = runs.submit("typo", tasks=1, entrypoint="tests.launcher.entrypoints:failing")
+    failed = wait_ended(run_dir, "failed")
+    assert not RunPaths(run_dir).checkpoints.exists() or not any(RunPaths(run_dir).checkpoints.iterdir())
+
+    corrected = write_spec(runs.folder, "typo", tasks=1, entrypoint=ENTRYPOINT, config={**TRAINING, "epochs": 1})
+    submitted = elfes("submit", str(corrected), "--executor", "local")
+    assert submitted.returncode == 0, submitted.stderr
+    assert "continues as local job" in submitted.stdout and "recorded spec changed: entrypoint, config" in submitted.stdout
+    state = wait_ended(run_dir, "finished")
+    assert [a.outcome for a in state.attempts] == ["failed", "finished"]  # the history is kept
+    assert [s.kind for s in state.submissions] == ["submit", "submit"] and state.attempts[0] == failed.attempts[0]
+    assert yaml.safe_load(RunPaths(run_dir).spec.read_text())["entrypoint"] == ENTRYPOINT
+    assert run_state.load_state(RunPaths(run_dir)).status == "finished"
