@@ -12,8 +12,8 @@ The state machine (``RunState.status``)::
     running --(a stop signal arrived)--> stopping
     running|stopping --> requeued --(relaunch)--> running
     running|stopping --> finished | stopped | failed | cancelled     (terminal until `elfes resume`)
-    submitted --(interrupted before the executor took it; no job of it found)--> failed
-    stopped|failed|cancelled --(elfes resume)--> submitted;  finished --(elfes resume, budget raised)--> submitted
+    submitted --(its submitter was killed before the executor took it; no job of it found)--> failed
+    stopped|failed|cancelled|finished (a raised budget) --(elfes resume)--> submitted
     stopped --(SLURM requeued a job that stopped on SIGTERM and waited: a preemption)--> requeued
 
 A transition is a pure function ``RunState -> RunState`` (it returns a new object and refuses an
@@ -53,10 +53,9 @@ Status = Literal["submitted", "pending", "running", "stopping", "requeued", "fin
 STATUSES: tuple[str, ...] = (
     "submitted", "pending", "running", "stopping", "requeued", "finished", "stopped", "failed", "cancelled",
 )
-# States in which no job of the run is alive or queued: `elfes resume` may submit again.
+# States in which no job of the run is alive or queued: `elfes submit`/`resume` may submit again (a
+# finished run only with a raised budget, which the submitter checks).
 ENDED: frozenset[str] = frozenset({"finished", "stopped", "failed", "cancelled"})
-# States from which `elfes resume` continues (a finished run has nothing left to do).
-RESUMABLE: frozenset[str] = frozenset({"stopped", "failed", "cancelled"})
 
 Outcome = Literal["finished", "requeued", "stopped", "cancelled", "failed", "lost"]
 # How an attempt ended. "lost": it never recorded an end (killed, node failure); the next start or
@@ -89,9 +88,9 @@ class Submission:
     executor: str
     kind: str  # one of LAUNCHES
     job_id: str | None = None
-    host: str | None = None  # where the submitter ran, and its pid: an interrupted hand-over is traced by them
+    host: str | None = None  # the submitter's host and pid: what traces a hand-over a kill cut short
     pid: int | None = None
-    error: str | None = None  # why it never got a job (it was interrupted, nothing of it was found)
+    error: str | None = None  # why it never got a job
 
 
 @dataclass(frozen=True)
@@ -187,18 +186,12 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
 # -- transitions (pure) ---------------------------------------------------------------------------------------
 
 
-def record_submission(
-    state: RunState | None, *, executor: str, kind: str, max_requeues: int, job_id: str | None = None,
-    host: str | None = None, pid: int | None = None,
-) -> RunState:
-    """The submitter hands the run to ``executor``: status "submitted" (or "pending" with ``job_id``).
-
-    ``kind``: "submit" (``elfes submit``), "resume" (``elfes resume``), or "requeue" (a local job's
-    rank 0 resubmitting past submitit's start limit). ``host`` and ``pid`` name the submitter. Refused
-    while a job of the run may still be alive (status not in :data:`ENDED`), except for "requeue" from
-    a requeued run. A "submitted" run is an earlier hand-over that never recorded its job: it must be
-    settled first (:func:`mark_pending` with the job found, or :func:`mark_submission_abandoned`).
-    """
+def record_submission(state: RunState | None, *, executor: str, kind: str, max_requeues: int,
+                      job_id: str | None = None, host: str | None = None, pid: int | None = None) -> RunState:
+    """The submitter (``host``, ``pid``) hands the run to ``executor``: "submitted" ("pending" with ``job_id``).
+    ``kind``: "submit", "resume", or "requeue" (a local job's rank 0 past submitit's start limit).
+    Refused unless the run ended (:data:`ENDED`), or for "requeue" is requeued; a "submitted" run (a hand-over
+    that never recorded its job) is settled first: :func:`mark_pending` or :func:`mark_submission_abandoned`."""
     _check(kind, LAUNCHES, "the submission kind")
     if max_requeues < 0:
         raise StateError(f"max_requeues must be >= 0; got {max_requeues}.")
@@ -209,32 +202,26 @@ def record_submission(
             raise StateError(f"a {kind} needs an existing run; this run directory has no state.json yet (use elfes submit).")
         return RunState(status=status, executor=executor, max_requeues=max_requeues, job_id=job_id,
                         submissions=(submission,))
-    # A finished run is resumed only with a raised budget, which the submitter checks.
     allowed = {"submit": ENDED, "resume": ENDED, "requeue": {"requeued"}}[kind]
-    if state.status == "submitted" and kind != "requeue":
-        raise StateError(
-            f"cannot record a {kind}: an earlier submission (at {state.submissions[-1].at if state.submissions else '?'})"
-            " has not recorded its job yet; settle it first (the job it started, or that it was abandoned).")
     if state.status not in allowed:
         raise StateError(
             f"cannot record a {kind} while the run is {state.status}"
             + (f" (job {state.job_id})" if state.job_id else "")
-            + {"submit": "; wait for it to end or `elfes cancel` it first.",
-               "resume": "; only a stopped, cancelled, failed or finished run can be resumed.",
-               "requeue": "; only a requeued run is resubmitted."}[kind]
-        )
+            + ("; an earlier submission has not recorded its job: settle it first." if state.status == "submitted" else
+               {"submit": "; wait for it to end or `elfes cancel` it first.",
+                "resume": "; only a stopped, cancelled, failed or finished run can be resumed.",
+                "requeue": "; only a requeued run is resubmitted."}[kind]))
     return _replace(state, status=status, executor=executor, max_requeues=max_requeues, job_id=job_id,
                     submissions=(*state.submissions, submission), stopping_signal=None)
 
 
 def mark_submission_abandoned(state: RunState, *, error: str) -> RunState:
-    """The latest submission was interrupted before it recorded a job, and no job of it exists: it is
-    kept in the history with ``error``, and the run is "failed" (so a new submission may follow).
-    No-op unless the run is "submitted"."""
+    """The latest submission was cut short before it recorded a job, and none exists: it keeps ``error``
+    and the run is "failed", so a new submission may follow. No-op unless the run is "submitted"."""
     if state.status != "submitted" or not state.submissions:
         return state
-    latest = dataclasses.replace(state.submissions[-1], error=error)
-    return _replace(state, status="failed", job_id=None, submissions=(*state.submissions[:-1], latest))
+    submissions = (*state.submissions[:-1], dataclasses.replace(state.submissions[-1], error=error))
+    return _replace(state, status="failed", job_id=None, submissions=submissions)
 
 
 def mark_pending(state: RunState, *, job_id: str) -> RunState:

@@ -52,7 +52,7 @@ def test_set_changes_fields_by_dotted_path_with_yaml_scalars(tmp_path: Path, cap
     ("name=a\tb", "contains a control character"),
     ("name=" + "x" * (MAX_VALUE_CHARS + 1), f"more than {MAX_VALUE_CHARS}"),
     ("name=[unclosed", "not a YAML scalar"),
-])
+], ids=lambda value: value[:40])
 def test_a_bad_set_is_refused_naming_the_field_and_exits_2(tmp_path: Path, capsys, override: str, message: str):
     spec = write_project(tmp_path)
     code, said = validate(capsys, spec, override)
