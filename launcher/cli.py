@@ -16,6 +16,10 @@ from typing import Any
 
 import elfes
 
+from .cli_rehearse import DESCRIPTION as REHEARSE_DESCRIPTION
+from .cli_rehearse import EXIT_CODES as REHEARSE_EXIT_CODES
+from .cli_rehearse import add_arguments as add_rehearse_arguments
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_NOT_NOW = 3
@@ -31,9 +35,9 @@ exit codes:
        holding a different job; nothing was created
   {EXIT_NOT_NOW}    cannot be done now: SLURM is absent or refused the job (the run directory is left as it
        was), the run is busy, finished (raise its budget) or not resumable, no live task to signal
-  {EXIT_RUN_FAILED}    --follow: the run ended failed
+  {EXIT_RUN_FAILED}    --follow: the run ended failed; rehearse: a run failed or timed out (no verdict)
   {EXIT_RUN_STOPPED}    --follow: the run ended stopped or cancelled (`elfes resume` continues it)
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); a submission was completed or undone first; --follow: the job
+{REHEARSE_EXIT_CODES}  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); a submission was completed or undone first; --follow: the job
        keeps running
 """
 
@@ -114,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("template", metavar="TEMPLATE", nargs="?", default="local-debug",
                       help="local-debug (default), slurm-gpu, slurm-node or slurm-multinode")
     init.add_argument("path", metavar="PATH", nargs="?", default="job.yaml", help="where to write it (job.yaml)")
+
+    rehearse = verb("rehearse", "Prove that a job resumes bitwise: two straight runs and one interrupted, compared.")
+    rehearse.description = REHEARSE_DESCRIPTION
+    add_rehearse_arguments(rehearse)
+    set_option(rehearse, "the spec for the rehearsal, typically a shorter budget (--set config.epochs=2)")
 
     verb("schema", "Print the JSON Schema of a job spec (for editors).")
 
@@ -355,9 +364,16 @@ def _cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rehearse(args: argparse.Namespace) -> int:
+    from .cli_rehearse import rehearse
+
+    return rehearse(args)
+
+
 VERBS = {
     "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
     "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot, "doctor": _doctor,
+    "rehearse": _rehearse,
 }
 
 
@@ -384,6 +400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (executors.SubmissionError, actions.ActionFailed, state.StateError) as error:
         _error(str(error))
         return EXIT_NOT_NOW
+    except RuntimeError as error:
+        from .rehearsal import RehearsalFailed
+
+        if not isinstance(error, RehearsalFailed):
+            raise
+        _error(str(error))
+        return EXIT_RUN_FAILED
     except BrokenPipeError:
         return EXIT_OK  # `elfes logs RUN | head`
 

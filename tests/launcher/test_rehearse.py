@@ -1,0 +1,113 @@
+"""`elfes rehearse` on real local jobs: exact for the quickstart (one interruption of each kind) and for a
+command job, not resumable for a job whose sampler keeps a hidden count, not reproducible for a job seeded
+from the clock; bad input exits 2 and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from elfes.launcher.cli import main as elfes
+from elfes.launcher.rehearsal import KINDS, plan_interruptions
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# 256 samples, batches of 16, accumulation 2: 16 updates on one rank, a train record each.
+CONFIG = {"epochs": 2, "train_samples": 256, "log_every": 1, "step_delay_s": 0.08}
+
+
+def write_spec(folder: Path, entrypoint: str | None = "tests.launcher.rehearsal_jobs:slow_quickstart",
+               **fields: Any) -> Path:
+    spec: dict[str, Any] = {
+        "name": "rehearsed", "workdir": str(REPOSITORY), "run_dir": str(folder / "run"), "config": dict(CONFIG),
+        "resources": {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
+                      "timeout_min": 10},
+        "requeue": {"max_requeues": 5}, "env": {"OMP_NUM_THREADS": "1"},
+    }
+    if entrypoint:
+        spec["entrypoint"] = entrypoint
+    spec.update(fields)
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def rehearse(spec: Path, *arguments: str, capsys: pytest.CaptureFixture) -> tuple[int, dict[str, Any]]:
+    code = elfes(["rehearse", str(spec), "--executor", "local", "--json", *arguments])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_interruptions_are_spread_over_the_run_and_every_kind_occurs():
+    planned = plan_interruptions(3, KINDS, planned_steps=16, seed=0)
+    assert sorted(p.kind for p in planned) == sorted(KINDS)
+    steps = [p.step for p in planned]
+    assert steps == sorted(steps) and len(set(steps)) == 3 and 1 <= steps[0] and steps[-1] <= 15
+    assert plan_interruptions(3, KINDS, 16, seed=0) == planned != plan_interruptions(3, KINDS, 16, seed=1)
+
+
+@pytest.mark.parametrize("arguments, says", [
+    (["--interruptions", "0"], "--interruptions 0"),
+    (["--kinds", "requeue,explode"], "'explode'"),
+    (["--kinds", ","], "empty"),
+])
+def test_bad_arguments_exit_2_and_create_nothing(tmp_path, capsys, arguments, says):
+    spec = write_spec(tmp_path)
+    assert elfes(["rehearse", str(spec), "--executor", "local", *arguments]) == 2
+    assert says in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_a_bad_spec_exits_2_and_creates_nothing(tmp_path, capsys):
+    spec = write_spec(tmp_path, resources={"nodes": 1, "tasks_per_node": 0})
+    assert elfes(["rehearse", str(spec), "--executor", "local"]) == 2
+    assert "resources.tasks_per_node" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_the_quickstart_with_one_interruption_of_each_kind_is_exact(tmp_path, capsys):
+    code, report = rehearse(write_spec(tmp_path), "--interruptions", "3", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert sorted(i["kind"] for i in report["interruptions"]) == sorted(KINDS)
+    assert all(i["step"] is not None and i["attempt"] for i in report["interruptions"])
+    assert report["runs"]["interrupted"]["attempts"] == 4
+    assert report["differences"]["tensors"] == [] and report["differences"]["first_diverging_step"] is None
+    folder = tmp_path / "run.rehearsal"
+    assert sorted(p.name for p in folder.iterdir()) == ["report.json"]  # scratch runs removed after exact
+    assert json.loads((folder / "report.json").read_text())["verdict"] == "exact"
+    assert not (tmp_path / "run").exists()  # the spec's own run directory is never touched
+
+
+def test_a_sampler_with_a_hidden_count_is_not_resumable(tmp_path, capsys):
+    # One requeue in the second epoch: the relaunched sampler has forgotten that an epoch was begun.
+    seed = next(s for s in range(100) if plan_interruptions(1, ("requeue",), 16, s)[0].step >= 9)
+    spec = write_spec(tmp_path, "tests.launcher.rehearsal_jobs:hidden_sampler_counter")
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", "--seed", str(seed), capsys=capsys)
+    assert (code, report["verdict"]) == (6, "not resumable"), report
+    differences = report["differences"]
+    assert any(t["name"].startswith("/model/") and t["name"].endswith("weight") and t["max_abs_diff"] > 0
+               for t in differences["tensors"]), differences["tensors"]
+    interruption = report["interruptions"][0]
+    assert interruption["step"] < differences["first_diverging_step"] <= 16
+    assert any("sampler" in cause for cause in report["likely_causes"])
+    assert (tmp_path / "run.rehearsal" / "interrupted" / "checkpoints" / "final").exists()  # kept to inspect
+
+
+def test_a_job_seeded_from_the_clock_is_not_reproducible(tmp_path, capsys):
+    spec = write_spec(tmp_path, "tests.launcher.rehearsal_jobs:clock_seeded")
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", capsys=capsys)
+    assert (code, report["verdict"]) == (7, "not reproducible"), report
+    assert report["differences"]["compared"] == "straight-2 vs straight-1"
+    assert report["differences"]["first_diverging_step"] is not None
+    assert any("use_deterministic_algorithms" in line for line in report["advice"])
+
+
+def test_a_command_job_rehearses_exact(tmp_path, capsys):
+    command = ["{python}", "examples/quickstart/train.py", "--run-dir", "{run_dir}", "--epochs", "30"]
+    spec = write_spec(tmp_path, None, command=command, config={})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "stop", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert [i["kind"] for i in report["interruptions"]] == ["stop"]
+    assert report["runs"]["interrupted"]["attempts"] == 2
