@@ -1,0 +1,26 @@
+"""Entrypoints of the fault tests (tests/launcher/test_faults.py): real faults of the run directory's
+file system at chosen moments. Imported inside the jobs (the specs put the repository on the job's path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.launcher.entrypoints import slow_quickstart
+
+
+def fill_the_disk(job: Any) -> None:
+    """Write into the run directory until its file system has no byte left."""
+    with open(job.run_dir / f"filler-{job.rank}", "ab") as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        except OSError:
+            pass
+
+
+def fills_the_disk_after_training(job: Any) -> Any:
+    """Trains to the end, then fills the run directory's file system before returning."""
+    state = slow_quickstart(job)
+    fill_the_disk(job)
+    return state
