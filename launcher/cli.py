@@ -210,7 +210,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         data = [result.to_json() for result in results]
         _print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
-        return EXIT_OK
+        return _status_exit_code(results)
     from rich.console import Console
     from rich.table import Table
 
@@ -251,7 +251,14 @@ def _status(args: argparse.Namespace) -> int:
             console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False)
         for note in result.notes:
             console.print(f"{result.name or result.run_dir}: {note}", markup=False)
-    return EXIT_OK
+    return _status_exit_code(results)
+
+
+def _status_exit_code(results: Any) -> int:
+    """3 when a run's state.json cannot be read (every run is still shown), else 0."""
+    from .status_report import UNREADABLE
+
+    return EXIT_NOT_NOW if any(result.status == UNREADABLE for result in results) else EXIT_OK
 
 
 def _logs(args: argparse.Namespace) -> int:
