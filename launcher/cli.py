@@ -278,10 +278,11 @@ def _logs(args: argparse.Namespace) -> int:
     found = actions.log_files(args.run_dir, rank=args.rank, attempt=args.attempt)
     if not found.files:
         _print(f"no logs yet for rank {args.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
-        return EXIT_OK
     for file in found.files:
         _print(f"==> {file} <==")
         sys.stdout.write(file.read_text(encoding="utf-8", errors="replace"))
+    if found.ending:
+        _print(f"elfes: {found.ending}")  # why it ended: the logs alone may not show it (a full disk, a kill)
     sys.stdout.flush()
     return EXIT_OK
 

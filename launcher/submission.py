@@ -19,6 +19,7 @@ from elfes.files import write_text_atomically
 from . import executors
 from . import state as run_state
 from .liveness import cancel_requested, effective_state, liveness
+from .lost_cause import describe_lost
 from .paths import RunPaths
 from .run_dir import UsageError, recorded_spec, run_paths
 from .spec import JobSpec, SpecError, load_spec
@@ -67,7 +68,8 @@ def _close_lost_job(paths: RunPaths) -> run_state.RunState | None:
     if effective_state(paths, state, live) is state:
         return state
     return run_state.update_state(
-        paths, lambda s: run_state.mark_lost(s, cancelled=cancel_requested(paths, s)) if s is not None else s
+        paths, lambda s: run_state.mark_lost(s, cancelled=cancel_requested(paths, s), error=describe_lost(paths, s))
+        if s is not None else s
     )
 
 
