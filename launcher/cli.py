@@ -248,9 +248,9 @@ def _status(args: argparse.Namespace) -> int:
                 )
             console.print(attempts)
         if result.error:
-            console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False)
+            console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False, soft_wrap=True)
         for note in result.notes:
-            console.print(f"{result.name or result.run_dir}: {note}", markup=False)
+            console.print(f"{result.name or result.run_dir}: {note}", markup=False, soft_wrap=True)
     return _status_exit_code(results)
 
 
