@@ -59,6 +59,20 @@ def _last_checkpoint(paths: RunPaths) -> str | None:
     return str(paths.checkpoints / os.readlink(paths.last))
 
 
+def _pointer_notes(paths: RunPaths) -> list[str]:
+    """What a resume will make of ``last`` when it cannot simply follow it (launcher/resume_point.py)."""
+    if not paths.last.is_symlink():
+        return []
+    target = paths.last.resolve()
+    if target.parent != paths.checkpoints.resolve():
+        return [f"{paths.last} points to {target}, outside the run's checkpoint folder: `elfes resume` refuses it; "
+                "point it at one of the run's checkpoints, or remove it"]
+    if not target.exists():
+        return [f"{paths.last} names {target.name}, which does not exist: `elfes resume` continues from the run's "
+                "newest complete checkpoint"]
+    return []
+
+
 def _summary(paths: RunPaths) -> Any:
     from elfes.records import read_events, summarize
 
@@ -73,7 +87,7 @@ def _summary(paths: RunPaths) -> Any:
 def run_status(run_dir: str | os.PathLike[str]) -> Status:
     """The status of one run directory. Reads files (and asks SLURM); writes nothing."""
     paths = run_paths(run_dir)
-    notes: list[str] = []
+    notes = _pointer_notes(paths)
     try:
         name = recorded_spec(paths).name if paths.spec.is_file() else None
     except SpecError:

@@ -20,7 +20,6 @@ from test_local_jobs import (
     CONFIG,
     Runs,
     events,
-    outcomes,
     tasks_running,
     trained_to,
     wait_ended,
@@ -85,6 +84,8 @@ def test_a_dangling_last_resumes_from_the_runs_newest_complete_checkpoint(runs: 
     target = paths.last.resolve()
     assert target.name != "step-00000008-batches-0000000016.pt"
     target.unlink()
+    code, shown = run_cli("status", str(run_dir))
+    assert f"names {target.name}, which does not exist: `elfes resume` continues from the run's newest" in shown
 
     assert elfes(["resume", str(run_dir)]) == 0
     state = wait_ended(run_dir, "finished")
@@ -110,6 +111,8 @@ def test_a_last_pointing_at_another_runs_checkpoint_is_refused(runs: Runs) -> No
 
     os.unlink(paths.last)
     os.symlink(os.path.relpath(foreign, paths.checkpoints), paths.last)
+    code, shown = run_cli("status", str(run_dir))
+    assert "outside the run's checkpoint folder: `elfes resume` refuses it" in shown
     assert elfes(["resume", str(run_dir)]) == 0
     state = wait_ended(run_dir, "failed")
     assert "outside this run's checkpoint folder" in state.error and str(foreign) in state.error
@@ -129,6 +132,19 @@ def test_a_last_pointing_at_another_runs_checkpoint_is_refused(runs: Runs) -> No
 
 
 # -- item 9: a lost attempt names its cause ---------------------------------------------------------------------
+def effective_status(run_dir: Path) -> dict:
+    """`elfes status --json` of one run: what the readers make of it (a vanished job counted lost)."""
+    code, shown = run_cli("status", str(run_dir), "--json")
+    assert code == 0, shown
+    return json.loads(shown)
+
+
+def wait_lost(run_dir: Path) -> dict:
+    """Wait until the job is gone and the readers count its attempt lost (its state.json cannot say so)."""
+    return wait_for(lambda: job_gone(run_dir) and (s := effective_status(run_dir))["status"] == "failed" and s,
+                    what="the job to be gone, its attempt lost", run_dir=run_dir, may_end=True)
+
+
 def submit_following(runs: Runs, name: str, **spec_fields) -> tuple[Path, int, str]:
     """``elfes submit SPEC --follow`` of a new run: its directory, the exit code and what was printed."""
     spec = write_spec(runs.folder, name, **spec_fields)
@@ -146,10 +162,9 @@ def test_a_full_disk_after_training_is_named_not_lost_to_a_kill(runs: Runs, tmp_
             runs, "full", config={**CONFIG, "epochs": 1},
             entrypoint="tests.launcher.fault_entrypoints:fills_the_disk_after_training")
         assert code == 4 and f"the file system of {run_dir} is full" in followed, followed
-        state = wait_ended(run_dir, "failed")
-        assert outcomes(state) == [("lost", None, "submit")]
-        code, shown = run_cli("status", str(run_dir), "--json")
-        error = json.loads(shown)["error"]
+        status = wait_lost(run_dir)
+        assert [attempt["outcome"] for attempt in status["attempts"]] == ["lost"]
+        error = status["error"]
         assert f"the file system of {run_dir} is full" in error and "could not record its end in state.json" in error
         assert "killed, or its node failed" not in error and "killed, or its node failed" not in followed
         code, shown = run_cli("logs", str(run_dir))
@@ -168,8 +183,7 @@ def test_a_run_directory_turned_read_only_mid_run_is_named(runs: Runs, tmp_path:
                  what="attempt 1 to train to step 2", run_dir=run_dir)
         subprocess.run(["umount", "-l", str(view)], check=True)
         subprocess.run(["mount", "--bind", "-o", "ro", str(disk), str(view)], check=True)
-        state = wait_ended(run_dir, "failed")
-        assert outcomes(state) == [("lost", None, "submit")]
+        assert [attempt["outcome"] for attempt in wait_lost(run_dir)["attempts"]] == ["lost"]
         code, shown = run_cli("status", str(run_dir))
         assert "Read-only file system" in shown and f"the file system of {run_dir} is read-only" in shown
         assert "killed, or its node failed" not in shown
@@ -186,8 +200,7 @@ def test_a_local_attempt_killed_at_its_time_limit_says_so(runs: Runs) -> None:
         resources={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
                    "timeout_min": 1})
     assert code == 4 and "killed at its time limit (resources.timeout_min = 1 min" in followed, followed
-    code, shown = run_cli("status", str(run_dir), "--json")
-    error = json.loads(shown)["error"]
+    error = wait_lost(run_dir)["error"]
     assert "while it was saving `last` on SIGUSR2" in error and "slurm.signal_delay_s = 2 s" in error
     assert "killed, or its node failed" not in error
 
@@ -199,7 +212,7 @@ def test_a_local_attempt_killed_at_its_time_limit_says_so(runs: Runs) -> None:
      "max_requeues is 'lots' (a string), not an integer"),
     (lambda text: text.replace('"step": 4', '"step": [4]').encode(), "attempts[0].step is a list, not an integer"),
     (lambda text: b"[]", "the content is a list, not an object"),
-])
+], ids=["not-utf-8", "max-requeues-a-string", "step-a-list", "not-an-object"])
 def test_a_damaged_state_json_is_named_with_the_repair_and_other_runs_still_show(tmp_path: Path, damage, named) -> None:
     good = [make_run(tmp_path / name, name=name) for name in ("first", "third")]
     damaged = make_run(tmp_path / "second", name="second")
