@@ -20,6 +20,7 @@ from test_local_jobs import (
     CONFIG,
     Runs,
     events,
+    job_gone,
     tasks_running,
     trained_to,
     wait_ended,
