@@ -242,7 +242,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         data = [result.to_json() for result in results]
         _print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
-        return EXIT_OK
+        return _status_exit_code(results)
     from rich.console import Console
     from rich.table import Table
 
@@ -280,10 +280,17 @@ def _status(args: argparse.Namespace) -> int:
                 )
             console.print(attempts)
         if result.error:
-            console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False)
+            console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False, soft_wrap=True)
         for note in result.notes:
-            console.print(f"{result.name or result.run_dir}: {note}", markup=False)
-    return EXIT_OK
+            console.print(f"{result.name or result.run_dir}: {note}", markup=False, soft_wrap=True)
+    return _status_exit_code(results)
+
+
+def _status_exit_code(results: Any) -> int:
+    """3 when a run's state.json cannot be read (every run is still shown), else 0."""
+    from .status_report import UNREADABLE
+
+    return EXIT_NOT_NOW if any(result.status == UNREADABLE for result in results) else EXIT_OK
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -303,10 +310,11 @@ def _logs(args: argparse.Namespace) -> int:
     found = actions.log_files(args.run_dir, rank=args.rank, attempt=args.attempt)
     if not found.files:
         _print(f"no logs yet for rank {args.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
-        return EXIT_OK
     for file in found.files:
         _print(f"==> {file} <==")
         sys.stdout.write(file.read_text(encoding="utf-8", errors="replace"))
+    if found.ending:
+        _print(f"elfes: {found.ending}")  # why it ended: the logs alone may not show it (a full disk, a kill)
     sys.stdout.flush()
     return EXIT_OK
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import state as run_state
+from .lost_cause import describe_lost
 from .paths import RunPaths
 from .task_files import cancel_requested
 
@@ -169,7 +170,7 @@ def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liv
             return run_state.requeued_by_slurm(state)  # stopped on SIGTERM, then SLURM requeued the job
     if state is None or state.status in run_state.ENDED or state.status == "submitted" or live.alive is not False:
         return state
-    return run_state.mark_lost(state, cancelled=cancel_requested(paths, state))
+    return run_state.mark_lost(state, cancelled=cancel_requested(paths, state), error=describe_lost(paths, state))
 
 
 def recorded_tasks(paths: RunPaths) -> list[dict[str, Any]]:

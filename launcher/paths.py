@@ -14,6 +14,7 @@ RUN_DIR/
   logs/attempt-<A>/rank-<R>.err its standard error
   pids/rank-<R>.json            the live task of rank R (pid, host, attempt), once its handlers are in
   submitit/                     submitit's folder: pickles, results, its own per-task logs
+  submitit/<J>_<T>_log.out|err  submitit's own log of task T of job J (before the runtime redirects)
   submitit/controller.log       a local job's controller output (detached from the submitter)
   cancel-requested              marker left by `elfes cancel` before it signals the job
   .submit.lock                  held while a submission or resume writes the run directory
@@ -142,6 +143,13 @@ class RunPaths:
     def submitit(self) -> Path:
         """submitit's folder (its pickles, result files and ``%j_%t_log.out``/``.err``)."""
         return self.run_dir / "submitit"
+
+    def submitit_log(self, job_id: str, task: int, stream: Stream = "out") -> Path:
+        """submitit's own log of task ``task`` of job ``job_id`` (its ``%j_%t_log.out|err``): what the task
+        printed before its streams went to the attempt's logs, or where those could not take it."""
+        if stream not in ("out", "err"):
+            raise ValueError(f"stream must be 'out' or 'err', got {stream!r}")
+        return self.submitit / f"{job_id}_{int(task)}_log.{stream}"
 
     @property
     def controller_log(self) -> Path:

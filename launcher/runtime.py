@@ -62,6 +62,7 @@ from .requeue import (
     resubmit_local,
     wait_for_slurm_to_end_the_job,
 )
+from .resume_point import resume_point
 from .task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 
 # Importable from here as before the split (tests and callers use these names).
@@ -90,7 +91,9 @@ class Job:
     config: dict[str, Any]  # the spec's `config`, a plain dict
     run_dir: Path
     checkpoint_dir: Path  # RUN_DIR/checkpoints
-    resume_from: Path | None  # RUN_DIR/checkpoints/last when it exists
+    # RUN_DIR/checkpoints/last, or the run's newest complete checkpoint when `last` is missing or dangling;
+    # None before the run published one (launcher/resume_point.py)
+    resume_from: Path | None
     stop: Any  # an elfes.engine.StopRequest, already catching SIGINT, SIGTERM and the requeue signal
     attempt: int  # starts of this run, from 1, counting on across requeues and `elfes resume`
     rank: int
@@ -208,10 +211,13 @@ class _Attempt:
         from elfes.engine import StopRequest  # torch: seconds; the flags cover this time
 
         main = load_entrypoint(self.spec.entrypoint)
+        resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
+        if note is not None:
+            print(f"elfes: {note}", flush=True)
         stop = StopRequest()
         job = Job(
             config=dict(self.spec.config or {}), run_dir=self.paths.run_dir, checkpoint_dir=self.paths.checkpoints,
-            resume_from=self.paths.last if self.paths.last.exists() else None, stop=stop, attempt=self.attempt,
+            resume_from=resume_from, stop=stop, attempt=self.attempt,
             rank=self.start.rank, local_rank=self.start.local_rank, world_size=self.start.world_size,
             name=self.spec.name, job_id=self.start.job_id, executor=self.start.executor,
         )

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from elfes.files import write_text_atomically
 
+from .json_fields import FieldError, read_record
 from .paths import RunPaths
 
 FORMAT_VERSION = 1
@@ -68,6 +69,7 @@ _STATUS_AFTER: dict[str, str] = {
 
 Launch = Literal["submit", "resume", "requeue"]
 LAUNCHES: tuple[str, ...] = ("submit", "resume", "requeue")
+_FIELD_CHOICES = {"status": STATUSES, "executor": ("local", "slurm"), "kind": LAUNCHES, "launch": LAUNCHES, "outcome": OUTCOMES}
 
 
 class StateError(ValueError):
@@ -161,17 +163,17 @@ class RunState:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunState:
-        data = dict(data)
-        data.pop("requeues_used", None)
-        data.pop("requeues_left", None)
-        if data.get("version") != FORMAT_VERSION:
-            raise StateError(f"state.json has format version {data.get('version')!r}; this elfes reads {FORMAT_VERSION}.")
-        data["submissions"] = tuple(Submission(**item) for item in data.get("submissions", ()))
-        data["attempts"] = tuple(
-            Attempt(**{**item, "hosts": tuple(item.get("hosts", ()))}) for item in data.get("attempts", ())
-        )
-        return cls(**data)
+    def from_json(cls, data: Any) -> RunState:
+        """The state in ``data`` (state.json's content); :class:`StateError` names a field that does not fit."""
+        if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] != FORMAT_VERSION:
+            raise StateError(f"has format version {data['version']}; this elfes reads {FORMAT_VERSION}: use the elfes "
+                             "version that wrote it")
+        if isinstance(data, dict):
+            data = {key: value for key, value in data.items() if key not in ("requeues_used", "requeues_left")}
+        state = read_record(cls, data, choices=_FIELD_CHOICES)  # FieldError (a ValueError) names the field
+        if state.max_requeues < 0:
+            raise FieldError(f"max_requeues is {state.max_requeues}, not an integer >= 0")
+        return state
 
 
 def _replace(state: RunState, **changes: Any) -> RunState:
@@ -357,18 +359,24 @@ def latest_submission_kind(state: RunState | None) -> str:
 
 
 def load_state(paths: RunPaths) -> RunState | None:
-    """The run's state, or None when ``state.json`` does not exist yet. Any process; takes no lock."""
+    """The run's state, or None when ``state.json`` does not exist yet. Any process; takes no lock.
+    A file that cannot be read raises :class:`StateError`: the file, what is wrong, a safe repair."""
     try:
-        text = paths.state.read_text(encoding="utf-8")
+        content = paths.state.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as error:
+        raise StateError(f"{paths.state} cannot be read ({error.strerror or error}); check it and its permissions") from None
     try:
-        return RunState.from_json(json.loads(text))
-    except (ValueError, TypeError, KeyError) as error:
+        return RunState.from_json(json.loads(content.decode("utf-8")))
+    except StateError as error:
+        raise StateError(f"{paths.state} {error}") from None
+    except ValueError as error:  # not UTF-8, not JSON, or a field that does not fit (FieldError)
         raise StateError(
-            f"{paths.state} cannot be read ({error}); it is written atomically, so it was edited or written by "
-            "another elfes version. Restore it or remove the run directory."
-        ) from None
+            f"{paths.state} cannot be read: {error}. It is written atomically, so it was edited or damaged outside "
+            "elfes. Keep the run directory (its checkpoints are intact): once no job of the run is running, move the "
+            f"file aside (mv {paths.state} {paths.state}.damaged) and submit again (elfes submit {paths.spec}); the "
+            "run continues from checkpoints/last, its attempt history started anew.") from None
 
 
 def save_state(paths: RunPaths, state: RunState) -> None:

@@ -18,6 +18,8 @@ from .paths import RunPaths
 from .run_dir import recorded_spec, run_paths
 from .spec import SpecError
 
+UNREADABLE = "unreadable"  # the status of a run whose state.json cannot be read
+
 
 @dataclass(frozen=True)
 class Status:
@@ -25,7 +27,7 @@ class Status:
 
     run_dir: str
     name: str | None
-    status: str  # one of launcher.state.STATUSES ("unknown" without state.json)
+    status: str  # one of launcher.state.STATUSES ("unknown" without state.json, UNREADABLE when it is damaged)
     executor: str | None
     job_id: str | None
     queue_state: str | None
@@ -57,6 +59,20 @@ def _last_checkpoint(paths: RunPaths) -> str | None:
     return str(paths.checkpoints / os.readlink(paths.last))
 
 
+def _pointer_notes(paths: RunPaths) -> list[str]:
+    """What a resume will make of ``last`` when it cannot simply follow it (launcher/resume_point.py)."""
+    if not paths.last.is_symlink():
+        return []
+    target = paths.last.resolve()
+    if target.parent != paths.checkpoints.resolve():
+        return [f"{paths.last} points to {target}, outside the run's checkpoint folder: `elfes resume` refuses it; "
+                "point it at one of the run's checkpoints, or remove it"]
+    if not target.exists():
+        return [f"{paths.last} names {target.name}, which does not exist: `elfes resume` continues from the run's "
+                "newest complete checkpoint"]
+    return []
+
+
 def _summary(paths: RunPaths) -> Any:
     from elfes.records import read_events, summarize
 
@@ -71,13 +87,16 @@ def _summary(paths: RunPaths) -> Any:
 def run_status(run_dir: str | os.PathLike[str]) -> Status:
     """The status of one run directory. Reads files (and asks SLURM); writes nothing."""
     paths = run_paths(run_dir)
-    notes: list[str] = []
+    notes = _pointer_notes(paths)
     try:
         name = recorded_spec(paths).name if paths.spec.is_file() else None
     except SpecError:
         name = None
         notes.append(f"{paths.spec} cannot be read")
-    recorded = run_state.load_state(paths)
+    try:
+        recorded = run_state.load_state(paths)
+    except run_state.StateError as error:
+        return _unreadable(paths, name, str(error), notes)
     live = liveness(paths, recorded)
     state = effective_state(paths, recorded, live)
     if state is not recorded and state is not None:
@@ -110,6 +129,20 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
         notes=notes,
         queue_reason=live.queue_reason,
         restart_count=live.restarts,
+    )
+
+
+def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:
+    """A run whose state.json cannot be read: status "unreadable", what its other files still tell."""
+    summary = _summary(paths)
+    return Status(
+        run_dir=str(paths.run_dir), name=name, status=UNREADABLE, executor=None, job_id=None, queue_state=None,
+        attempts=[], requeues_used=0, requeues_left=None, max_requeues=None,
+        step=getattr(summary, "step", None), planned_steps=getattr(summary, "planned_steps", None),
+        epoch=getattr(summary, "epoch", None), epochs=getattr(summary, "epochs", None),
+        monitor=getattr(summary, "monitor", None), best_metric=getattr(summary, "best_metric", None),
+        best_step=getattr(summary, "best_step", None), last_checkpoint=_last_checkpoint(paths),
+        last_event_time=getattr(summary, "last_event_time", None), error=error, notes=notes,
     )
 
 

@@ -27,6 +27,7 @@ from . import state as run_state
 from .continuation import CHANGEABLE_FIELDS, budget_raised, extend_hint, refused_changes
 from .handover import Interrupted, RunDirUndo, interrupted_handover, signals_deferred
 from .liveness import cancel_requested, effective_state, liveness
+from .lost_cause import describe_lost
 from .overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
 from .paths import RunPaths
 from .run_dir import UsageError, recorded_spec, run_paths
@@ -94,7 +95,8 @@ def _close_lost_job(paths: RunPaths) -> run_state.RunState | None:
     if effective_state(paths, state, live) is state:
         return state
     return run_state.update_state(
-        paths, lambda s: run_state.mark_lost(s, cancelled=cancel_requested(paths, s)) if s is not None else s
+        paths, lambda s: run_state.mark_lost(s, cancelled=cancel_requested(paths, s), error=describe_lost(paths, s))
+        if s is not None else s
     )
 
 

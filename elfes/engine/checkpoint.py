@@ -98,9 +98,15 @@ class CheckpointDirectory:
                 targets.add((self.path / os.readlink(link)).resolve())
         return targets
 
-    def newest_complete(self) -> Path | None:
-        """The newest checkpoint file whose archive is complete (a kill may leave none behind a pointer)."""
-        return next((path for path in reversed(self.checkpoints()) if _is_complete_zip(path)), None)
+    def newest_complete(self, run_id: str | None = None) -> Path | None:
+        """The newest checkpoint file whose archive is complete (a kill may leave none behind a pointer),
+        of run ``run_id`` when given."""
+        return next((path for path in reversed(self.checkpoints())
+                     if _is_complete_zip(path) and (run_id is None or checkpoint_run_id(path) == run_id)), None)
+
+    def run_ids(self) -> set[str | None]:
+        """The run ids of the folder's complete checkpoints (None for a file that records none)."""
+        return {checkpoint_run_id(path) for path in self.checkpoints() if _is_complete_zip(path)}
 
     def apply_retention(self, keep: int | None, protect: tuple[Path, ...] = ()) -> list[Path]:
         """Delete all but the ``keep`` newest checkpoints, never a pointer's target nor ``protect``.
@@ -299,7 +305,7 @@ def resume_source(path: Path) -> tuple[Path, str | None]:
     newest = directory.newest_complete()
     if newest is None:
         return path, None  # read_checkpoint explains that nothing was published
-    runs = {_run_id(candidate) for candidate in directory.checkpoints() if _is_complete_zip(candidate)}
+    runs = directory.run_ids()
     if len(runs) > 1:
         raise CheckpointError(
             f"{path} does not exist and {directory.path} holds checkpoints of {len(runs)} different runs, so the "
@@ -310,7 +316,8 @@ def resume_source(path: Path) -> tuple[Path, str | None]:
     return newest, f"{path} {state} (a stop was interrupted before publishing it); resuming from {newest}, the newest complete checkpoint of that folder."
 
 
-def _run_id(path: Path) -> str | None:
+def checkpoint_run_id(path: Path) -> str | None:
+    """The id of the run that wrote checkpoint ``path`` (None where it cannot be read or records none)."""
     try:  # mmap reads the small pickle, not the tensors
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:

@@ -1,0 +1,81 @@
+"""Reading a JSON object back into frozen dataclasses, checking every field against its annotation.
+
+For files elfes writes and reads again (``state.json``): a file edited by hand or damaged on disk is
+refused with the field, its value and what it should be, never turned into a ``TypeError`` deep in a
+caller. Understands the annotations those dataclasses use: ``str``, ``int``, ``X | None``,
+``tuple[X, ...]`` and nested dataclasses. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+Record = TypeVar("Record")
+
+
+class FieldError(ValueError):
+    """A field that does not fit its dataclass; the message names it (``attempts[1].step``)."""
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "a list"
+    kinds = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", type(None): "null"}
+    return f"{value!r} ({kinds.get(type(value), type(value).__name__)})"
+
+
+def read_record(cls: type[Record], data: Any, where: str = "",
+                choices: Mapping[str, tuple[str, ...]] | None = None) -> Record:
+    """``cls(**data)`` once every field of ``data`` has the type ``cls`` declares (recursively).
+
+    ``choices``: field names (at any depth) whose string value must be one of the given ones.
+    Raises :class:`FieldError` naming the first field that does not fit.
+    """
+    if not isinstance(data, dict):
+        raise FieldError(f"{where or 'the content'} is {_describe(data)}, not an object")
+    choices = choices or {}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(data) - set(hints))
+    if unknown:
+        raise FieldError(f"{where} has unknown field {unknown[0]!r}")
+    values = {}
+    for field in dataclasses.fields(cls):
+        name = f"{where}.{field.name}" if where else field.name
+        if field.name not in data:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise FieldError(f"{name} is missing")
+            continue
+        value = _read_value(hints[field.name], data[field.name], name, choices)
+        allowed = choices.get(field.name)
+        if allowed is not None and value is not None and value not in allowed:
+            raise FieldError(f"{name} is {_describe(value)}, not one of {', '.join(allowed)}")
+        values[field.name] = value
+    return cls(**values)
+
+
+def _read_value(hint: Any, value: Any, where: str, choices: Mapping[str, tuple[str, ...]]) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [option for option in typing.get_args(hint) if option is not type(None)]
+        if value is None and len(options) < len(typing.get_args(hint)):
+            return None
+        (hint,) = options
+        origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise FieldError(f"{where} is {_describe(value)}, not a list")
+        item_hint = typing.get_args(hint)[0]
+        return tuple(_read_value(item_hint, item, f"{where}[{index}]", choices) for index, item in enumerate(value))
+    if dataclasses.is_dataclass(hint):
+        return read_record(hint, value, where, choices)
+    if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise FieldError(f"{where} is {_describe(value)}, not an integer")
+    if hint is str and not isinstance(value, str):
+        raise FieldError(f"{where} is {_describe(value)}, not a string")
+    if hint not in (int, str):
+        raise TypeError(f"{where}: json_fields cannot read the annotation {hint!r}")  # a bug in the caller
+    return value
