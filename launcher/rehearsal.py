@@ -5,7 +5,8 @@ The three runs live beside each other in ``<run_dir>.rehearsal/`` (``straight-1`
 ``straight-2``), never in the spec's own ``run_dir``. Each is an ordinary run directory submitted
 through the same executor as ``elfes submit``; the interruptions are the real ones: the requeue
 signal (``elfes preempt``), SIGTERM then ``elfes resume``, and SIGKILL (possibly inside a checkpoint
-write) then ``elfes resume``.
+write) then ``elfes resume``. The straight runs come first: when they differ, the job is not
+reproducible, resume cannot be judged, and the interrupted run is skipped.
 
 >>> rehearsal = prepare("job.yaml", RehearsalOptions(interruptions=3, overrides=("config.epochs=2",)))
 >>> report = rehearsal.run(print)
@@ -97,7 +98,7 @@ class Report:
     executor: str
     interruptions: list[Interruption]
     straight: Comparison
-    interrupted: Comparison
+    interrupted: Comparison | None  # None when the straight runs differ (the interrupted run is skipped)
     likely_causes: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -105,7 +106,7 @@ class Report:
     @property
     def differences(self) -> Comparison:
         """The comparison the verdict rests on."""
-        return self.straight if self.verdict == "not reproducible" else self.interrupted
+        return self.interrupted if self.verdict != "not reproducible" and self.interrupted else self.straight
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,7 +115,8 @@ class Report:
             "differences": {**self.differences.to_json(),
                             "compared": ("straight-2 vs straight-1" if self.verdict == "not reproducible"
                                          else "interrupted vs straight-1")},
-            "straight_vs_straight": self.straight.to_json(), "interrupted_vs_straight": self.interrupted.to_json(),
+            "straight_vs_straight": self.straight.to_json(),
+            "interrupted_vs_straight": self.interrupted.to_json() if self.interrupted else None,
             "likely_causes": self.likely_causes, "advice": self.advice, "runs": self.runs,
         }
 
@@ -180,33 +182,43 @@ class Rehearsal:
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def run(self, say: Callable[[str], None] = print) -> Report:
-        """Run straight-1, the interrupted run and straight-2, compare, write the report; return it."""
+        """Run straight-1 and straight-2, then (when they agree) the interrupted run; compare, write the
+        report; return it."""
         self.say = say
         for name in RUN_NAMES:
             for stale in (self.folder / name, self.folder / f"{name}.yaml"):
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
         self.folder.mkdir(parents=True, exist_ok=True)
         say(f"rehearsal of {self.source} in {self.folder} ({self.options.executor}, seed {self.options.seed})")
+        interruptions: list[Interruption] = []
+        resumed: Comparison | None = None
         try:
             straight_1 = self._straight("straight-1")
-            events = _events(straight_1)
-            planned_steps = _planned_steps(events)
-            plan = plan_interruptions(self.options.interruptions, self.options.kinds, planned_steps, self.options.seed)
-            interruptions = self._interrupted(plan, step_time_s=_update_time_s(events),
-                                              checkpoint_steps=_checkpoint_steps(events))
             straight_2 = self._straight("straight-2")
+            say("comparing straight-2 with straight-1 (every tensor with torch.equal, the logged metrics step by step)")
+            straight = compare_runs(straight_2, straight_1)
+            if straight.identical:
+                events = _events(straight_1)
+                plan = plan_interruptions(self.options.interruptions, self.options.kinds, _planned_steps(events),
+                                          self.options.seed)
+                interruptions = self._interrupted(plan, step_time_s=_update_time_s(events),
+                                                  checkpoint_steps=_checkpoint_steps(events))
+                if not interruptions:
+                    raise RehearsalFailed(f"the interrupted run of {self.source} finished before any interruption "
+                                          "could land; give it a longer budget (--set config.epochs=...)")
+                say("comparing the interrupted run with straight-1")
+                resumed = compare_runs(self.folder / "interrupted", straight_1)
+            else:
+                say("the straight runs differ: resume cannot be judged, so the interrupted run is skipped")
         except BaseException:
             self._end_live_runs()
             raise
-        interrupted = self.folder / "interrupted"
-        say("comparing the end states (every tensor with torch.equal, and the logged metrics step by step)")
-        straight = compare_runs(straight_2, straight_1)
-        resumed = compare_runs(interrupted, straight_1)
-        verdict = "not reproducible" if not straight.identical else "exact" if resumed.identical else "not resumable"
+        verdict = ("not reproducible" if not straight.identical else
+                   "exact" if resumed is not None and resumed.identical else "not resumable")
         report = Report(verdict, str(self.source), str(self.folder), self.options.seed, self.options.executor,
                         interruptions, straight, resumed, runs=self.runs)
         if verdict == "not resumable":
-            report.likely_causes = likely_causes(self.spec, resumed, interruptions, _events(interrupted))
+            report.likely_causes = likely_causes(self.spec, resumed, interruptions, _events(self.folder / "interrupted"))
         elif verdict == "not reproducible":
             report.advice = reproducibility_advice(self.spec, straight)
         write_text_atomically(self.folder / REPORT_FILE, json.dumps(report.to_json(), indent=2, default=str) + "\n")

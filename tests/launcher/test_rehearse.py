@@ -101,6 +101,7 @@ def test_a_job_seeded_from_the_clock_is_not_reproducible(tmp_path, capsys):
     assert (code, report["verdict"]) == (7, "not reproducible"), report
     assert report["differences"]["compared"] == "straight-2 vs straight-1"
     assert report["differences"]["first_diverging_step"] is not None
+    assert report["interruptions"] == [] and report["interrupted_vs_straight"] is None  # resume not judged
     assert any("use_deterministic_algorithms" in line for line in report["advice"])
 
 
