@@ -49,7 +49,7 @@ def follow(run_dir: Any, *, from_start: bool) -> int:
     from . import actions
 
     console = Console(highlight=False)
-    display = ConsoleDisplay(console)
+    display = ConsoleDisplay(console, run_dir=run_dir)
     previous = None
     try:
         for snapshot in actions.watch(run_dir, from_start=from_start):
