@@ -6,9 +6,9 @@ import re
 
 from synthetic_events import (
     checkpoint,
-    plain_console,
     evaluation,
     failed,
+    plain_console,
     run_end,
     started,
     stop_signal,
