@@ -223,8 +223,11 @@ def _schema(args: argparse.Namespace) -> int:
 def _init(args: argparse.Namespace) -> int:
     from . import actions
 
-    path = actions.init(args.template, args.path)
-    _print(f"wrote {path} (template {args.template}); edit it, then: elfes validate {path}")
+    written = actions.init(args.template, args.path)
+    entrypoint = (f"and {written.entrypoint} (its entrypoint, train:main: a runnable model to replace with yours)"
+                  if written.wrote_entrypoint else f"and kept {written.entrypoint}, which its entrypoint train:main names")
+    _print(f"wrote {written.spec} (template {args.template}) {entrypoint}")
+    _print(f"edit them, then: elfes validate {_quoted(written.spec)}; elfes submit {_quoted(written.spec)} --follow")
     return EXIT_OK
 
 
