@@ -15,7 +15,17 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from elfes.engine import Evaluator, Interval, MeanMetric, Monitor, RunLogger, StepOutput, TrainConfig, Trainer, TrainState
+from elfes.engine import (
+    Evaluator,
+    Interval,
+    MeanMetric,
+    Monitor,
+    RunLogger,
+    StepOutput,
+    TrainConfig,
+    Trainer,
+    TrainState,
+)
 
 # What the spec's `config:` may set (it arrives as job.config); anything else is refused by name.
 DEFAULTS: dict[str, Any] = {
