@@ -13,7 +13,9 @@ axis. Tests read the data back by gid:
   exact resume the redo retraces it, so the stroke shows around the kept line where work was redone;
 - the step range of that lost work, shaded (gid ``lostspan:<attempt>:<run>``);
 - a vertical line per marker at its step (gid ``marker:<kind>:<attempt>:<run>``, kind: start, resume,
-  requeue, stop, killed, failed), named above the top panel (``SIGTERM``, ``requeue``, ``kill``).
+  requeue, stop, killed, failed); markers at one step share its height, each over its own part;
+- a label per run and step naming its markers (``SIGTERM / requeue``, ``kill``; gid ``label:<run>``),
+  above the top panel in as many rows as it takes for no label to cover another.
 
 Example:
     >>> figure = draw([RunCurves("quickstart", build_timeline(read_events(run_dir)))], ["train/loss"])  # doctest: +SKIP
@@ -32,7 +34,9 @@ try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.text import Text
     from matplotlib.ticker import MaxNLocator
+    from matplotlib.transforms import offset_copy
 except ImportError as error:
     raise ImportError(
         "elfes plot draws with matplotlib, which is not installed; install it with: "
@@ -51,6 +55,9 @@ MARKER_STYLES: dict[str, tuple[str, str, str]] = {
     "failed": ("crimson", "-.", "failed"),
 }
 LOST_ALPHA = 0.35
+LABEL_FONT_SIZE = 7
+LABEL_GAP_PT = 2.0  # between the panel and the first row of marker labels, and between rows
+LABEL_SPACING_PT = 8.0  # between two labels in a row
 PANEL_HEIGHT_IN = 2.3
 # A panel whose values are all positive and span more than this factor (a loss falling from 4 to 0.05)
 # gets a log axis, its label saying so ("train/loss (log)").
@@ -78,20 +85,19 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     for ax, metric in zip(axes, metrics):
         for index, run in enumerate(runs):
             _draw_series(ax, run, metric, RUN_COLORS[index % len(RUN_COLORS)])
-        for run in runs:
-            _draw_markers(ax, run)
+        _draw_markers(ax, runs)
         log = _wants_log_scale(runs, metric)
         if log:
             ax.set_yscale("log")
         ax.set_ylabel(f"{metric} (log)" if log else metric)
         ax.set_gid(f"panel:{metric}")
         ax.grid(True, alpha=0.25)
-    for run in runs:
-        _label_markers(axes[0], run, several=len(runs) > 1)
+    labels = [text for run in runs for text in _label_markers(axes[0], run, several=len(runs) > 1)]
     axes[-1].set_xlabel("optimizer step")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(handles=_legend_handles(runs), loc="upper right", fontsize=8, framealpha=0.85)
     figure.suptitle(title or "; ".join(f"{run.name}: {describe(run.timeline)}" for run in runs), fontsize=10)
+    _stack_labels(axes[0], labels)
     return figure
 
 
@@ -141,27 +147,59 @@ def _wants_log_scale(runs: Sequence[RunCurves], metric: str) -> bool:
     return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SCALE_RATIO
 
 
-def _draw_markers(ax, run: RunCurves) -> None:
-    for span in run.timeline.lost_spans:
-        ax.axvspan(span.after_step, span.last_step, color=MARKER_STYLES["killed"][0], alpha=0.07, linewidth=0,
-                   gid=f"lostspan:{span.attempt}:{run.name}", label="_lostspan")
-    for marker in run.timeline.markers:
-        color, style, _ = MARKER_STYLES[marker.kind]
-        ax.axvline(marker.step, color=color, linestyle=style, linewidth=1.0, alpha=0.8,
-                   gid=f"marker:{marker.kind}:{marker.attempt}:{run.name}", label="_marker")
+def _draw_markers(ax, runs: Sequence[RunCurves]) -> None:
+    """Lost spans shaded; a vertical line per marker. Markers at one step (of any run) share the height,
+    each drawn over its own part of it, so that none hides another."""
+    at_step: dict[int, list[tuple[RunCurves, Marker]]] = {}
+    for run in runs:
+        for span in run.timeline.lost_spans:
+            ax.axvspan(span.after_step, span.last_step, color=MARKER_STYLES["killed"][0], alpha=0.07, linewidth=0,
+                       gid=f"lostspan:{span.attempt}:{run.name}", label="_lostspan")
+        for marker in run.timeline.markers:
+            at_step.setdefault(marker.step, []).append((run, marker))
+    for step, found in at_step.items():
+        share = 1.0 / len(found)
+        for index, (run, marker) in enumerate(found):
+            color, style, _ = MARKER_STYLES[marker.kind]
+            ax.axvline(step, ymin=index * share, ymax=(index + 1) * share, color=color, linestyle=style,
+                       linewidth=1.0, alpha=0.8, gid=f"marker:{marker.kind}:{marker.attempt}:{run.name}",
+                       label="_marker")
 
 
-def _label_markers(ax, run: RunCurves, *, several: bool) -> None:
-    """One label per step above the top panel, naming every marker there (``stop (SIGUSR2) / requeue``)."""
+def _label_markers(ax, run: RunCurves, *, several: bool) -> list[Text]:
+    """One label per step above the top panel, naming every marker there (``SIGUSR2 / requeue``)."""
     labels: dict[int, list[str]] = {}
     for marker in run.timeline.markers:
         labels.setdefault(marker.step, [])
         if _short_label(run, marker) not in labels[marker.step]:
             labels[marker.step].append(_short_label(run, marker))
+    texts = []
     for step, names in labels.items():
         text = " / ".join(names)
-        ax.text(step, 1.02, f"{run.name}: {text}" if several else text, transform=ax.get_xaxis_transform(),
-                rotation=90, ha="center", va="bottom", fontsize=7, clip_on=False)
+        texts.append(ax.text(step, 1.0, f"{run.name}: {text}" if several else text, transform=ax.get_xaxis_transform(),
+                             ha="center", va="bottom", fontsize=LABEL_FONT_SIZE, clip_on=False, gid=f"label:{run.name}"))
+    return texts
+
+
+def _stack_labels(ax, texts: Sequence[Text]) -> None:
+    """Put each label in the lowest row above the panel where it overlaps no other, so that the band
+    above the panel is as tall as its rows and no label covers another. Measured on the laid-out figure
+    (rows change the panel's height, never its width, so the steps stay where they were measured)."""
+    if not texts:
+        return
+    figure = ax.get_figure()
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    spacing_px = LABEL_SPACING_PT * figure.dpi / 72
+    row_ends: list[float] = []  # the right edge of the last label of each row, in pixels
+    for text in sorted(texts, key=lambda text: text.get_window_extent(renderer).x0):
+        box = text.get_window_extent(renderer)
+        row = next((index for index, end in enumerate(row_ends) if end + spacing_px <= box.x0), len(row_ends))
+        if row == len(row_ends):
+            row_ends.append(box.x1)
+        row_ends[row] = box.x1
+        lift_pt = LABEL_GAP_PT + row * (box.height * 72 / figure.dpi + LABEL_GAP_PT)
+        text.set_transform(offset_copy(ax.get_xaxis_transform(), fig=figure, y=lift_pt, units="points"))
 
 
 def _short_label(run: RunCurves, marker: Marker) -> str:

@@ -1,5 +1,5 @@
-"""The verbs that help write a job spec and touch no run: ``elfes init`` (a template), ``elfes
-schema`` and ``elfes validate``. Torch-free; only ``init`` writes a file.
+"""The verbs that help write a job spec and touch no run: ``elfes init`` (a template and the ``train.py``
+it runs), ``elfes schema`` and ``elfes validate``. Torch-free; only ``init`` writes files.
 """
 
 from __future__ import annotations
@@ -53,14 +53,35 @@ def template_text(name: str) -> str:
     return resources.files(TEMPLATES_PACKAGE).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
 
 
-def init(template: str = "local-debug", path: str | os.PathLike[str] = "job.yaml") -> Path:
-    """Write template ``template`` to ``path`` (refusing to overwrite a file); returns ``path``."""
+ENTRYPOINT_TEMPLATE = "train.py"  # what every template's `entrypoint: train:main` imports, from beside the spec
+
+
+@dataclass(frozen=True)
+class Initialized:
+    spec: Path
+    entrypoint: Path  # train.py beside the spec
+    wrote_entrypoint: bool  # False: a train.py was there already and is kept
+
+
+def entrypoint_text() -> str:
+    """The runnable ``train.py`` that ``elfes init`` writes beside the spec (templates/train.py)."""
+    return resources.files(TEMPLATES_PACKAGE).joinpath(ENTRYPOINT_TEMPLATE).read_text(encoding="utf-8")
+
+
+def init(template: str = "local-debug", path: str | os.PathLike[str] = "job.yaml") -> Initialized:
+    """Write template ``template`` to ``path`` and, unless one is there, the ``train.py`` its entrypoint
+    names beside it (refusing to overwrite the spec)."""
     text = template_text(template)
     target = Path(path)
     if target.exists():
         raise UsageError(f"{target} already exists; give another path (elfes init {template} PATH) or remove it")
     if not target.parent.is_dir():
         raise UsageError(f"{target.parent} is not a folder; create it first or give another path")
+    entrypoint = target.parent / ENTRYPOINT_TEMPLATE
+    wrote_entrypoint = not entrypoint.exists()
+    if wrote_entrypoint:
+        with open(entrypoint, "x", encoding="utf-8") as stream:
+            stream.write(entrypoint_text())
     with open(target, "x", encoding="utf-8") as stream:
         stream.write(text)
-    return target
+    return Initialized(spec=target, entrypoint=entrypoint, wrote_entrypoint=wrote_entrypoint)

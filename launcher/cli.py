@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -41,20 +42,49 @@ exit codes:
        keeps running
 """
 
+STATUS_WAIT = f"""\
+waiting (--wait, --until, --timeout-s), e.g. in a script or a tour:
+  elfes status RUN_DIR --until training && elfes preempt RUN_DIR
+  elfes status RUN_DIR --until step=40 --timeout-s 600
+  elfes status RUN_DIR --wait                     # until it ends; then the status table
+  It exits {EXIT_OK} once every run reached the point (--until ended: once each finished), {EXIT_RUN_FAILED} when one ended
+  failed first, {EXIT_RUN_STOPPED} stopped or cancelled first, {EXIT_NOT_NOW} when --timeout-s ran out or one finished
+  without reaching it.
+
+"""
+
+JOB_FIELDS = """\
+main(job), the entrypoint, runs in every task; `job` (elfes.launcher.runtime.Job) holds:
+  job.config          the spec's `config:`, a plain dict
+  job.run_dir         the run directory (pathlib.Path); job.checkpoint_dir is RUN_DIR/checkpoints
+  job.resume_from     RUN_DIR/checkpoints/last when it exists (after a preemption or requeue), else None
+  job.stop            an elfes.engine.StopRequest, already catching SIGTERM, SIGINT and the requeue signal
+  job.attempt         this run's starts so far, from 1; job.rank, job.local_rank, job.world_size
+  job.name, job.job_id, job.executor
+  The torch distributed variables are set: a plain Accelerator() joins every task. Hand the rest to
+  Trainer(accelerator, model, optimizer, loader, step).train(config, checkpoint_dir=job.checkpoint_dir,
+  resume_from=job.resume_from, stop=job.stop) and return its TrainState; `step(model, batch)` returns
+  StepOutput(loss=<mean loss of the batch>, num_samples=<samples in it>, metrics={...}).
+  A stop is saved as `last` at the next update boundary and the job requeues; a finished run returns.
+  `elfes init` writes a runnable train.py beside the spec that does all this.
+
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elfes",
         description="ELFES: training jobs that survive preemption bitwise-exactly. "
         "One YAML file describes a job; `elfes submit` runs it on SLURM or on this machine.",
-        epilog=EXIT_CODES + "\nStart with: elfes init local-debug job.yaml; elfes submit job.yaml --follow",
+        epilog=JOB_FIELDS + EXIT_CODES + "\nStart with: elfes init local-debug job.yaml (writes job.yaml and train.py); "
+        "elfes submit job.yaml --follow",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"elfes {elfes.__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        return verbs.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES,
+    def verb(name: str, help_text: str, epilog: str = "") -> argparse.ArgumentParser:
+        return verbs.add_parser(name, help=help_text, description=help_text, epilog=epilog + EXIT_CODES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def set_option(sub: argparse.ArgumentParser, what: str) -> None:
@@ -74,10 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--follow", action="store_true",
                         help="show the job live until it ends; the exit code tells how it ended")
 
-    status = verb("status", "Show where runs stand (from their state files and run records).")
+    status = verb("status", "Show where runs stand (from their state files and run records).", STATUS_WAIT)
     status.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories")
     status.add_argument("--json", action="store_true",
                         help="print JSON: an object per run with a top-level `status` (a list for several runs)")
+    status.add_argument("--wait", action="store_true",
+                        help="first wait until each run reaches --until (default: ended), then show it; "
+                        "reads files only, like status itself")
+    status.add_argument("--until", metavar="POINT", default=None,
+                        help="with --wait: training (the latest attempt's training loop runs: signals from now "
+                        "on stop it at an update boundary, e.g. `elfes preempt`), step=N (the run records "
+                        "reached step N) or ended (finished, stopped, failed or cancelled); implies --wait")
+    status.add_argument("--timeout-s", metavar="SECONDS", type=float, default=None,
+                        help="with --wait: give up after this many seconds (exit 3); default: wait as long as it takes")
 
     logs = verb("logs", "Print a job's stdout and stderr (latest attempt, rank 0 by default).")
     logs.add_argument("run_dir", metavar="RUN_DIR")
@@ -140,6 +179,11 @@ def _print(text: str = "") -> None:
     print(text, flush=True)
 
 
+def _quoted(path: Any) -> str:
+    """A path as a shell word, for the commands the CLI suggests: ``'runs/my run'``."""
+    return shlex.quote(str(path))
+
+
 def _error(message: str) -> None:
     print(f"elfes: error: {message}", file=sys.stderr, flush=True)
 
@@ -160,7 +204,7 @@ def _submit(args: argparse.Namespace) -> int:
         from .cli_follow import follow
 
         return follow(result.run_dir, from_start=not result.continued)
-    _print(f"follow it: elfes status {result.run_dir}   (or elfes logs {result.run_dir} --follow)")
+    _print(f"follow it: elfes status {_quoted(result.run_dir)}   (or elfes logs {_quoted(result.run_dir)} --follow)")
     return EXIT_OK
 
 
@@ -211,79 +255,28 @@ def _schema(args: argparse.Namespace) -> int:
 def _init(args: argparse.Namespace) -> int:
     from . import actions
 
-    path = actions.init(args.template, args.path)
-    _print(f"wrote {path} (template {args.template}); edit it, then: elfes validate {path}")
+    written = actions.init(args.template, args.path)
+    entrypoint = (f"and {written.entrypoint} (its entrypoint, train:main: a runnable model to replace with yours)"
+                  if written.wrote_entrypoint else f"and kept {written.entrypoint}, which its entrypoint train:main names")
+    _print(f"wrote {written.spec} (template {args.template}) {entrypoint}")
+    _print(f"edit them, then: elfes validate {_quoted(written.spec)}; elfes submit {_quoted(written.spec)} --follow")
     return EXIT_OK
-
-
-def _cell(value: Any) -> str:
-    from elfes.records.plain import format_number
-
-    return format_number(value)
-
-
-def _short_checkpoint(result: Any) -> str:
-    """``checkpoints/step-...pt`` (relative to the run directory) for the table; the JSON has the full path."""
-    if not result.last_checkpoint:
-        return "-"
-    prefix = result.run_dir.rstrip("/") + "/"
-    return result.last_checkpoint.removeprefix(prefix)
-
-
-def _queue(result: Any) -> str:
-    """SLURM's state with its reason: ``PENDING (BeginTime)``."""
-    return f"{result.queue_state} ({result.queue_reason})" if result.queue_reason else result.queue_state
 
 
 def _status(args: argparse.Namespace) -> int:
     from . import actions
+    from .cli_status import print_status, status_console
 
+    code = EXIT_OK
+    if args.wait or args.until is not None or args.timeout_s is not None:
+        code = _wait(args)
     results = actions.status(args.run_dirs)
     if args.json:
         data = [result.to_json() for result in results]
         _print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
-        return _status_exit_code(results)
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False, soft_wrap=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, soft_wrap=False, width=200)  # a file or pipe: do not cut cells
-    table = Table(show_edge=False)
-    for column in ("run", "status", "job", "attempts", "requeues", "step", "best", "last checkpoint"):
-        table.add_column(column)
-    for result in results:
-        best = "-" if result.best_metric is None else (
-            f"{result.monitor or 'metric'} {_cell(result.best_metric)} @ {_cell(result.best_step)}")
-        table.add_row(
-            f"{result.name or '?'} ({result.run_dir})",
-            result.status + (f" [{_queue(result)}]" if result.queue_state else ""),
-            f"{result.executor or '-'} {result.job_id or ''}".strip()
-            + (f" (restarts {result.restart_count})" if result.restart_count else ""),
-            str(len(result.attempts)),
-            f"{result.requeues_used} used, {_cell(result.requeues_left)} left",
-            f"{_cell(result.step)}/{_cell(result.planned_steps)}",
-            best,
-            _short_checkpoint(result),
-        )
-    console.print(table)
-    for result in results:
-        if len(results) == 1 and result.attempts:
-            attempts = Table(title="attempts", show_edge=False)
-            for column in ("#", "launch", "job", "hosts", "started", "ended", "outcome", "signal", "step"):
-                attempts.add_column(column)
-            for attempt in result.attempts:
-                attempts.add_row(
-                    str(attempt["number"]), attempt["launch"], attempt["job_id"], ",".join(attempt["hosts"]),
-                    attempt["started_at"], attempt["ended_at"] or "-", attempt["outcome"] or "-",
-                    attempt["signal"] or "-", _cell(attempt["step"]),
-                )
-            console.print(attempts)
-        if result.error:
-            console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False, soft_wrap=True)
-        for note in result.notes:
-            console.print(f"{result.name or result.run_dir}: {note}", markup=False, soft_wrap=True)
-    return _status_exit_code(results)
+    else:
+        print_status(status_console(), results)
+    return code if code != EXIT_OK else _status_exit_code(results)
 
 
 def _status_exit_code(results: Any) -> int:
@@ -291,6 +284,39 @@ def _status_exit_code(results: Any) -> int:
     from .status_report import UNREADABLE
 
     return EXIT_NOT_NOW if any(result.status == UNREADABLE for result in results) else EXIT_OK
+
+
+def _wait(args: argparse.Namespace) -> int:
+    """``status --wait``: block until every run reaches ``--until``; the exit code says how that went."""
+    import time
+
+    from .status_wait import Until, wait_for
+
+    until = Until.parse(args.until or "ended")
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        from . import actions
+
+        raise actions.UsageError(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
+    deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
+    code = EXIT_OK
+    for run_dir in args.run_dirs:
+        if sys.stderr.isatty():
+            print(f"elfes: waiting until {run_dir} is at {until}", file=sys.stderr, flush=True)
+        try:
+            waited = wait_for(run_dir, until, deadline=deadline)
+        except KeyboardInterrupt:
+            _print(f"\nstopped waiting; the job keeps running (elfes status {_quoted(run_dir)})")
+            return EXIT_INTERRUPTED
+        ended_code = {"finished": EXIT_OK, "failed": EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
+        if until.kind == "ended" and waited.reached:
+            outcome = ended_code
+        elif waited.reached:
+            outcome = EXIT_OK
+        else:
+            _error(waited.describe())
+            outcome = EXIT_NOT_NOW if waited.timed_out or waited.status == "finished" else ended_code
+        code = code or outcome
+    return code
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -358,7 +384,7 @@ def _preempt(args: argparse.Namespace) -> int:
 
     result = actions.preempt(args.run_dir)
     _signalled(result, "preempt")
-    _print(f"the job saves `last` at the next window boundary, is requeued and resumes; watch: elfes status {result.run_dir}")
+    _print(f"the job saves `last` at the next window boundary, is requeued and resumes; watch: elfes status {_quoted(result.run_dir)}")
     return EXIT_OK
 
 
@@ -368,7 +394,7 @@ def _cancel(args: argparse.Namespace) -> int:
     result = actions.cancel(args.run_dir)
     _signalled(result, "cancel")
     if result.targets:
-        _print(f"the job saves `last` and ends cancelled; continue it later with: elfes resume {result.run_dir}")
+        _print(f"the job saves `last` and ends cancelled; continue it later with: elfes resume {_quoted(result.run_dir)}")
     return EXIT_OK
 
 

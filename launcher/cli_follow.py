@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED, _print
+from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED, _print, _quoted
 
 
 def _event_time(event: dict[str, Any]) -> datetime:
@@ -49,7 +49,7 @@ def follow(run_dir: Any, *, from_start: bool) -> int:
     from . import actions
 
     console = Console(highlight=False)
-    display = ConsoleDisplay(console)
+    display = ConsoleDisplay(console, run_dir=run_dir)
     previous = None
     try:
         for snapshot in actions.watch(run_dir, from_start=from_start):
@@ -63,7 +63,7 @@ def follow(run_dir: Any, *, from_start: bool) -> int:
                 break
     except KeyboardInterrupt:
         display.close()
-        _print(f"\nstopped following; the job keeps running (elfes status {run_dir}; elfes cancel {run_dir})")
+        _print(f"\nstopped following; the job keeps running (elfes status {_quoted(run_dir)}; elfes cancel {_quoted(run_dir)})")
         return EXIT_INTERRUPTED
     display.close()
     status = previous.status if previous is not None else "unknown"
@@ -71,5 +71,5 @@ def follow(run_dir: Any, *, from_start: bool) -> int:
         return EXIT_OK
     if previous is not None and previous.error:
         _print(f"error: {previous.error}")
-    _print(f"see: elfes logs {run_dir}" + ("" if status == "failed" else f"; continue: elfes resume {run_dir}"))
+    _print(f"see: elfes logs {_quoted(run_dir)}" + ("" if status == "failed" else f"; continue: elfes resume {_quoted(run_dir)}"))
     return EXIT_RUN_FAILED if status == "failed" else EXIT_RUN_STOPPED

@@ -18,6 +18,8 @@ Torch-free. Two executors, both through submitit, both submitting the same pickl
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shlex
@@ -198,7 +200,9 @@ def _sbatch(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
                               "or use --executor local") from None
     executor.update_parameters(**slurm_parameters(spec))
     try:
-        job = executor.submit(runtime)
+        # submitit prints sbatch's stderr itself before raising it: the error below says it once.
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = executor.submit(runtime)
     except Exception as error:  # sbatch's refusal arrives as one of several submitit/subprocess errors
         hint = "" if slurm_configured() else (
             " (no SLURM configuration found: set SLURM_CONF, or use --executor local on a machine without a cluster)")

@@ -163,8 +163,7 @@ class JobSpec(_Section):
     entrypoint: StrictStr | None = Field(
         None,
         pattern=ENTRYPOINT_PATTERN,
-        description="'module:function' importable from workdir, called as function(job) in every task. "
-        "Give exactly one of entrypoint and command.",
+        description="'module:function' importable from workdir, called as function(job) in every task.",
     )
     command: list[StrictStr] | None = Field(
         None,

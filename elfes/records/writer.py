@@ -53,7 +53,7 @@ class RunLogger:
             # Imported here so that `import elfes.records` stays free of rich for login-node readers.
             from .console import ConsoleDisplay
 
-            self._display = ConsoleDisplay(console)
+            self._display = ConsoleDisplay(console, run_dir=self.run_dir)
         self.console = None if self._display is None else self._display.console
         self._tensorboard: TensorBoardMirror | None = None
         if tensorboard_enabled(tensorboard):

@@ -35,6 +35,7 @@ from examples.quickstart.train import make_data, step
 DEFAULTS: dict[str, Any] = {
     "epochs": 20, "batch_size": 16, "accumulation": 2, "lr": 1e-2, "seed": 0,
     "train_samples": 512, "validation_samples": 100, "log_every": 5,
+    "keep_checkpoints": None,  # None keeps every checkpoint; N keeps the newest N (and `last`, `best`)
 }
 
 
@@ -63,7 +64,8 @@ def run(job: Any, step_function: Step) -> TrainState:
         trainer = Trainer(accelerator, model, optimizer, train_loader, step_function,
                           evaluator=evaluator, ema_decay=0.9, logger=logger)
         train_config = TrainConfig(epochs=config["epochs"], log_every=config["log_every"],
-                                   monitor=Monitor("validation/loss"), max_grad_norm=1.0)
+                                   monitor=Monitor("validation/loss"), max_grad_norm=1.0,
+                                   keep_checkpoints=config["keep_checkpoints"])
         planned = trainer.planned_steps(train_config)
         trainer.scheduler = LambdaLR(optimizer, WarmupDecay(total_steps=planned, warmup_steps=planned // 10,
                                                             start_factor=0.1, minimum_factor=0.01))

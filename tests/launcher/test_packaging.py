@@ -63,7 +63,7 @@ def test_the_wheel_holds_elfes_launcher_and_its_templates(tmp_path: Path):
     (wheel,) = tmp_path.glob("elfes-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("elfes/launcher/cli.py", "elfes/launcher/runtime.py", "elfes/launcher/templates/local-debug.yaml",
-                 "elfes/launcher/templates/slurm-multinode.yaml", "elfes/records/__init__.py", "elfes/engine/trainer.py",
+                 "elfes/launcher/templates/slurm-multinode.yaml", "elfes/launcher/templates/train.py", "elfes/records/__init__.py", "elfes/engine/trainer.py",
                  "elfes/__main__.py"):
         assert name in names, name
     assert not any(name.startswith("launcher/") for name in names)  # no top-level `launcher` package

@@ -8,6 +8,7 @@ from synthetic_events import (
     checkpoint,
     evaluation,
     failed,
+    plain_console,
     run_end,
     started,
     stop_signal,
@@ -16,6 +17,7 @@ from synthetic_events import (
 )
 
 from elfes.records import RunLogger, read_events
+from elfes.records.plain import format_number
 
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -111,3 +113,59 @@ def test_the_bar_of_a_failed_run_ends_at_the_step_it_failed_at(tmp_path):
         output = shown(console.file.getvalue())
     assert last_bar_position(output) == "12/48"
     assert "failed epoch=1/3 step=12 ValueError: bad batch" in output
+
+
+def test_a_terminal_shows_the_train_lines_above_the_bar(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        for step in (5, 10):
+            logger.log(train(step, planned_steps=48))
+        output = shown(console.file.getvalue())
+    for step in (5, 10):
+        assert f"train epoch=1/3 step={step}/48 loss=0.1234 lr/0=0.001 grad_norm=1.5 accuracy=0.5 samples/s=5012.3" in output
+    assert output.index("train epoch=1/3 step=5/48") < output.index("train epoch=1/3 step=10/48")
+
+
+def test_a_terminal_shows_checkpoint_paths_relative_to_the_run_directory(tmp_path):
+    run_dir = tmp_path / ("a-run-directory-with-a-long-name-" * 4)
+    long_name = f"step-000030-epoch-0001-{'x' * 60}.pt"
+    console = terminal_console()
+    with RunLogger(run_dir, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        logger.log({**checkpoint(30), "path": str(run_dir / "checkpoints" / long_name)})
+        logger.log(run_end(30, reason="signal", next_batch=30))
+        logger.log(started(30, resumed_from=str(run_dir / "checkpoints" / "last"), planned_steps=48, epochs=3))
+    output = shown(console.file.getvalue())
+    assert f"path=checkpoints/{long_name}" in output and "from=checkpoints/last" in output
+    assert str(tmp_path) not in output
+    assert [event["path"] for event in read_events(run_dir) if event["event"] == "checkpoint"] == [
+        str(run_dir / "checkpoints" / long_name)], "the records keep the full path"
+
+
+def test_log_files_keep_full_paths(tmp_path):
+    console = plain_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log({**checkpoint(30), "path": str(tmp_path / "checkpoints" / "step-30.pt")})
+    assert f"path={tmp_path}/checkpoints/step-30.pt" in console.file.getvalue()
+
+
+def test_the_bar_starts_without_placeholders(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        first_frame = shown(console.file.getvalue())
+        assert re.search(r"epoch 1/3 [━╺╸ ]+ +0/48", first_frame), first_frame
+        assert "n/a" not in first_frame
+
+
+def test_the_bar_is_drawn_at_each_train_event_before_the_next_one(tmp_path):
+    console = terminal_console()
+    with RunLogger(tmp_path, is_main_process=True, console=console) as logger:
+        logger.log(started(planned_steps=48, epochs=3))
+        for step in (5, 10, 15):
+            logger.log(train(step, loss=step / 100, planned_steps=48))
+            drawn = shown(console.file.getvalue())
+            # Drawn before the next event arrives, with the loss the line above it printed.
+            assert last_bar_position(drawn) == f"{step}/48"
+            assert re.findall(r"loss (\S+) 5012\.3 samples/s", drawn)[-1] == format_number(step / 100)

@@ -4,7 +4,9 @@ Everything lives in one folder: its own munged (private key, socket and pid file
 datadir, socket and loopback port) behind slurmdbd so that ``sacct`` works, slurmctld and slurmd. Daemons
 listen on free loopback ports chosen at start, so two clusters (two checkouts) can run side by side and a
 system SLURM, if any, is never touched. Two partitions: ``low`` (default, preemptible, PreemptMode=REQUEUE
-with a grace time) and ``high`` (preempts it). Timers are short (see ``../shared/notes/slurm.md``).
+with a grace time) and ``high`` (preempts it). Timers are short, so that tests wait seconds, not minutes:
+the scheduler runs every 2 s (backfill every 1 s), KillWait and GraceTime are set per cluster, and a
+COMPLETING job holds its node for KillWait at most.
 
 By hand (as root)::
 

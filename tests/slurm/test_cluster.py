@@ -1,6 +1,6 @@
 """The private cluster works, and SLURM behaves the way the launcher relies on.
 
-Facts proven here against real daemons (``../shared/notes/slurm.md`` has the measurements): a batch job
+Facts proven here against real daemons: a batch job
 runs and ``sacct`` reports it; a ``low`` job preempted by a ``high`` job gets USR2 (with
 ``preempt_send_user_signal``) or SIGTERM (without), in its job step, at once; it comes back as the same
 job (PENDING, Restarts=1, then running with ``SLURM_RESTART_COUNT=1``) whether it requeues itself with

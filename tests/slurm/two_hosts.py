@@ -1,6 +1,6 @@
 """A SLURM cluster of two hosts on one machine: slurmd ``node1`` and ``node2``, each in its own namespaces.
 
-The layout of ``../shared/notes/slurm.md`` ("Two hosts on one machine"): a bridge in the root network
+The layout: a bridge in the root network
 namespace holds the controller's address; each node has a network namespace joined to the bridge by a veth
 pair, with its own address, ``lo`` up and no default route. Addresses come from 198.51.100.0/24 (TEST-NET-2,
 RFC 5737: documentation addresses, never routed; this machine's own network is TEST-NET-1), one free /28 per
