@@ -121,18 +121,19 @@ class Report:
         }
 
 
-def plan_interruptions(count: int, kinds: Sequence[str], planned_steps: int, seed: int) -> list[PlannedInterruption]:
-    """``count`` interruptions spread over steps 1..planned_steps-1 (one per equal segment, at a seeded
-    random step in it and a random moment within the update), the kinds cycled so each one occurs."""
+def plan_interruptions(count: int, kinds: Sequence[str], steps: Sequence[int], seed: int) -> list[PlannedInterruption]:
+    """``count`` interruptions spread over ``steps`` (the steps a straight run logged before its last: the
+    moments a follower can see), one per equal segment at a seeded random step in it and a random moment
+    within the next update; the kinds cycled so that each one occurs."""
     rng = random.Random(seed)
     order = [kinds[i % len(kinds)] for i in range(count)]
     rng.shuffle(order)
-    last = max(1, planned_steps - 1)
+    steps = sorted(set(steps)) or [1]
     planned = []
     for index, kind in enumerate(order):
-        low = 1 + (last * index) // count
-        high = max(low, (last * (index + 1)) // count)
-        planned.append(PlannedInterruption(kind, rng.randint(low, high), round(rng.random(), 3)))
+        low = (len(steps) * index) // count
+        high = max(low, (len(steps) * (index + 1)) // count - 1)
+        planned.append(PlannedInterruption(kind, steps[rng.randint(low, high)], round(rng.random(), 3)))
     return planned
 
 
@@ -199,7 +200,7 @@ class Rehearsal:
             straight = compare_runs(straight_2, straight_1)
             if straight.identical:
                 events = _events(straight_1)
-                plan = plan_interruptions(self.options.interruptions, self.options.kinds, _planned_steps(events),
+                plan = plan_interruptions(self.options.interruptions, self.options.kinds, _logged_steps(events),
                                           self.options.seed)
                 interruptions = self._interrupted(plan, step_time_s=_update_time_s(events),
                                                   checkpoint_steps=_checkpoint_steps(events))
@@ -412,11 +413,13 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return read_events(run_dir)
 
 
-def _planned_steps(events: list[dict[str, Any]]) -> int:
-    for event in events:
-        if event.get("event") in ("started", "resumed"):
-            return int(event["budget"]["planned_steps"])
-    raise RehearsalFailed("the straight run recorded no `started` event; does main(job) use RunLogger(job.run_dir)?")
+def _logged_steps(events: list[dict[str, Any]]) -> list[int]:
+    """The steps a straight run logged (train records) before its final one."""
+    steps = sorted({int(e["step"]) for e in events if e.get("event") == "train"})
+    if not any(e.get("event") == "started" for e in events):
+        raise RehearsalFailed("the straight run recorded no `started` event; does main(job) use "
+                              "RunLogger(job.run_dir)?")
+    return steps[:-1] or steps
 
 
 def _update_time_s(events: list[dict[str, Any]]) -> float:

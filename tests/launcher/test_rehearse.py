@@ -41,11 +41,13 @@ def rehearse(spec: Path, *arguments: str, capsys: pytest.CaptureFixture) -> tupl
 
 
 def test_interruptions_are_spread_over_the_run_and_every_kind_occurs():
-    planned = plan_interruptions(3, KINDS, planned_steps=16, seed=0)
+    logged = range(5, 80, 5)  # a run logging every 5 updates of 80: interruptions aim at steps a follower sees
+    planned = plan_interruptions(3, KINDS, logged, seed=0)
     assert sorted(p.kind for p in planned) == sorted(KINDS)
     steps = [p.step for p in planned]
-    assert steps == sorted(steps) and len(set(steps)) == 3 and 1 <= steps[0] and steps[-1] <= 15
-    assert plan_interruptions(3, KINDS, 16, seed=0) == planned != plan_interruptions(3, KINDS, 16, seed=1)
+    assert steps == sorted(steps) and len(set(steps)) == 3 and set(steps) <= set(logged)
+    assert steps[0] < 30 and 25 <= steps[1] < 55 and steps[2] >= 50  # one in each third of the run
+    assert plan_interruptions(3, KINDS, logged, seed=0) == planned != plan_interruptions(3, KINDS, logged, seed=1)
 
 
 @pytest.mark.parametrize("arguments, says", [
@@ -82,7 +84,7 @@ def test_the_quickstart_with_one_interruption_of_each_kind_is_exact(tmp_path, ca
 
 def test_a_sampler_with_a_hidden_count_is_not_resumable(tmp_path, capsys):
     # One requeue in the second epoch: the relaunched sampler has forgotten that an epoch was begun.
-    seed = next(s for s in range(100) if plan_interruptions(1, ("requeue",), 16, s)[0].step >= 9)
+    seed = next(s for s in range(100) if plan_interruptions(1, ("requeue",), range(1, 16), s)[0].step >= 9)
     spec = write_spec(tmp_path, "tests.launcher.rehearsal_jobs:hidden_sampler_counter")
     code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", "--seed", str(seed), capsys=capsys)
     assert (code, report["verdict"]) == (6, "not resumable"), report
