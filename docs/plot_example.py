@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
-from elfes.launcher.actions import local_processes
-from elfes.launcher.cli import main as elfes
-from elfes.launcher.paths import RunPaths
-from elfes.launcher.state import load_state
+from elfes.launcher.rundir.liveness import local_processes
+from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir.paths import RunPaths
+from elfes.launcher.rundir.state import load_state
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 OUTPUT = REPOSITORY / "docs" / "quickstart-plot.png"

@@ -60,7 +60,7 @@ def step(model: nn.Module, batch: Any) -> StepOutput:
 
 
 def main(job: Any) -> TrainState:
-    """Train from ``job`` (an ``elfes.launcher.runtime.Job``), on every rank; return the ``TrainState``.
+    """Train from ``job`` (an ``elfes.launcher.job.runtime.Job``), on every rank; return the ``TrainState``.
 
     ``job.config`` is the spec's ``config:`` (a plain dict); ``job.run_dir`` the run directory and
     ``job.checkpoint_dir`` its ``checkpoints/``; ``job.resume_from`` is ``last`` once a preempted or

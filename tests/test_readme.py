@@ -91,9 +91,9 @@ def test_the_example_job_command_runs_here_and_exits_0_when_the_run_finished(tmp
 
 
 def test_the_tour_and_the_launcher_sections_name_real_commands_files_and_states():
-    from elfes.launcher.cli import build_parser
-    from elfes.launcher.paths import RunPaths
-    from elfes.launcher.state import STATUSES
+    from elfes.launcher.cli.main import build_parser
+    from elfes.launcher.rundir.paths import RunPaths
+    from elfes.launcher.rundir.state import STATUSES
 
     for command in commands("\n".join(bash_blocks(section("A tour: preempt it, watch it resume")))):
         build_parser().parse_args(command.split()[1:])  # argparse exits on an unknown verb or option
@@ -159,7 +159,7 @@ def test_the_elfes_command_reports_its_version_without_importing_torch():
     completed = subprocess.run([command, "--version"], capture_output=True, text=True)
     assert completed.returncode == 0 and completed.stdout.strip() == "elfes 0.1.0"
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from elfes.launcher.cli import main; main(['schema']); print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys; from elfes.launcher.cli.main import main; main(['schema']); print('torch' in sys.modules)"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
     )
     assert probe.returncode == 0 and probe.stdout.strip().endswith("False")

@@ -1,6 +1,6 @@
 """The quickstart model as an ELFES job: `elfes submit examples/quickstart/job.yaml --follow`.
 
-The launcher calls :func:`main` once per task with a ``job`` (see ``elfes.launcher.runtime.Job``): the
+The launcher calls :func:`main` once per task with a ``job`` (see ``elfes.launcher.job.runtime.Job``): the
 spec's ``config`` as a plain dict, the run and checkpoint folders, ``resume_from`` (the run's ``last``
 after a preemption, else None) and a ``StopRequest`` already catching SIGTERM, SIGINT and the requeue
 signal. The torch distributed variables are exported, so a plain ``Accelerator()`` joins every task

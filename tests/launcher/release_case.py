@@ -14,7 +14,7 @@ from pathlib import Path
 from workloads import gloo_threads  # tests/engine, on PYTHONPATH
 
 import elfes.engine  # noqa: F401  as in a job: imported before any process group forms
-from elfes.launcher.runtime import release_process_group
+from elfes.launcher.job.runtime import release_process_group
 
 
 def attempt() -> None:

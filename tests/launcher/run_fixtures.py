@@ -1,5 +1,5 @@
 """Hand-built run directories for the login-node tests: a recorded spec, state.json written through
-launcher/state.py's transitions, a few run records and log files. No job runs."""
+launcher/rundir/state.py's transitions, a few run records and log files. No job runs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from elfes.files import write_text_atomically
-from elfes.launcher import state as run_state
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec import load_spec
 
 SPEC = """\

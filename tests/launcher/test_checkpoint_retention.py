@@ -17,7 +17,7 @@ RUN = """
 import json, sys
 from pathlib import Path
 from elfes.engine import StopRequest
-from elfes.launcher.runtime import Job
+from elfes.launcher.job.runtime import Job
 from examples.quickstart.job import main
 run_dir = Path(sys.argv[1])
 config = {**json.loads(sys.argv[2]), "epochs": 6, "train_samples": 64, "validation_samples": 16}

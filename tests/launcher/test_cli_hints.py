@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from run_fixtures import write_project
 
-from elfes.launcher.cli import main
-from elfes.launcher.runtime import Job
+from elfes.launcher.cli.main import main
+from elfes.launcher.job.runtime import Job
 
 
 def test_help_names_every_field_of_job_and_the_step_contract(capsys):

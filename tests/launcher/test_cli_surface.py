@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher.cli import EXIT_CODES, build_parser, main
+from elfes.launcher.cli.main import EXIT_CODES, build_parser, main
 
 GOLDEN = Path(__file__).parent / "golden"
 # argparse's layout differs between Python versions: the exact help text is compared on this one.

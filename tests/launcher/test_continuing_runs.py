@@ -16,8 +16,8 @@ from run_comparison import assert_runs_bitwise_equal
 from run_fixtures import launch_environment
 from test_local_jobs import CONFIG, Runs, wait_ended, write_spec
 
-from elfes.launcher import state as run_state
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
 
 ELFES = str(Path(sys.executable).with_name("elfes"))
 ENTRYPOINT = "tests.launcher.entrypoints:budget_free_quickstart"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from run_fixtures import write_project
 
-from elfes.launcher.cli import main
+from elfes.launcher.cli.main import main
 
 
 @pytest.mark.parametrize("entrypoint", ["not valid", "train", "train:", "1train:main"])

@@ -28,8 +28,8 @@ from test_local_jobs import (
     write_spec,
 )
 
-from elfes.launcher.cli import main as elfes
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir.paths import RunPaths
 
 SLOW = {**CONFIG, "step_delay_s": 0.3}  # about 10 s of training: a cancel or a remount lands mid-run
 

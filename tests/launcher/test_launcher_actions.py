@@ -14,8 +14,8 @@ import pytest
 from run_fixtures import GONE_JOB_ID, make_run, write_project
 
 from elfes.files import write_text_atomically
-from elfes.launcher import executors
-from elfes.launcher.cli import main
+from elfes.launcher.submit import executors
+from elfes.launcher.cli.main import main
 
 
 def run_json(capsys, *argv: str):
@@ -148,7 +148,7 @@ def test_validate_refuses_a_spec_the_chosen_executor_cannot_run(tmp_path: Path, 
 
 
 def test_auto_is_slurm_only_where_sbatch_is_on_path_and_a_cluster_is_configured(tmp_path: Path, monkeypatch):
-    from elfes.launcher.executors import choose_executor
+    from elfes.launcher.submit.executors import choose_executor
 
     sbatch = shutil.which("sbatch")
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch at all

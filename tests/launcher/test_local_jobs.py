@@ -21,9 +21,9 @@ import pytest
 import yaml
 from run_comparison import assert_runs_bitwise_equal
 
-from elfes.launcher import state as run_state
-from elfes.launcher.cli import main as elfes
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir.paths import RunPaths
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # 256 samples, batches of 16, accumulation 2: 8 optimizer steps per epoch on one rank, 16 in all (8 on two
@@ -70,7 +70,7 @@ class Runs:
         return run_dir
 
     def kill_leftovers(self) -> None:
-        from elfes.launcher.actions import local_processes
+        from elfes.launcher.rundir.liveness import local_processes
 
         for run_dir in self.run_dirs:
             processes = local_processes(RunPaths(run_dir))
@@ -132,7 +132,7 @@ def wait_for(
         if time.monotonic() > deadline:
             processes = ""
             if RunPaths(run_dir).run_dir.is_dir():
-                from elfes.launcher.actions import local_processes
+                from elfes.launcher.rundir.liveness import local_processes
 
                 processes = f"live processes of the run: {local_processes(RunPaths(run_dir))}\n"
             pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{processes}{diagnostics(run_dir)}")
@@ -176,7 +176,7 @@ def tasks_running(run_dir: Path, attempt: int, tasks: int) -> bool:
 
 
 def job_gone(run_dir: Path) -> bool:
-    from elfes.launcher.actions import local_processes
+    from elfes.launcher.rundir.liveness import local_processes
 
     processes = local_processes(RunPaths(run_dir))
     return not processes["controller"] and not processes["task"]

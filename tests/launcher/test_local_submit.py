@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from run_fixtures import REPOSITORY, launch_environment
 
-from elfes.launcher import actions
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir.liveness import local_processes
+from elfes.launcher.rundir.paths import RunPaths
 
 ELFES = str(Path(sys.executable).with_name("elfes"))
 
@@ -73,7 +73,7 @@ def cleanup():
     runs: list[Path] = []
     yield runs.append
     for run_dir in runs:
-        processes = actions.local_processes(RunPaths(run_dir))
+        processes = local_processes(RunPaths(run_dir))
         for pid in processes["task"] + processes["controller"]:
             try:
                 os.kill(pid, 9)
@@ -96,7 +96,7 @@ def test_submit_returns_while_the_job_runs_then_preempt_cancel_resume(tmp_path: 
     assert submitted.returncode == 0, submitted.stderr
     assert time.monotonic() - started < 30
     assert "submitted as local job" in submitted.stdout and str(run_dir) in submitted.stdout
-    (controller,) = actions.local_processes(RunPaths(run_dir))["controller"]
+    (controller,) = local_processes(RunPaths(run_dir))["controller"]
     assert session_id(controller) != session_id(os.getpid())  # a Ctrl-C in our terminal does not reach it
 
     wait_for(lambda: running_with_pid(run_dir, 1), "attempt 1 running with its pid recorded")
@@ -111,7 +111,7 @@ def test_submit_returns_while_the_job_runs_then_preempt_cancel_resume(tmp_path: 
     assert cancelled.returncode == 0 and "sent SIGTERM to pid" in cancelled.stdout, cancelled.stderr
     wait_for(lambda: status(run_dir)["status"] == "cancelled", "the run cancelled")
     assert status(run_dir)["attempts"][-1]["signal"] == "SIGTERM"
-    wait_for(lambda: not any(actions.local_processes(RunPaths(run_dir)).values()), "the job's processes gone")
+    wait_for(lambda: not any(local_processes(RunPaths(run_dir)).values()), "the job's processes gone")
 
     resumed = elfes("resume", str(run_dir), cwd=tmp_path)
     assert resumed.returncode == 0 and "resumed as local job" in resumed.stdout, resumed.stderr

@@ -12,7 +12,7 @@ from run_fixtures import launch_environment, make_run, write_project
 
 PROBE = """
 import json, sys
-from elfes.launcher.cli import main
+from elfes.launcher.cli.main import main
 try:
     code = main(json.loads(sys.argv[1]))
 except SystemExit as exit:

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from run_fixtures import launch_environment, make_run, write_project
 
-from elfes.launcher.cli import main
-from elfes.launcher.overrides import MAX_VALUE_CHARS
+from elfes.launcher.cli.main import main
+from elfes.launcher.spec.overrides import MAX_VALUE_CHARS
 
 ELFES = str(Path(sys.executable).with_name("elfes"))
 

@@ -28,13 +28,13 @@ def test_every_package_folder_is_listed_in_pyproject():
     found.add("elfes.launcher.templates")
     assert listed == found, "list new package folders in pyproject.toml [tool.setuptools] packages"
     assert setuptools["package-dir"] == {"elfes.launcher": "launcher", "elfes.launcher.templates": "templates"}
-    assert pyproject()["project"]["scripts"] == {"elfes": "elfes.launcher.cli:main"}
+    assert pyproject()["project"]["scripts"] == {"elfes": "elfes.launcher.cli.main:main"}
 
 
 @pytest.mark.parametrize("where", ["repository_root", "elsewhere"])
 def test_elfes_launcher_imports_from_the_repository_root_and_from_elsewhere(tmp_path: Path, where: str):
     cwd = REPOSITORY if where == "repository_root" else tmp_path
-    probe = ("import elfes.launcher.cli, elfes.launcher.spec, importlib.resources as r; "
+    probe = ("import elfes.launcher.cli.main, elfes.launcher.spec.loading, importlib.resources as r; "
              "print(elfes.launcher.__file__); "
              "print(sorted(p.name for p in r.files('elfes.launcher.templates').iterdir() if p.name.endswith('.yaml')))")
     completed = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True, timeout=60)
@@ -62,10 +62,10 @@ def test_the_wheel_holds_elfes_launcher_and_its_templates(tmp_path: Path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     (wheel,) = tmp_path.glob("elfes-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("elfes/launcher/cli.py", "elfes/launcher/runtime.py", "elfes/launcher/templates/local-debug.yaml",
+    for name in ("elfes/launcher/cli/main.py", "elfes/launcher/job/runtime.py", "elfes/launcher/templates/local-debug.yaml",
                  "elfes/launcher/templates/slurm-multinode.yaml", "elfes/launcher/templates/train.py", "elfes/records/__init__.py", "elfes/engine/trainer.py",
                  "elfes/__main__.py"):
         assert name in names, name
     assert not any(name.startswith("launcher/") for name in names)  # no top-level `launcher` package
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
-    assert "elfes = elfes.launcher.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "elfes = elfes.launcher.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import EVENTS_FILE_NAME
 from elfes.tensorboard import TENSORBOARD_DIR_NAME, tensorboard_dir
 

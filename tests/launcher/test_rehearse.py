@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from elfes.launcher.cli import main as elfes
-from elfes.launcher.rehearsal import KINDS, plan_interruptions
+from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.commands.rehearsal import KINDS, plan_interruptions
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # 256 samples, batches of 16, accumulation 2: 16 updates on one rank, a train record each.

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from elfes.launcher.runtime import SignalFlags, catches_signal, decide, stop_reason_from_exit_code
+from elfes.launcher.job.runtime import SignalFlags, catches_signal, decide, stop_reason_from_exit_code
 
 
 def outcome(reason, *, cancel=False, used=0, limit=3):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher import executors
-from elfes.launcher.cli import main
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.submit import executors
+from elfes.launcher.cli.main import main
+from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec import load_spec
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from elfes.launcher.cli import main
+from elfes.launcher.cli.main import main
 
 BASE: dict[str, Any] = {
     "name": "corpus",

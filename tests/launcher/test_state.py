@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher import state as S
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as S
+from elfes.launcher.rundir.paths import RunPaths
 
 
 def submitted(max_requeues: int = 2) -> S.RunState:

@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 from run_fixtures import make_run, write_project
 
-from elfes.launcher import actions
-from elfes.launcher.cli import main
-from elfes.launcher.cli_status import print_status
+from elfes.launcher.commands import status as status_report
+from elfes.launcher.cli.main import main
+from elfes.launcher.cli.status import print_status
 
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -70,7 +70,7 @@ def test_a_wide_terminal_gets_the_table(tmp_path: Path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("width", [40, 80, 120])
 def test_no_cell_is_cut_at_any_width(tmp_path: Path, width: int):
-    results = actions.status([make_run(tmp_path / ("long-name-" * 3), outcome="cancelled", step=1234).run_dir])
+    results = status_report.status([make_run(tmp_path / ("long-name-" * 3), outcome="cancelled", step=1234).run_dir])
     console = Console(file=io.StringIO(), force_terminal=True, width=width)
     print_status(console, results)
     output = ESCAPES.sub("", console.file.getvalue())

@@ -15,8 +15,8 @@ import pytest
 from run_fixtures import make_run
 from test_local_jobs import Runs, state_of
 
-from elfes.launcher.cli import main
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.cli.main import main
+from elfes.launcher.rundir.paths import RunPaths
 
 
 @pytest.fixture

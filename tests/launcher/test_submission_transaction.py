@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from run_fixtures import launch_environment, make_run
 
-from elfes.launcher import actions
-from elfes.launcher import state as run_state
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir.liveness import local_processes
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
 
 ELFES = str(Path(sys.executable).with_name("elfes"))
 # Appends the controller that started it (the local job id) to RUN_DIR/starts.txt, then trains nothing.
@@ -75,7 +75,7 @@ def cleanup():
     runs: list[Path] = []
     yield runs.append
     for run_dir in runs:
-        processes = actions.local_processes(RunPaths(run_dir))
+        processes = local_processes(RunPaths(run_dir))
         for pid in processes["task"] + processes["controller"]:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -140,7 +140,7 @@ def state_says_submitted(run_dir: Path) -> bool:
 
 
 def controller_started(run_dir: Path) -> bool:
-    return bool(run_dir.is_dir() and actions.local_processes(RunPaths(run_dir))["controller"])
+    return bool(run_dir.is_dir() and local_processes(RunPaths(run_dir))["controller"])
 
 
 # When to stop the first submitter: on the conditions that bracket the hand-over (the run directory
@@ -163,7 +163,7 @@ SECOND_SUBMIT_SAYS = ("submitted as local job", "continues as local job", "no se
 def assert_one_trainer(run_dir: Path, what: str) -> None:
     state = wait_for(lambda: (s := run_state.load_state(RunPaths(run_dir))) is not None and s.status in
                      run_state.ENDED and s, f"the run to end ({what})")
-    wait_for(lambda: not any(actions.local_processes(RunPaths(run_dir)).values()), f"the job's processes to exit ({what})")
+    wait_for(lambda: not any(local_processes(RunPaths(run_dir)).values()), f"the job's processes to exit ({what})")
     starts = (run_dir / "starts.txt").read_text().splitlines()
     assert state.status == "finished", (what, state)
     assert len(starts) == 1, f"{what}: {len(starts)} trainers started: {starts}\n{RunPaths(run_dir).state.read_text()}"

@@ -15,25 +15,26 @@ import pytest
 import yaml
 from run_fixtures import REPOSITORY
 
-from elfes.launcher import actions, executors
-from elfes.launcher.authoring import entrypoint_text
-from elfes.launcher.cli import main
-from elfes.launcher.paths import RunPaths
-from elfes.launcher.runtime import Job
+from elfes.launcher.commands import authoring
+from elfes.launcher.submit import executors
+from elfes.launcher.commands.authoring import entrypoint_text
+from elfes.launcher.cli.main import main
+from elfes.launcher.rundir.paths import RunPaths
+from elfes.launcher.job.runtime import Job
 from elfes.launcher.spec import validate_spec_data
 
 TEMPLATES = ["local-debug", "slurm-gpu", "slurm-multinode", "slurm-node"]
 
 
 def test_the_four_templates_ship_in_the_package():
-    assert actions.template_names() == TEMPLATES
+    assert authoring.template_names() == TEMPLATES
     for name in TEMPLATES:
-        assert actions.template_text(name) == (REPOSITORY / "templates" / f"{name}.yaml").read_text()
+        assert authoring.template_text(name) == (REPOSITORY / "templates" / f"{name}.yaml").read_text()
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_a_template_is_a_valid_spec_for_its_executor(tmp_path: Path, name: str):
-    data = yaml.safe_load(actions.template_text(name))
+    data = yaml.safe_load(authoring.template_text(name))
     assert data["entrypoint"] == "train:main" and data["workdir"] == "."
     (tmp_path / "train.py").write_text(entrypoint_text())  # as `elfes init` writes it, anywhere
     spec = validate_spec_data(data, source=f"{tmp_path}/{name}.yaml", base=tmp_path)
@@ -51,7 +52,7 @@ def test_a_template_is_a_valid_spec_for_its_executor(tmp_path: Path, name: str):
 def test_init_writes_the_template_and_its_entrypoint_verbatim(tmp_path: Path, capsys, name: str):
     target = tmp_path / "job.yaml"
     assert main(["init", name, str(target)]) == 0
-    assert target.read_text() == actions.template_text(name)
+    assert target.read_text() == authoring.template_text(name)
     assert (tmp_path / "train.py").read_text() == entrypoint_text() == (REPOSITORY / "templates" / "train.py").read_text()
     output = capsys.readouterr().out
     assert f"wrote {target} (template {name}) and {tmp_path / 'train.py'}" in output
@@ -67,7 +68,7 @@ def test_init_keeps_a_train_py_that_is_there(tmp_path: Path, capsys):
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_a_template_says_what_job_holds_and_bounds_its_checkpoints(name: str):
-    text = actions.template_text(name)
+    text = authoring.template_text(name)
     for field in dataclasses.fields(Job):
         assert f"job.{field.name}" in text, f"{name}.yaml does not name job.{field.name}"
     config = yaml.safe_load(text)["config"]
@@ -89,7 +90,7 @@ def test_init_then_submit_trains_outside_the_repository_keeping_a_few_checkpoint
     try:
         assert main(["submit", str(spec), "--executor", "local", "--follow"]) == 0, capsys.readouterr()
     finally:
-        from elfes.launcher.actions import local_processes
+        from elfes.launcher.rundir.liveness import local_processes
 
         paths = RunPaths(tmp_path / "runs" / "debug")
         for pid in sum(local_processes(paths).values(), []):
@@ -105,7 +106,7 @@ def test_init_then_submit_trains_outside_the_repository_keeping_a_few_checkpoint
 def test_init_defaults_to_the_local_debug_template_in_job_yaml(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["init"]) == 0
-    assert (tmp_path / "job.yaml").read_text() == actions.template_text("local-debug")
+    assert (tmp_path / "job.yaml").read_text() == authoring.template_text("local-debug")
 
 
 def test_init_refuses_to_overwrite_and_unknown_templates(tmp_path: Path, capsys):

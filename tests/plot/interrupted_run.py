@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
-from elfes.launcher import state as run_state
-from elfes.launcher.actions import local_processes
-from elfes.launcher.cli import main as elfes
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.liveness import local_processes
+from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir.paths import RunPaths
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 PLANNED_STEPS = 24  # 256 samples, batches of 16, accumulation 2: 8 steps per epoch, 3 epochs

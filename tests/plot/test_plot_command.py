@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher.cli import main as elfes
-from elfes.launcher.plot import plot
+from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.commands.plot import plot
 
 pytest.importorskip("matplotlib", reason="the plot extra: pip install -e '.[test]' installs it")
 
@@ -91,7 +91,7 @@ import json, sys
 blocked = json.loads(sys.argv[2])
 for name in blocked:
     sys.modules[name] = None  # as if it were not installed
-from elfes.launcher.cli import main
+from elfes.launcher.cli.main import main
 try:
     code = main(json.loads(sys.argv[1]))
 except SystemExit as exit:

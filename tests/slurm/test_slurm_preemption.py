@@ -34,8 +34,8 @@ import pytest
 from cluster import SlurmCluster, wait_for
 from run_comparison import assert_runs_bitwise_equal
 
-from elfes.launcher import state as run_state
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
 
 ELFES = str(Path(sys.executable).with_name("elfes"))
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -186,7 +186,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
         return run_dirs[tasks]
 
     yield run
-    from elfes.launcher.liveness import local_processes
+    from elfes.launcher.rundir.liveness import local_processes
 
     for run_dir in run_dirs.values():
         processes = local_processes(RunPaths(run_dir))

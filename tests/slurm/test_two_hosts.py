@@ -33,8 +33,8 @@ from cluster import process_alive, wait_for
 from run_comparison import assert_runs_bitwise_equal
 from two_hosts import TwoHostCluster
 
-from elfes.launcher import state as run_state
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
 
 STEP = (
     'echo "$(hostname) $(hostname -i) procid=$SLURM_PROCID nodeid=$SLURM_NODEID localid=$SLURM_LOCALID '

@@ -1,0 +1,293 @@
+"""The ``elfes`` command line: printing only; the arguments are launcher/cli/parser.py's, the verbs live in
+launcher/commands/ (one module per verb family) and return data.
+
+Login-node commands never import torch (nor numpy): ``--help``, ``validate``, ``status``, ``logs``,
+``schema``, ``init`` and ``submit --dry-run`` are tested for it in a subprocess; ``plot`` imports matplotlib
+(and numpy) only when it draws, never torch. Tests call
+:func:`main` directly: ``main(["status", run_dir, "--json"])`` returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_NOW,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    EXIT_RUN_STOPPED,
+)
+from .output import print_error, print_line, shell_quoted
+from .parser import build_parser
+
+
+# -- the verbs --------------------------------------------------------------------------------------------------
+def _submit(args: argparse.Namespace) -> int:
+    from ..commands import submission
+
+    result = submission.submit(args.spec, executor=args.executor, dry_run=args.dry_run, sets=args.sets)
+    if result.dry_run is not None:
+        sys.stdout.write(result.dry_run)
+        sys.stdout.flush()
+        return EXIT_OK
+    verb = "continues" if result.continued else "submitted"
+    print_line(f"{result.name}: {verb} as {result.executor} job {result.job_id}{_submission_note(result)}")
+    print_line(f"run directory: {result.run_dir}")
+    if args.follow:
+        from .follow import follow
+
+        return follow(result.run_dir, from_start=not result.continued)
+    print_line(f"follow it: elfes status {shell_quoted(result.run_dir)}   (or elfes logs {shell_quoted(result.run_dir)} --follow)")
+    return EXIT_OK
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from ..commands import submission
+
+    result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets)
+    print_line(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`"
+           f"{_submission_note(result)}")
+    print_line(f"run directory: {result.run_dir}")
+    if not args.follow:
+        return EXIT_OK
+    from .follow import follow
+
+    return follow(result.run_dir, from_start=False)
+
+
+def _submission_note(result: Any) -> str:
+    if result.adopted:
+        return " (an interrupted submission had started it; no second job was started)"
+    if result.changed:
+        return f" (recorded spec changed: {', '.join(result.changed)})"
+    return ""
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from ..commands import authoring
+
+    result = authoring.validate(args.spec, executor=args.executor, sets=args.sets)
+    spec = result.spec
+    what = spec.entrypoint if spec.entrypoint else " ".join(spec.command or ())
+    print_line(f"{result.source}: valid job {spec.name!r} ({what})")
+    print_line(f"  {spec.resources.nodes} node(s) x {spec.resources.tasks_per_node} task(s), "
+           f"{spec.resources.gpus_per_node} GPU(s) per node; {spec.resources.timeout_min} min per attempt; "
+           f"up to {spec.requeue.max_requeues} requeues")
+    print_line(f"  run directory: {spec.run_dir}")
+    print_line(f"  executor here: {result.executor}")
+    return EXIT_OK
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from ..commands import authoring
+
+    print_line(json.dumps(authoring.schema(), indent=2))
+    return EXIT_OK
+
+
+def _init(args: argparse.Namespace) -> int:
+    from ..commands import authoring
+
+    written = authoring.init(args.template, args.path)
+    entrypoint = (f"and {written.entrypoint} (its entrypoint, train:main: a runnable model to replace with yours)"
+                  if written.wrote_entrypoint else f"and kept {written.entrypoint}, which its entrypoint train:main names")
+    print_line(f"wrote {written.spec} (template {args.template}) {entrypoint}")
+    print_line(f"edit them, then: elfes validate {shell_quoted(written.spec)}; elfes submit {shell_quoted(written.spec)} --follow")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from ..commands import status
+    from .status import print_status, status_console
+
+    code = EXIT_OK
+    if args.wait or args.until is not None or args.timeout_s is not None:
+        code = _wait(args)
+    results = status.status(args.run_dirs)
+    if args.json:
+        data = [result.to_json() for result in results]
+        print_line(json.dumps(data[0] if len(data) == 1 else data, indent=2))
+    else:
+        print_status(status_console(), results)
+    return code if code != EXIT_OK else _status_exit_code(results)
+
+
+def _status_exit_code(results: Any) -> int:
+    """3 when a run's state.json cannot be read (every run is still shown), else 0."""
+    from ..commands.status import UNREADABLE
+
+    return EXIT_NOT_NOW if any(result.status == UNREADABLE for result in results) else EXIT_OK
+
+
+def _wait(args: argparse.Namespace) -> int:
+    """``status --wait``: block until every run reaches ``--until``; the exit code says how that went."""
+    import time
+
+    from ..commands.status_wait import Until, wait_for
+
+    until = Until.parse(args.until or "ended")
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        from ..rundir.lookup import UsageError
+
+        raise UsageError(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
+    deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
+    code = EXIT_OK
+    for run_dir in args.run_dirs:
+        if sys.stderr.isatty():
+            print(f"elfes: waiting until {run_dir} is at {until}", file=sys.stderr, flush=True)
+        try:
+            waited = wait_for(run_dir, until, deadline=deadline)
+        except KeyboardInterrupt:
+            print_line(f"\nstopped waiting; the job keeps running (elfes status {shell_quoted(run_dir)})")
+            return EXIT_INTERRUPTED
+        ended_code = {"finished": EXIT_OK, "failed": EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
+        if until.kind == "ended" and waited.reached:
+            outcome = ended_code
+        elif waited.reached:
+            outcome = EXIT_OK
+        else:
+            print_error(waited.describe())
+            outcome = EXIT_NOT_NOW if waited.timed_out or waited.status == "finished" else ended_code
+        code = code or outcome
+    return code
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from ..commands import logs
+    from ..rundir.lookup import UsageError
+
+    if args.follow:
+        if args.attempt is not None:
+            raise UsageError("--follow shows the latest attempt; leave out --attempt")
+        shown = None
+        for file, text in logs.follow_logs(args.run_dir, rank=args.rank):
+            if file != shown:
+                print_line(f"==> {file} <==")
+                shown = file
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        return EXIT_OK
+    found = logs.log_files(args.run_dir, rank=args.rank, attempt=args.attempt)
+    if not found.files:
+        print_line(f"no logs yet for rank {args.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
+    for file in found.files:
+        print_line(f"==> {file} <==")
+        sys.stdout.write(file.read_text(encoding="utf-8", errors="replace"))
+    if found.ending:
+        print_line(f"elfes: {found.ending}")  # why it ended: the logs alone may not show it (a full disk, a kill)
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from ..commands import plot
+
+    result = plot.plot(args.run_dirs, output=args.output, metrics=args.metric)
+    print_line(f"wrote {result.output}: {', '.join(result.metrics)} of {', '.join(run.name for run in result.runs)}")
+    return EXIT_OK
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from ..commands import doctor
+
+    result = doctor.doctor(args.spec, test_job=args.test_job)
+    if args.json:
+        print_line(json.dumps(result.to_json(), indent=2))
+        return EXIT_OK
+    settings = ", ".join(f"{name}={value}" for name, value in result.settings.items())
+    print_line(f"{'job ' + repr(result.job) if result.job else 'any job'} in partition {result.partition} ({settings})")
+    for finding in result.findings:
+        print_line(f"[{finding.level}] {finding.topic}: {finding.says}")
+        if finding.change:
+            print_line(f"    change: {finding.change}")
+    problems = len(result.problems)
+    print_line(f"{problems} problem(s)" if problems else "no problems found")
+    return EXIT_OK
+
+
+def _signalled(result: Any, what: str) -> int:
+    if result.targets:
+        print_line(f"{what}: sent {result.signal} to " + "; ".join(result.targets))
+    if result.note:
+        print_line(result.note)
+    return EXIT_OK
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    from ..commands import signalling
+
+    result = signalling.preempt(args.run_dir)
+    _signalled(result, "preempt")
+    print_line(f"the job saves `last` at the next window boundary, is requeued and resumes; watch: elfes status {shell_quoted(result.run_dir)}")
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from ..commands import signalling
+
+    result = signalling.cancel(args.run_dir)
+    _signalled(result, "cancel")
+    if result.targets:
+        print_line(f"the job saves `last` and ends cancelled; continue it later with: elfes resume {shell_quoted(result.run_dir)}")
+    return EXIT_OK
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    from .rehearse import rehearse
+
+    return rehearse(args)
+
+
+VERBS = {
+    "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
+    "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot, "doctor": _doctor,
+    "rehearse": _rehearse,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (see ``elfes --help``)."""
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        from .. import spec
+        from ..commands.signalling import ActionFailed
+        from ..rundir import state
+        from ..rundir.lookup import UsageError
+        from ..submit import executors, handover
+    except KeyboardInterrupt:
+        print_error("interrupted (Ctrl-C) before anything was done")
+        return EXIT_INTERRUPTED
+    try:
+        return VERBS[args.verb](args)
+    except handover.Interrupted as interrupted:
+        print_error(str(interrupted))
+        return 128 + interrupted.signum
+    except KeyboardInterrupt:
+        print_error("interrupted (Ctrl-C)")
+        return EXIT_INTERRUPTED
+    except (spec.SpecError, executors.ExecutorError, UsageError) as error:
+        print_error(str(error))
+        return EXIT_BAD_INPUT
+    except (executors.SubmissionError, ActionFailed, state.StateError) as error:
+        print_error(str(error))
+        return EXIT_NOT_NOW
+    except RuntimeError as error:
+        from ..commands.rehearsal import RehearsalFailed
+
+        if not isinstance(error, RehearsalFailed):
+            raise
+        print_error(str(error))
+        return EXIT_RUN_FAILED
+    except BrokenPipeError:
+        return EXIT_OK  # `elfes logs RUN | head`
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The ``elfes plot`` verb: each run's records (and attempts, from ``state.json``) drawn to one file.
+
+Kept apart from the other verbs so that only this verb loads matplotlib (through
+:mod:`elfes.plot`, imported when the verb runs; ``elfes plot --help`` loads nothing of it). Torch-free.
+Run directories need no launcher: one written by ``examples/quickstart/train.py`` plots too, its
+resumes unlabelled as requeues since nothing recorded how they came about.
+
+>>> result = plot(["runs/quickstart-job"], output="plot.png")  # doctest: +SKIP
+>>> result.output, result.metrics
+(PosixPath('plot.png'), ('train/loss', 'eval/validation/loss', 'eval/validation/mae', 'eval/validation/rmse'))
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from elfes.records import EventsFileWarning, read_events
+from elfes.records.timeline import START_EVENTS, Timeline, build_timeline, select_metrics
+
+from ..rundir import state as run_state
+from ..rundir.lookup import UsageError
+from ..rundir.paths import RunPaths
+from ..spec import SpecError, load_spec
+from .signalling import ActionFailed
+
+
+@dataclass(frozen=True)
+class PlottedRun:
+    run_dir: Path
+    name: str
+    timeline: Timeline
+
+
+@dataclass(frozen=True)
+class Plotted:
+    """What ``elfes plot`` drew: the file, the metrics (one panel each), the runs and the figure itself."""
+
+    output: Path
+    metrics: tuple[str, ...]
+    runs: tuple[PlottedRun, ...]
+    figure: Any  # a matplotlib Figure
+
+
+def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLike[str] | None = None,
+         metrics: Sequence[str] = ()) -> Plotted:
+    """Draw the runs' metrics against the step into ``output`` (``.png`` or ``.svg``).
+
+    ``output`` defaults to ``RUN_DIR/plot.png`` for one run; several runs need it. ``metrics``
+    defaults to the training loss and every evaluation metric.
+    """
+    if output is None:
+        if len(run_dirs) != 1:
+            raise UsageError("several runs are drawn into one file: name it with -o FILE.png (or FILE.svg)")
+        output = RunPaths(run_dirs[0]).plot
+    output = Path(output)
+    if output.suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"cannot write a plot to {output}: give a file name ending in .png or .svg")
+    runs = _labelled([_read_run(Path(run_dir)) for run_dir in run_dirs])
+    try:
+        chosen = select_metrics([run.timeline for run in runs], metrics)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    try:
+        from elfes import plot as drawing
+    except ImportError as error:
+        raise ActionFailed(str(error)) from None
+    figure = drawing.draw([drawing.RunCurves(run.name, run.timeline) for run in runs], chosen)
+    drawing.save(figure, output)
+    return Plotted(output=output, metrics=chosen, runs=tuple(runs), figure=figure)
+
+
+def _read_run(run_dir: Path) -> PlottedRun:
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is not a run directory (no such folder); give the folder holding events.jsonl")
+    paths = RunPaths(run_dir)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EventsFileWarning)  # a line torn by a kill, or being written now
+            events = read_events(run_dir)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    state = run_state.load_state(paths)
+    launches = _launches(events, state.attempts if state is not None else ())
+    return PlottedRun(run_dir=run_dir, name=_run_name(paths), timeline=build_timeline(events, launches=launches))
+
+
+def _run_name(paths: RunPaths) -> str:
+    """The job's name from its recorded spec, else the run directory's name."""
+    if paths.spec.is_file():
+        try:
+            return load_spec(paths.spec, check_files=False).name
+        except SpecError:
+            pass
+    return paths.run_dir.resolve().name
+
+
+def _labelled(runs: list[PlottedRun]) -> list[PlottedRun]:
+    """Runs whose names repeat (one spec, several run directories) are told apart by their folder."""
+    names = [run.name for run in runs]
+    return [run if names.count(run.name) == 1 else PlottedRun(run.run_dir, f"{run.name} ({run.run_dir})", run.timeline)
+            for run in runs]
+
+
+def _time(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _launches(events: Sequence[Mapping[str, Any]], attempts: Sequence[run_state.Attempt]) -> list[str | None]:
+    """How each start event came about: the launch of the last attempt that began before it (rank 0
+    records an attempt in state.json before the engine starts), None when unknown."""
+    begun = [(started, attempt.launch) for attempt in attempts if (started := _time(attempt.started_at)) is not None]
+    launches: list[str | None] = []
+    for event in events:
+        if event.get("event") not in START_EVENTS:
+            continue
+        at = _time(event.get("time"))
+        launches.append(next((launch for started, launch in reversed(begun) if at is not None and started <= at), None))
+    return launches

@@ -1,0 +1,112 @@
+"""The likely causes ``elfes rehearse`` names for a job that is not resumable, and its advice for a
+job that is not reproducible, in that job's terms: what differed, where, after which interruption,
+and what the spec shows. Pure and torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..spec import JobSpec
+from .rehearsal_compare import Comparison
+
+# Top-level checkpoint entries, as the engine names them, and what each holds.
+_PARTS = {
+    "model": "the raw weights",
+    "ema": "the EMA weights",
+    "optimizer": "the optimizer state",
+    "scheduler": "the learning-rate schedule",
+    "scaler": "the grad-scaler state",
+    "state": "the training state (step, epoch, best metric)",
+    "progress": "the data position",
+    "ranks": "each rank's random generators and log interval",
+}
+
+
+def differing_parts(comparison: Comparison) -> list[str]:
+    """The checkpoint parts (``model``, ``optimizer``, ...) with a differing tensor, in the order of _PARTS."""
+    found = {difference.name.lstrip("/").split("/")[0].split("[")[0] for difference in comparison.tensors}
+    return [part for part in _PARTS if part in found] + sorted(found - set(_PARTS))
+
+
+def _job(spec: JobSpec) -> str:
+    return f"entrypoint {spec.entrypoint}" if spec.entrypoint else f"command {spec.command!r}"
+
+
+def _workers(spec: JobSpec) -> int | None:
+    for key, value in (spec.config or {}).items():
+        if "worker" in str(key).lower() and isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence[Any],
+                  events: list[dict[str, Any]]) -> list[str]:
+    """Sentences naming what most probably loses or replays state across a restart, best evidence first."""
+    causes: list[str] = []
+    divergence = comparison.divergence
+    before = None
+    if divergence is not None:
+        earlier = [i for i in interruptions if (i.saved_step if i.saved_step is not None else i.step or 0) < divergence.step]
+        before = earlier[-1] if earlier else None
+        where = (f"the first logged step after interruption {list(interruptions).index(before) + 1} ({before.kind} at "
+                 f"step {before.step}, attempt {before.attempt})" if before is not None else "before any interruption")
+        causes.append(f"The interrupted run follows the straight run until step {divergence.step}, {where}: there "
+                      f"{divergence.event} metric {divergence.metric} is {divergence.ours!r} instead of "
+                      f"{divergence.theirs!r}. What the job did after that restart is not what it would have done.")
+    parts = differing_parts(comparison)
+    if parts:
+        causes.append("Differing at the end: " + "; ".join(f"{part} ({_PARTS.get(part, 'saved by the job')})"
+                                                         for part in parts) + ".")
+    loss_first = divergence is not None and divergence.event == "train"
+    workers = _workers(spec)
+    data = (f"The data order after a restart: {_job(spec)} reads its batches through a sampler or dataset with "
+            "state of its own (a counter, an iterator, its own torch.Generator or random.Random) that the checkpoint "
+            "does not hold. The engine restores the position in the epoch and the generators it owns; derive such "
+            "state from (seed, epoch) or give the object state_dict/load_state_dict and checkpoint it.")
+    worker_randomness = (
+        "Randomness in DataLoader workers" + (f" (config sets {workers} workers)" if workers else "")
+        + ": a worker_init_fn or transform seeded from the clock, the pid or a global counter draws other numbers "
+        "after a restart. Seed it from the worker id and the DataLoader's generator.")
+    seeding = ("Seeding after the checkpoint is restored: set_seed or torch.manual_seed called inside the step, or "
+               "after trainer.train(...) began, overwrites the generators the checkpoint restored. Seed once, "
+               "before building the model and the data.")
+    outside = ("State outside the model, optimizer and scheduler: a module-level global, a curriculum, a "
+               "temperature or a step counter kept in Python restarts from its initial value"
+               + (", and a command job's own process keeps anything it does not checkpoint" if spec.command else "")
+               + ". Keep it in an object the trainer checkpoints, or recompute it from the TrainState.")
+    streaming = ("Streaming data: a source read in order (a file stream, a generator) starts again from its beginning "
+                 "instead of the saved position; use a map-style Dataset, which the engine resumes at its position.")
+    replay = ("A kill replays the updates since the last complete checkpoint: anything advanced during the lost "
+              "updates and not restored from the checkpoint (a counter, a generator outside the engine) differs.")
+    ordered = [data, worker_randomness, seeding, streaming, outside] if loss_first else [seeding, outside, data,
+                                                                                          worker_randomness, streaming]
+    if before is not None and before.kind == "kill":
+        ordered.insert(0, replay)
+    if parts == ["scheduler"] or (parts and parts[0] == "scheduler"):
+        ordered.insert(0, "The learning-rate schedule: a scheduler built with a budget that differs between attempts, "
+                          "or stepped outside the trainer, is not restored to the same point.")
+    return causes + ordered
+
+
+def reproducibility_advice(spec: JobSpec, comparison: Comparison) -> list[str]:
+    """Why resume cannot be judged yet, and how to make the job deterministic."""
+    divergence = comparison.divergence
+    first = (f"they first differ at step {divergence.step} ({divergence.event} metric {divergence.metric}: "
+             f"{divergence.ours!r} vs {divergence.theirs!r})" if divergence is not None else
+             "their logged metrics agree but their final tensors do not")
+    threads = (spec.env or {}).get("OMP_NUM_THREADS")
+    return [
+        f"The two uninterrupted runs of {_job(spec)} differ: {first}. Resume cannot be judged until the job is "
+        "deterministic: fix that first, then rehearse again.",
+        "Seed every generator from the spec's config, never from the clock, os.urandom or the pid: "
+        "set_seed(config['seed']) before building the model and the data.",
+        "Make torch deterministic: torch.use_deterministic_algorithms(True) and "
+        "torch.backends.cudnn.benchmark = False; on CUDA also CUBLAS_WORKSPACE_CONFIG=:4096:8 in the spec's env.",
+        "Fix the thread count: " + (f"env sets OMP_NUM_THREADS={threads}; keep it" if threads else
+                                    "set OMP_NUM_THREADS in the spec's env (or torch.set_num_threads)")
+        + ", since CPU kernels round differently with another count.",
+        "Seed DataLoader workers (DataLoader(generator=...) and a worker_init_fn from the worker id), and set "
+        "PYTHONHASHSEED in env if the job iterates over sets of strings.",
+    ]

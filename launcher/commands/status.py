@@ -1,0 +1,151 @@
+"""``elfes status``: where a run stands, read from its files (state.json, the run records, the
+checkpoints) and, for a cluster job, from SLURM. Writes nothing.
+
+Torch-free: the run records' reader is imported only when a status is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..rundir import state as run_state
+from ..rundir.liveness import effective_state, liveness
+from ..rundir.lookup import recorded_spec, run_paths
+from ..rundir.paths import RunPaths
+from ..spec import SpecError
+
+UNREADABLE = "unreadable"  # the status of a run whose state.json cannot be read
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where one run stands (``elfes status``); ``to_json()`` is the ``--json`` form."""
+
+    run_dir: str
+    name: str | None
+    status: str  # one of launcher.state.STATUSES ("unknown" without state.json, UNREADABLE when it is damaged)
+    executor: str | None
+    job_id: str | None
+    queue_state: str | None
+    attempts: list[dict[str, Any]]
+    requeues_used: int
+    requeues_left: int | None
+    max_requeues: int | None
+    step: int | None
+    planned_steps: int | None
+    epoch: int | None
+    epochs: int | None
+    monitor: str | None
+    best_metric: float | None
+    best_step: int | None
+    last_checkpoint: str | None
+    last_event_time: str | None
+    error: str | None
+    notes: list[str] = field(default_factory=list)
+    queue_reason: str | None = None  # why SLURM holds the job ("BeginTime" after a requeue, "Resources", ...)
+    restart_count: int | None = None  # SLURM's restarts of the job (preemptions, requeues), while it is queued
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _last_checkpoint(paths: RunPaths) -> str | None:
+    if not paths.last.is_symlink():
+        return None
+    return str(paths.checkpoints / os.readlink(paths.last))
+
+
+def _pointer_notes(paths: RunPaths) -> list[str]:
+    """What a resume will make of ``last`` when it cannot simply follow it (launcher/job/resume_point.py)."""
+    if not paths.last.is_symlink():
+        return []
+    target = paths.last.resolve()
+    if target.parent != paths.checkpoints.resolve():
+        return [f"{paths.last} points to {target}, outside the run's checkpoint folder: `elfes resume` refuses it; "
+                "point it at one of the run's checkpoints, or remove it"]
+    if not target.exists():
+        return [f"{paths.last} names {target.name}, which does not exist: `elfes resume` continues from the run's "
+                "newest complete checkpoint"]
+    return []
+
+
+def _summary(paths: RunPaths) -> Any:
+    from elfes.records import read_events, summarize
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a line torn by a kill; the rest of the file is intact
+        try:
+            return summarize(read_events(paths.run_dir))
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+def run_status(run_dir: str | os.PathLike[str]) -> Status:
+    """The status of one run directory. Reads files (and asks SLURM); writes nothing."""
+    paths = run_paths(run_dir)
+    notes = _pointer_notes(paths)
+    try:
+        name = recorded_spec(paths).name if paths.spec.is_file() else None
+    except SpecError:
+        name = None
+        notes.append(f"{paths.spec} cannot be read")
+    try:
+        recorded = run_state.load_state(paths)
+    except run_state.StateError as error:
+        return _unreadable(paths, name, str(error), notes)
+    live = liveness(paths, recorded)
+    state = effective_state(paths, recorded, live)
+    if state is not recorded and state is not None:
+        notes.append(f"the job is gone without recording its end (was {recorded.status}); `elfes resume` continues it")
+    if state is not None and state.executor == "slurm" and state.status == "stopped" and live.alive:
+        notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
+                     "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
+    summary = _summary(paths)
+    return Status(
+        run_dir=str(paths.run_dir),
+        name=name,
+        status=state.status if state is not None else "unknown",
+        executor=state.executor if state is not None else None,
+        job_id=state.job_id if state is not None else None,
+        queue_state=live.queue_state,
+        attempts=[asdict(attempt) for attempt in state.attempts] if state is not None else [],
+        requeues_used=state.requeues_used if state is not None else 0,
+        requeues_left=state.requeues_left if state is not None else None,
+        max_requeues=state.max_requeues if state is not None else None,
+        step=getattr(summary, "step", None),
+        planned_steps=getattr(summary, "planned_steps", None),
+        epoch=getattr(summary, "epoch", None),
+        epochs=getattr(summary, "epochs", None),
+        monitor=getattr(summary, "monitor", None),
+        best_metric=getattr(summary, "best_metric", None),
+        best_step=getattr(summary, "best_step", None),
+        last_checkpoint=_last_checkpoint(paths),
+        last_event_time=getattr(summary, "last_event_time", None),
+        error=state.error if state is not None else None,
+        notes=notes,
+        queue_reason=live.queue_reason,
+        restart_count=live.restarts,
+    )
+
+
+def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:
+    """A run whose state.json cannot be read: status "unreadable", what its other files still tell."""
+    summary = _summary(paths)
+    return Status(
+        run_dir=str(paths.run_dir), name=name, status=UNREADABLE, executor=None, job_id=None, queue_state=None,
+        attempts=[], requeues_used=0, requeues_left=None, max_requeues=None,
+        step=getattr(summary, "step", None), planned_steps=getattr(summary, "planned_steps", None),
+        epoch=getattr(summary, "epoch", None), epochs=getattr(summary, "epochs", None),
+        monitor=getattr(summary, "monitor", None), best_metric=getattr(summary, "best_metric", None),
+        best_step=getattr(summary, "best_step", None), last_checkpoint=_last_checkpoint(paths),
+        last_event_time=getattr(summary, "last_event_time", None), error=error, notes=notes,
+    )
+
+
+def status(run_dirs: Sequence[str | os.PathLike[str]]) -> list[Status]:
+    """The status of each run directory, in order."""
+    return [run_status(run_dir) for run_dir in run_dirs]

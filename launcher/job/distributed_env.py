@@ -1,0 +1,91 @@
+"""Who this task is, as the executor (SLURM or submitit's local controller) sees it, and the torch
+distributed environment it exports for the entrypoint.
+
+- :func:`detect_start`: job id, restart number, rank, local rank, world size and hosts of this task's
+  start (the same job id and restart on every rank), from submitit's ``JobEnvironment`` (which reads
+  ``SLURM_*`` or ``SUBMITIT_LOCAL_*``).
+- :func:`export_distributed_environment`: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK`` (submitit's ``TorchDistributedEnvironment``) and, without GPUs, ``ACCELERATE_USE_CPU``,
+  so that a plain ``Accelerator()`` in the entrypoint forms one process group of all the tasks.
+
+Inside the job only; torch-free (the engine is imported later).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+from elfes.files import write_text_atomically
+
+from ..rundir.paths import RunPaths
+
+
+@dataclass(frozen=True)
+class Start:
+    """Who and where this task is, and which start of the job it belongs to (the same on every rank)."""
+
+    executor: str  # "local" or "slurm" (submitit's SUBMITIT_EXECUTOR)
+    job_id: str
+    restart: int  # 0 for the job's first start; SLURM_RESTART_COUNT, or this rank's local start count - 1
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    hosts: tuple[str, ...]
+
+    def token(self, submissions: int) -> str:
+        """This start's name in ``state.json``: job id and restart, and the number of submissions so far
+        (a local job id is a process id, which a later submission of the same run may reuse)."""
+        return f"{self.job_id}:{self.restart}/{submissions}"
+
+
+def detect_start(paths: RunPaths, submissions: int) -> Start:
+    """This task's :class:`Start`. Every rank; ``submissions`` is the count in ``state.json`` before it."""
+    from submitit.core.job_environment import JobEnvironment
+
+    environment = JobEnvironment()
+    executor = environment.name()
+    rank = environment.global_rank
+    if executor == "slurm":
+        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    elif executor == "local":
+        restart = count_local_start(paths, rank=rank, job=f"{environment.job_id}/{submissions}") - 1
+    else:
+        raise RuntimeError(
+            f"JobRuntime runs under submitit's slurm or local executor; SUBMITIT_EXECUTOR is {executor!r}. "
+            "Submit the job with `elfes submit` (--executor local or slurm)."
+        )
+    return Start(executor=executor, job_id=str(environment.job_id), restart=restart, rank=rank,
+                 local_rank=environment.local_rank, world_size=environment.num_tasks,
+                 host=socket.gethostname(), hosts=tuple(environment.hostnames))
+
+
+def count_local_start(paths: RunPaths, *, rank: int, job: str) -> int:
+    """This rank's start number within local job ``job`` (its id and submission number; submitit's
+    controller sets no restart count)."""
+    file = paths.start_count(rank)
+    try:
+        recorded = json.loads(file.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        recorded = {}
+    starts = recorded.get("starts", 0) + 1 if recorded.get("job") == job else 1
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(file, json.dumps({"job": job, "starts": starts}) + "\n")
+    return starts
+
+
+def export_distributed_environment(*, gpus_per_node: int) -> None:
+    """Export the torch distributed variables of this task (every rank, before the entrypoint)."""
+    if gpus_per_node == 0:
+        os.environ["ACCELERATE_USE_CPU"] = "1"  # without it Accelerate forms no group on a CPU-only machine
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # A job submitted from inside another distributed job (or from a shell that sets them) inherits its
+    # variables: sbatch exports the submitter's environment. overwrite replaces them; MASTER_PORT must go
+    # first, as submitit would keep an inherited one instead of deriving it from the job id (two jobs whose
+    # first host is the same would then both listen on it).
+    os.environ.pop("MASTER_PORT", None)
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)

@@ -1,0 +1,83 @@
+"""Carrying out an attempt's decision on its executor: a SLURM job requeues itself with
+``scontrol requeue``; a local job exits for submitit's controller to relaunch it (or, past the
+controller's six starts, rank 0 resubmits the run); a SLURM job that stopped on SIGTERM waits for
+SLURM to end it. Inside the job; torch-free.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from typing import Any
+
+from ..rundir import state as run_state
+from ..rundir.paths import RunPaths
+from ..spec import load_spec_with
+from ..submit import executors
+from ..submit.handover import record_ahead, record_job, submission_lock
+
+# submitit's local controller relaunches all tasks when any exits with this code
+# (submitit.local.local.LOCAL_REQUEUE_RETURN_CODE).
+LOCAL_REQUEUE_EXIT_CODE = 144
+# submitit's local controller starts a job at most this often (Controller.run(max_retry=6)); a local
+# requeue past that is a resubmission into the same run directory.
+LOCAL_MAX_STARTS = 6
+
+
+def _ignore_stop_signals() -> None:
+    # preexec_fn: scontrol must outlive the SIGTERM that its own requeue makes SLURM send to every process
+    # of the job (it is one of them); killed before it exits, it reports nothing although the job is
+    # requeued. SIGKILL, KillWait later, still ends it.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def requeue_slurm_job(job_id: str) -> str | None:
+    """``scontrol requeue JOB_ID`` from inside the job (rank 0); None when SLURM accepted it, else why not
+    (with what to do). SLURM then ends every task and starts the job again, same id."""
+    try:
+        completed = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60,
+                                   check=False, preexec_fn=_ignore_stop_signals)
+    except (OSError, subprocess.SubprocessError) as error:
+        return (f"`scontrol requeue {job_id}` could not run ({error}); `last` is saved: `elfes resume RUN_DIR` "
+                "continues the run (`elfes doctor JOB.yaml --test-job` checks scontrol inside jobs)")
+    if completed.returncode != 0:
+        said = (completed.stderr or completed.stdout).strip() or f"exit code {completed.returncode}"
+        hint = (" (requeues are disabled for this job: JobRequeue=0 without --requeue, or --no-requeue)"
+                if "disabled" in said.lower() else "")
+        return f"`scontrol requeue {job_id}` failed: {said}{hint}; `last` is saved: `elfes resume RUN_DIR` continues the run"
+    print(f"elfes: requeued SLURM job {job_id} (scontrol requeue); SLURM ends this attempt and starts the job again",
+          flush=True)
+    return None
+
+
+def resubmit_local(paths: RunPaths, task: Any) -> None:
+    """Past submitit's local start limit, submit the run again (a "requeue" submission, which the next
+    start counts as a requeue) into the same run directory: ``task`` (the job's ``JobRuntime``) in a new
+    detached controller; our rank variables are dropped. Rank 0, after recording "requeued". A refusal is
+    recorded (the job is ending) and raised."""
+    spec = load_spec_with(paths.spec, check_files=False)
+    with submission_lock(paths):
+        record_ahead(spec, paths, "local", "requeue")
+        try:
+            job_id = executors.submit(spec, paths, "local", task)
+        except (executors.SubmissionError, executors.ExecutorError) as error:
+            message = str(error)
+            run_state.update_state(paths, lambda s: run_state.mark_submission_failed(s, error=message))
+            raise
+        record_job(paths, job_id)
+    print(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
+          f"resubmitted the run as local job {job_id}", flush=True)
+
+
+def wait_for_slurm_to_end_the_job() -> None:
+    """Never returns: after a SIGTERM stop under SLURM, `last` is saved and the task waits to be killed.
+
+    A job that exits on its own during a preemption's grace time is not requeued (it ends COMPLETED or
+    FAILED); one that SLURM kills in PreemptMode=REQUEUE is, and a ``scancel``ed one stays cancelled.
+    """
+    print("elfes: `last` is saved; waiting for SLURM to end the job (a preempted job is requeued by SLURM, "
+          "a cancelled one stays cancelled)", flush=True)
+    while True:
+        time.sleep(60)

@@ -1,0 +1,337 @@
+"""What runs inside the job, on every task: signals, the entrypoint or command, the outcome, the requeue.
+
+``JobRuntime(run_dir)`` is what the launcher submits through submitit; each task (rank) unpickles it
+and calls it. In order, on every rank:
+
+1. Flag-only handlers for SIGTERM, SIGINT and the requeue signal (submitit's, SIGUSR2 unless
+   ``SUBMITIT_PREEMPT_SIGNAL`` says otherwise) replace submitit's own (which would checkpoint and exit
+   inside the handler). Nothing else happens in a handler.
+2. The start is identified (job id and restart number, the same on every rank), numbered (attempts
+   count from 1 across the whole run, ``elfes resume`` included), the rank's standard streams go to
+   ``logs/attempt-<A>/rank-<R>.out|err``, and the task's pid is recorded (``pids/rank-<R>.json``) so
+   ``elfes preempt`` can signal it. Rank 0 records the attempt in ``state.json``.
+3. The spec's ``env`` is applied, ``workdir`` becomes the working folder and goes on ``sys.path``,
+   the torch distributed variables are exported (submitit's ``TorchDistributedEnvironment``) and,
+   with ``gpus_per_node: 0``, ``ACCELERATE_USE_CPU=1`` (so a plain ``Accelerator()`` forms a gloo group).
+4. ``entrypoint``: the engine is imported (torch, seconds), a ``StopRequest`` takes over the signals
+   (those that arrived during the import are handed to it) and ``main(job)`` runs with a :class:`Job`.
+   ``command``: the command runs as a child process; stop signals are forwarded to it and its exit
+   code tells the outcome (0 finished; 128 + a stop signal's number paused; anything else failed).
+5. The outcome, the same on every rank (the trainer agrees on one stop reason for all ranks; see
+   :func:`decide`): finished; requeued (the requeue signal, while requeues are left: SLURM: rank 0 runs
+   ``scontrol requeue`` and every rank exits through ``SystemExit``; local: every rank exits 144 and
+   submitit's controller relaunches, or, past its six starts, rank 0 resubmits into the same run
+   directory); stopped or cancelled (SIGTERM/SIGINT, or no requeue left: ``last`` is saved; locally the
+   task returns, under SLURM it waits until SLURM ends it, so that a preempted job is requeued by SLURM
+   and a cancelled one stays cancelled); failed (an exception in user code: recorded with its message
+   on rank 0, re-raised, never requeued).
+
+The rooms below it, one job each: launcher/job/signals.py (the stop signals and the flag-only
+handlers), launcher/job/distributed_env.py (who this task is and the torch distributed environment),
+launcher/rundir/task_files.py (the task's logs, pid file, cancel marker), launcher/job/command.py (running a
+``command:``), launcher/job/outcome.py (what an attempt's end means, pure) and launcher/job/requeue.py
+(carrying it out on SLURM or locally). This module ties them together for one attempt.
+
+This module imports neither torch nor the engine at import time: the submitter pickles
+``JobRuntime`` by reference.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..rundir import state as run_state
+from ..rundir.paths import RunPaths
+from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
+from .command import run_command
+from .distributed_env import Start, detect_start, export_distributed_environment
+from .outcome import FINISHING_REASONS, Decision, decide, stop_reason_from_exit_code
+from .requeue import (
+    LOCAL_MAX_STARTS,
+    LOCAL_REQUEUE_EXIT_CODE,
+    requeue_slurm_job,
+    resubmit_local,
+    wait_for_slurm_to_end_the_job,
+)
+from .resume_point import resume_point
+from .signals import TERMINATING_SIGNALS, SignalFlags, catches_signal, requeue_signal, stop_signals
+
+# Importable from here as before the split (tests and callers use these names).
+__all__ = [
+    "FINISHING_REASONS", "LOCAL_MAX_STARTS", "LOCAL_REQUEUE_EXIT_CODE", "TERMINATING_SIGNALS", "Decision", "Job",
+    "JobRuntime", "SignalFlags", "Start", "catches_signal", "decide", "load_entrypoint", "requeue_signal",
+    "stop_reason_from_exit_code", "stop_signals",
+]
+
+
+# -- the entrypoint's argument -------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """What ``main(job)`` gets, on every rank. ``main`` returns the ``TrainState`` of ``trainer.train``.
+
+    >>> def main(job):
+    ...     accelerator = Accelerator()                # the process group forms from the exported env
+    ...     trainer = Trainer(accelerator, ...)
+    ...     with RunLogger(job.run_dir, is_main_process=accelerator.is_main_process) as logger:
+    ...         return trainer.train(TrainConfig(**job.config), checkpoint_dir=job.checkpoint_dir,
+    ...                              resume_from=job.resume_from, stop=job.stop)
+    """
+
+    config: dict[str, Any]  # the spec's `config`, a plain dict
+    run_dir: Path
+    checkpoint_dir: Path  # RUN_DIR/checkpoints
+    # RUN_DIR/checkpoints/last, or the run's newest complete checkpoint when `last` is missing or dangling;
+    # None before the run published one (launcher/job/resume_point.py)
+    resume_from: Path | None
+    stop: Any  # an elfes.engine.StopRequest, already catching SIGINT, SIGTERM and the requeue signal
+    attempt: int  # starts of this run, from 1, counting on across requeues and `elfes resume`
+    rank: int
+    local_rank: int
+    world_size: int
+    name: str = ""
+    job_id: str = ""
+    executor: str = ""
+
+
+def load_entrypoint(entrypoint: str) -> Callable[[Job], Any]:
+    """Import ``"package.module:function"`` and return the function."""
+    module_name, _, function_name = entrypoint.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        function = getattr(module, function_name)
+    except AttributeError:
+        raise AttributeError(
+            f"entrypoint {entrypoint!r}: module {module_name} has no attribute {function_name!r}; "
+            f"define `def {function_name}(job):` there or fix the spec's entrypoint"
+        ) from None
+    if not callable(function):
+        raise TypeError(f"entrypoint {entrypoint!r} is a {type(function).__name__}, not a function")
+    return function
+
+
+# -- the callable submitit runs ---------------------------------------------------------------------------------
+
+
+class JobRuntime:
+    """The callable the launcher submits: ``executor.submit(JobRuntime(run_dir))``. Every task calls it.
+
+    Returns a small plain dict (``{"outcome", "attempt", "step"}``) when the attempt ends without a
+    requeue; exits through ``SystemExit`` when it requeues; re-raises a user error after recording it.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = str(Path(run_dir).resolve())
+
+    def __repr__(self) -> str:
+        return f"JobRuntime({self.run_dir!r})"
+
+    def __call__(self) -> dict[str, Any]:
+        flags = SignalFlags(stop_signals()).install()  # first act: flags only, replacing submitit's handlers
+        return _Attempt(RunPaths(self.run_dir), flags).run()
+
+
+class _Attempt:
+    """One task's part of one attempt (start) of the job."""
+
+    def __init__(self, paths: RunPaths, flags: SignalFlags) -> None:
+        self.paths = paths
+        self.flags = flags
+        self.requeue_name = requeue_signal().name
+        # Every rank derives the attempt number, its launch and the requeues used from the same
+        # state.json content, whether or not rank 0 has recorded this start yet.
+        self.before = run_state.load_state(paths)
+        submissions = len(self.before.submissions) if self.before is not None else 0
+        self.start = detect_start(paths, submissions)
+        self.is_main = self.start.rank == 0
+        self.token = self.start.token(submissions)
+        self.attempt = run_state.attempt_number(self.before, self.token)
+        self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
+        self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
+        self.started_at = run_state.now()
+        redirect_standard_streams(paths, attempt=self.attempt, rank=self.start.rank)
+        if self.is_main:
+            self._update(lambda s: run_state.begin_attempt(
+                s, token=self.token, job_id=self.start.job_id, launch=self.launch,
+                hosts=self.start.hosts, world_size=self.start.world_size))
+        # `elfes preempt` may signal this task from now on (rank 0's record comes once the run is "running").
+        write_pid_file(paths, {"host": self.start.host, "attempt": self.attempt, "rank": self.start.rank,
+                               "job_id": self.start.job_id, "executor": self.start.executor})
+
+    # -- the whole attempt --------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        try:
+            self.spec = _load_spec(self.paths)
+            self.max_requeues = self.spec.requeue.max_requeues
+            print(f"elfes: attempt {self.attempt} ({self.launch}) of {self.paths.run_dir}: rank {self.start.rank} of "
+                  f"{self.start.world_size} on {self.start.host}, {self.start.executor} job {self.start.job_id}; "
+                  f"requeues used {self.requeues_used} of {self.max_requeues}", flush=True)
+            self._prepare_process()
+            if self.requeues_used > self.max_requeues:
+                # SLURM requeued the job by itself (preemption, node failure) past the cap: do not train.
+                decision = Decision("stopped", error=(
+                    f"requeue limit exceeded: this start is requeue {self.requeues_used} of requeue.max_requeues="
+                    f"{self.max_requeues} (SLURM requeued the job itself); `elfes resume RUN_DIR` continues from last"))
+                return self._finish(decision, step=None)
+            if self.spec.command:
+                stop_reason, step = self._run_command()
+            else:
+                stop_reason, step = self._run_entrypoint()
+        except BaseException as error:
+            if not isinstance(error, SystemExit):
+                self._record_failure(error)
+            remove_pid_file(self.paths, self.start.rank)
+            raise
+        decision = decide(stop_reason, requeue_signal_name=self.requeue_name,
+                          cancel_requested=cancel_requested(self.paths, self.before),
+                          requeues_used=self.requeues_used, max_requeues=self.max_requeues)
+        return self._finish(decision, step=step)
+
+    def _prepare_process(self) -> None:
+        for name, value in (self.spec.env or {}).items():
+            os.environ[str(name)] = str(value)
+        workdir = str(self.spec.workdir)
+        os.chdir(workdir)
+        if workdir not in sys.path:
+            sys.path.insert(0, workdir)
+        export_distributed_environment(gpus_per_node=self.spec.resources.gpus_per_node)
+
+    # -- entrypoint jobs ----------------------------------------------------------------------------------------
+    def _run_entrypoint(self) -> tuple[str | None, int | None]:
+        from elfes.engine import StopRequest  # torch: seconds; the flags cover this time
+
+        main = load_entrypoint(self.spec.entrypoint)
+        resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
+        if note is not None:
+            print(f"elfes: {note}", flush=True)
+        stop = StopRequest()
+        job = Job(
+            config=dict(self.spec.config or {}), run_dir=self.paths.run_dir, checkpoint_dir=self.paths.checkpoints,
+            resume_from=resume_from, stop=stop, attempt=self.attempt,
+            rank=self.start.rank, local_rank=self.start.local_rank, world_size=self.start.world_size,
+            name=self.spec.name, job_id=self.start.job_id, executor=self.start.executor,
+        )
+        with stop.catch_signals(signals=self.flags.signals):
+            for signum in dict.fromkeys(self.flags.received):  # arrived before the StopRequest caught them
+                print(f"elfes: {signum.name} arrived while the engine was being imported; the trainer stops at "
+                      "its first window boundary", flush=True)
+                stop.handle_signal(signum)
+            if cancel_requested(self.paths, self.before):
+                stop.handle_signal(signal.SIGTERM)  # cancelled between attempts: save at the first boundary
+            with self._stopping_watcher(lambda: stop.signal or stop.reason):
+                result = main(job)
+        release_process_group()
+        # The trainer made every rank agree on one stop reason and returns it in its TrainState.
+        if not hasattr(result, "stop_reason"):
+            print(f"elfes: warning: {self.spec.entrypoint} returned {type(result).__name__}, not the TrainState of "
+                  "trainer.train(...); the outcome follows this rank's own stop request, which other ranks may "
+                  "not share. Return the TrainState.", file=sys.stderr, flush=True)
+        stop_reason = getattr(result, "stop_reason", stop.reason)
+        return stop_reason, getattr(result, "step", None)
+
+    # -- command jobs -------------------------------------------------------------------------------------------
+    def _run_command(self) -> tuple[str | None, int | None]:
+        if cancel_requested(self.paths, self.before):
+            self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
+        return run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
+                           executor=self.start.executor, started_at=self.started_at, watching=self._stopping_watcher)
+
+    # -- recording and acting -----------------------------------------------------------------------------------
+    def _update(self, change: Callable[[run_state.RunState | None], run_state.RunState]) -> None:
+        run_state.update_state(self.paths, change)
+
+    class _Watcher:
+        def __init__(self, attempt: _Attempt, probe: Callable[[], str | None]) -> None:
+            self.attempt, self.probe = attempt, probe
+            self.done = threading.Event()
+            self.thread = threading.Thread(target=self._watch, name="elfes-stopping", daemon=True)
+
+        def _watch(self) -> None:
+            while not self.done.wait(0.2):
+                name = self.probe()
+                if name is not None:
+                    self.attempt._update(lambda s, name=name: run_state.mark_stopping(s, signal=name))
+                    return
+
+        def __enter__(self) -> None:
+            if self.attempt.is_main:
+                self.thread.start()
+
+        def __exit__(self, *exc_info: object) -> None:
+            self.done.set()
+            if self.thread.is_alive():
+                self.thread.join()
+
+    def _stopping_watcher(self, probe: Callable[[], str | None]) -> _Attempt._Watcher:
+        """On rank 0, mark the run "stopping" as soon as a stop is requested (a thread; the handlers only flag)."""
+        return self._Watcher(self, probe)
+
+    def _record_failure(self, error: BaseException) -> None:
+        message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        print(f"elfes: attempt {self.attempt} failed on rank {self.start.rank}: {message}", file=sys.stderr, flush=True)
+        if self.is_main:
+            try:
+                self._update(lambda s: run_state.end_attempt(s, token=self.token, outcome="failed", error=message))
+            except run_state.StateError:
+                pass  # already ended (the failure came after the outcome was recorded)
+
+    def _finish(self, decision: Decision, *, step: int | None) -> dict[str, Any]:
+        """Record the outcome (rank 0) and act on it (every rank alike)."""
+        if decision.requeue and self.start.executor == "slurm" and self.is_main:
+            refused = requeue_slurm_job(self.start.job_id)
+            if refused is not None:
+                decision = Decision("stopped", signal=decision.signal, error=refused)
+        resubmit = (decision.requeue and self.start.executor == "local"
+                    and self.start.restart + 1 >= LOCAL_MAX_STARTS)
+        if self.is_main:
+            self._update(lambda s: run_state.end_attempt(
+                s, token=self.token, outcome=decision.outcome, signal=decision.signal, step=step,
+                error=decision.error))
+            if resubmit:
+                resubmit_local(self.paths, JobRuntime(str(self.paths.run_dir)))
+        print(f"elfes: attempt {self.attempt} ended {decision.outcome}"
+              + (f" ({decision.signal})" if decision.signal else "") + (f" at step {step}" if step is not None else "")
+              + (f": {decision.error}" if decision.error else ""), flush=True)
+        remove_pid_file(self.paths, self.start.rank)
+        if decision.requeue:
+            # Every rank leaves through SystemExit: a rank that returned would write a success result
+            # for an attempt that is being relaunched.
+            raise SystemExit(LOCAL_REQUEUE_EXIT_CODE if self.start.executor == "local" else 0)
+        if self.start.executor == "slurm" and decision.signal in TERMINATING_SIGNALS:
+            # A job that exits during a preemption's grace time is not requeued; one that SLURM kills
+            # is (PreemptMode=REQUEUE), and a scancel'ed one stays cancelled. So wait to be ended.
+            wait_for_slurm_to_end_the_job()
+        return {"outcome": decision.outcome, "attempt": self.attempt, "step": step}
+
+
+def release_process_group() -> None:
+    """Tear down the torch process group that ``main`` formed, and free it now, before the task exits.
+
+    Freed only at interpreter shutdown, a gloo worker thread that releases a collective's tensors then
+    aborts the process (SIGABRT), which would turn a finished or requeued attempt into a failed one.
+    ``accelerator.end_training()`` destroys the group, but the DDP wrappers the accelerator keeps still
+    reference it; collecting them joins gloo's threads (torch releases the GIL in that destructor).
+    """
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available():
+        return
+    if distributed.is_initialized():
+        distributed.destroy_process_group()
+    gc.collect()
+
+
+def _load_spec(paths: RunPaths) -> Any:
+    """The spec as submitted (``RUN_DIR/job.yaml``, every path absolute)."""
+    from ..spec import load_spec
+
+    return load_spec(paths.spec, check_files=False)

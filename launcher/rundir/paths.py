@@ -1,0 +1,157 @@
+"""The layout of a run directory: the one owner of every file name in it.
+
+Every process that reads or writes a run directory (the submitter, the job's ranks, ``elfes status``)
+builds a :class:`RunPaths` and asks it for names; no other module spells a file name of the run
+directory. Like submitit's ``JobPaths``, it is a pure value: building one touches nothing on disk.
+
+```
+RUN_DIR/
+  job.yaml                      the spec as submitted (every path resolved, absolute)
+  state.json                    the run's state (launcher/rundir/state.py), written atomically
+  events.jsonl                  the engine's run records (elfes.records)
+  checkpoints/                  last, best, final and the step files (elfes.engine.checkpoint)
+  logs/attempt-<A>/rank-<R>.out the standard output of one rank in one attempt
+  logs/attempt-<A>/rank-<R>.err its standard error
+  pids/rank-<R>.json            the live task of rank R (pid, host, attempt), once its handlers are in
+  submitit/                     submitit's folder: pickles, results, its own per-task logs
+  submitit/<J>_<T>_log.out|err  submitit's own log of task T of job J (before the runtime redirects)
+  submitit/controller.log       a local job's controller output (detached from the submitter)
+  cancel-requested              marker left by `elfes cancel` before it signals the job
+  .submit.lock                  held while a submission or resume writes the run directory
+  .state.lock                   held while state.json is read, changed and rewritten (launcher/rundir/state.py)
+  pids/rank-<R>.starts          starts of rank R in the current local job (submitit sets no restart count)
+```
+
+>>> paths = RunPaths("runs/quickstart")
+>>> paths.state
+PosixPath('runs/quickstart/state.json')
+>>> paths.rank_log(attempt=2, rank=1, stream="err")
+PosixPath('runs/quickstart/logs/attempt-2/rank-1.err')
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Stream = Literal["out", "err"]
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """File names of one run directory. Any process; nothing is created or read."""
+
+    run_dir: Path
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "run_dir", Path(run_dir))
+
+    # -- what the submitter records --------------------------------------------------------------
+    @property
+    def spec(self) -> Path:
+        """The job spec as submitted (YAML, paths absolute); a later submission is compared with it."""
+        return self.run_dir / "job.yaml"
+
+    @property
+    def state(self) -> Path:
+        """``state.json``: the run's state machine and attempts (format owned by launcher/rundir/state.py)."""
+        return self.run_dir / "state.json"
+
+    @property
+    def submit_lock(self) -> Path:
+        """Held (``fcntl.flock``) while ``submit``/``resume`` write the run directory."""
+        return self.run_dir / ".submit.lock"
+
+    @property
+    def state_lock(self) -> Path:
+        """Held (``fcntl.flock``) while ``state.json`` is read, changed and rewritten."""
+        return self.run_dir / ".state.lock"
+
+    @property
+    def cancel_marker(self) -> Path:
+        """Left by ``elfes cancel`` before it signals the job, so the attempt ends ``cancelled``."""
+        return self.run_dir / "cancel-requested"
+
+    # -- what the job writes ---------------------------------------------------------------------
+    @property
+    def events(self) -> Path:
+        """The engine's run records (``elfes.records.EVENTS_FILE_NAME``)."""
+        return self.run_dir / "events.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        """The trainer's ``checkpoint_dir``."""
+        return self.run_dir / "checkpoints"
+
+    @property
+    def last(self) -> Path:
+        """The ``last`` pointer (a symlink inside :attr:`checkpoints`); a resume starts from it."""
+        return self.checkpoints / "last"
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / "best"
+
+    @property
+    def final(self) -> Path:
+        return self.checkpoints / "final"
+
+    @property
+    def tensorboard(self) -> Path:
+        """The engine's TensorBoard mirror (``RunLogger(tensorboard=True)`` or ``ELFES_TENSORBOARD=1``;
+        ``elfes.tensorboard.TENSORBOARD_DIR_NAME``): ``tensorboard --logdir`` it."""
+        return self.run_dir / "tensorboard"
+
+    @property
+    def plot(self) -> Path:
+        """Where ``elfes plot RUN_DIR`` draws when no ``-o`` names another file."""
+        return self.run_dir / "plot.png"
+
+    @property
+    def logs(self) -> Path:
+        """Per-attempt, per-rank standard streams of the job."""
+        return self.run_dir / "logs"
+
+    def attempt_logs(self, attempt: int) -> Path:
+        """The log folder of one attempt (attempts count from 1)."""
+        return self.logs / f"attempt-{int(attempt)}"
+
+    def rank_log(self, attempt: int, rank: int, stream: Stream = "out") -> Path:
+        """The stdout (``"out"``) or stderr (``"err"``) file of ``rank`` in ``attempt``."""
+        if stream not in ("out", "err"):
+            raise ValueError(f"stream must be 'out' or 'err', got {stream!r}")
+        return self.attempt_logs(attempt) / f"rank-{int(rank)}.{stream}"
+
+    @property
+    def pids(self) -> Path:
+        """One file per live task, written by the runtime once its signal handlers are installed."""
+        return self.run_dir / "pids"
+
+    def pid_file(self, rank: int) -> Path:
+        """JSON ``{"pid", "host", "attempt", "rank"}`` of the task of ``rank`` (replaced each attempt)."""
+        return self.pids / f"rank-{int(rank)}.json"
+
+    def start_count(self, rank: int) -> Path:
+        """JSON ``{"job", "starts"}``: how often rank R started in that local job ("<job id>/<submission>";
+        the runtime's own restart count, as submitit's local controller sets none)."""
+        return self.pids / f"rank-{int(rank)}.starts"
+
+    # -- the executor's own files ----------------------------------------------------------------
+    @property
+    def submitit(self) -> Path:
+        """submitit's folder (its pickles, result files and ``%j_%t_log.out``/``.err``)."""
+        return self.run_dir / "submitit"
+
+    def submitit_log(self, job_id: str, task: int, stream: Stream = "out") -> Path:
+        """submitit's own log of task ``task`` of job ``job_id`` (its ``%j_%t_log.out|err``): what the task
+        printed before its streams went to the attempt's logs, or where those could not take it."""
+        if stream not in ("out", "err"):
+            raise ValueError(f"stream must be 'out' or 'err', got {stream!r}")
+        return self.submitit / f"{job_id}_{int(task)}_log.{stream}"
+
+    @property
+    def controller_log(self) -> Path:
+        """Standard output and error of a local job's controller, detached from the submitter."""
+        return self.submitit / "controller.log"

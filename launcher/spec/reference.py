@@ -1,0 +1,72 @@
+"""The job spec's reference, generated from its Pydantic models: every field by its dotted path, its
+type, its default and its meaning. ``docs/job-spec.md`` holds it between markers, and a test keeps the
+two identical (regenerate: ``python -m elfes.launcher.spec.reference docs/job-spec.md``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from .models import JobSpec
+
+BEGIN, END = "<!-- spec-fields:begin -->", "<!-- spec-fields:end -->"
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
+    text = text or str(annotation)
+    text = re.sub(r"typing\.|pathlib\.|<class '([^']*)'>|Annotated\[(\w+), [^\]]*\]", lambda m: m[1] or m[2] or "", text)
+    text = text.replace("StrictStr", "str").replace("StrictInt", "int").replace("NoneType", "null")
+    text = re.sub(r"Optional\[(.*)\]", r"\1 | None", text)
+    return text.replace(" | None", " or null").replace(" | ", " or ")
+
+
+def _default(field: Any) -> str:
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "required"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    return json.dumps(str(value) if isinstance(value, Path) else value)
+
+
+def fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+    """(dotted path, type, default, meaning) of every field, sections followed by their own fields."""
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        annotation = field.annotation
+        section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        kind = "section" if section else _type_name(annotation)
+        yield path, kind, _default(field), " ".join((field.description or "").split())
+        if section:
+            yield from fields(annotation, f"{path}.")
+
+
+def reference_table() -> str:
+    """The Markdown table of every field."""
+    rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for path, kind, default, meaning in fields():
+        rows.append(f"| `{path}` | {kind} | `{default}` | {meaning.replace('|', '&#124;')} |")
+    return "\n".join(rows)
+
+
+def update_document(document: Path) -> bool:
+    """Rewrite the table between the markers of ``document``; True when it changed."""
+    text = document.read_text(encoding="utf-8")
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    updated = f"{text[:start]}\n{reference_table()}\n{text[end:]}"
+    if updated != text:
+        document.write_text(updated, encoding="utf-8")
+    return updated != text
+
+
+if __name__ == "__main__":
+    print("updated" if update_document(Path(sys.argv[1])) else "unchanged")

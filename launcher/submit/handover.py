@@ -1,0 +1,207 @@
+"""What makes a hand-over to an executor one transaction: a refusal undoes every change to the run
+directory (:class:`RunDirUndo`), Ctrl-C and SIGTERM wait until the hand-over is recorded
+(:func:`signals_deferred`), and a hand-over that a SIGKILL cut short is found again by the next one
+(:func:`interrupted_handover`).
+
+The hand-over is written ahead: ``state.json`` says "submitted" (with the submitter's host and pid)
+before the executor is asked, and gets the job id once it answered. A "submitted" run found under
+the submission lock was therefore interrupted between the two: its job (a local controller of the run
+directory in /proc, a SLURM job whose output goes to its submitit folder) is adopted; while a process
+of it may still be handing the run over, the new submission is refused; when nothing of it is left,
+it is recorded as abandoned. Torch-free.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import os
+import shutil
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..rundir import state as run_state
+from ..rundir.liveness import local_processes, run_slurm_tool
+from ..rundir.paths import RunPaths
+from ..spec import JobSpec
+
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# A submitter on another login node gets this long to record its job (sbatch gives up well before).
+REMOTE_SUBMITTER_GRACE_S = 600.0
+
+
+class Interrupted(Exception):
+    """A stop signal arrived during a hand-over; it was completed (or undone) first. ``signum`` is the signal."""
+
+    def __init__(self, signum: int, outcome: str) -> None:
+        self.signum = signum
+        self.outcome = outcome
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; {outcome}")
+
+
+@contextmanager
+def signals_deferred() -> Iterator[list[int]]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends; yields the list of those that arrived.
+    A no-op off the main thread (signal handlers can only be set there)."""
+    arrived: list[int] = []
+    try:
+        previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+                    for signum in DEFERRED_SIGNALS}
+    except ValueError:  # not the main thread
+        yield arrived
+        return
+    try:
+        yield arrived
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class RunDirUndo:
+    """What a submission may change in a run directory, taken before it writes: :meth:`restore` puts
+    it back byte for byte (the recorded spec, state and cancel marker, the lock files, the folders it
+    created). The executors undo their own files in submitit's folder (launcher/submit/executors.py)."""
+
+    def __init__(self, paths: RunPaths) -> None:
+        self.paths = paths
+        self.created: list[Path] = []
+        folder = paths.run_dir
+        while not folder.exists():
+            self.created.append(folder)
+            folder = folder.parent
+        self.files = {path: path.read_bytes() if path.is_file() else None
+                      for path in (paths.spec, paths.state, paths.cancel_marker, paths.submit_lock, paths.state_lock)}
+
+    def restore(self) -> None:
+        if self.created:  # the run directory is new: nothing of it stays
+            shutil.rmtree(self.created[0], ignore_errors=True)
+            for folder in self.created[1:]:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            return
+        from elfes.files import write_text_atomically
+
+        for path, content in self.files.items():
+            if content is None:
+                path.unlink(missing_ok=True)
+            elif not path.is_file() or path.read_bytes() != content:
+                write_text_atomically(path, content.decode("utf-8"))
+
+
+# -- an interrupted hand-over ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Found:
+    """What is left of an interrupted hand-over: its job (``job_id``), or a reason to wait (``busy``)."""
+
+    job_id: str | None = None
+    busy: str | None = None
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _processes_naming(folder: Path) -> list[int]:
+    """Live processes on this host whose command line names a file in ``folder`` (sbatch of its script)."""
+    prefix = os.path.realpath(folder) + os.sep
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            arguments = entry.joinpath("cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(argument.startswith(b"/") and os.path.realpath(argument.decode(errors="replace")).startswith(prefix)
+               for argument in arguments):
+            found.append(int(entry.name))
+    return found
+
+
+def _slurm_jobs_of(paths: RunPaths) -> list[str] | None:
+    """Queued or running SLURM jobs of this user whose standard output goes to the run's submitit
+    folder; None where squeue does not answer."""
+    queued = run_slurm_tool(["squeue", "-h", "-u", getpass.getuser(), "-O", "JobID:|,StdOut:4096"])
+    if queued is None or queued.returncode != 0:
+        return None
+    folder = os.path.realpath(paths.submitit)
+    jobs = []
+    for line in queued.stdout.splitlines():
+        job_id, _, output = line.partition("|")
+        if output.strip() and os.path.realpath(os.path.dirname(output.strip())) == folder:
+            jobs.append(job_id.strip())
+    return jobs
+
+
+def interrupted_handover(paths: RunPaths, state: run_state.RunState) -> Found:
+    """For a run left "submitted" (the submitter was killed between asking the executor and recording
+    the answer): the job it started, or why it may still be starting one; ``Found()`` when nothing is left."""
+    submission = state.submissions[-1] if state.submissions else None
+    if submission is None:
+        return Found()
+    here = submission.host in (None, socket.gethostname())
+    if here and submission.pid is not None and submission.pid != os.getpid() and _process_alive(submission.pid):
+        return Found(busy=f"the submitter (pid {submission.pid}) is still running")
+    if state.executor == "local":
+        processes = local_processes(paths)
+        if processes["controller"]:
+            return Found(job_id=str(min(processes["controller"])))
+        if processes["task"]:
+            return Found(busy=f"tasks of the run are alive without their controller (pids {processes['task']})")
+    else:
+        known = {item.job_id for item in state.submissions if item.job_id}
+        jobs = _slurm_jobs_of(paths)
+        if jobs is None:
+            return Found(busy="squeue does not answer, so a job it may have queued cannot be ruled out")
+        new = [job for job in jobs if job not in known]
+        if new:
+            return Found(job_id=new[-1])
+    in_flight = _processes_naming(paths.submitit)
+    if in_flight:
+        return Found(busy=f"processes of it are still running (pids {in_flight}; sbatch?)")
+    if not here and _age_s(submission.at) < REMOTE_SUBMITTER_GRACE_S:
+        return Found(busy=f"it runs on {submission.host} (pid {submission.pid}), which this host cannot look into")
+    return Found()
+
+
+def _age_s(at: str) -> float:
+    try:
+        return (datetime.now(timezone.utc) - datetime.fromisoformat(at)).total_seconds()
+    except ValueError:
+        return float("inf")
+
+
+@contextmanager
+def submission_lock(paths: RunPaths) -> Iterator[None]:
+    """Held (``fcntl.flock`` on ``RunPaths.submit_lock``) while a submission writes the run directory."""
+    descriptor = os.open(paths.submit_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def record_ahead(spec: JobSpec, paths: RunPaths, executor: str, kind: str) -> None:
+    """Record a submission of ``kind`` before the executor is asked, naming this submitter."""
+    run_state.update_state(paths, lambda s: run_state.record_submission(
+        s, executor=executor, kind=kind, max_requeues=spec.requeue.max_requeues,
+        host=socket.gethostname(), pid=os.getpid()))
+
+
+def record_job(paths: RunPaths, job_id: str) -> run_state.RunState:
+    """The executor took the latest submission as ``job_id``."""
+    return run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
