@@ -3,9 +3,8 @@
 The payload is a model of 16.8M float32 parameters with its AdamW state (both moments): 201 MB. The
 engine publishes it the way a synchronous boundary does (``Checkpointer.snapshot(...).write()`` into the
 checkpoint folder, then the ``last`` pointer): state dicts, RNG states, a temporary file, fsync, rename,
-folder fsync, symlink. The
-reference is ``torch.save`` of the model's and optimizer's state dicts to a file in the same folder,
-then an fsync of that file. Loading compares ``Checkpointer.restore`` (read, layout checks, load into
+folder fsync, symlink. The reference is ``torch.save`` of the model's and optimizer's state dicts to a
+file in the same folder, then an fsync of that file. Loading compares ``Checkpointer.restore`` (read, layout checks, load into
 model, optimizer and RNG) with ``torch.load`` plus the two ``load_state_dict`` calls a hand loop makes.
 The files go to a temporary folder (``TMPDIR`` chooses the disk). How long the loop is blocked at an
 interval checkpoint, asynchronous against synchronous, is measured by :mod:`benchmarks.checkpoint_blocking`.
