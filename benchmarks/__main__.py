@@ -20,14 +20,14 @@ from pathlib import Path
 from .measure import REPOSITORY, Progress, Row, machine, write_json
 from .table import markdown_table, print_table
 
-# name -> module; each module has run(rounds, progress, *, smoke) -> list[Row]
+# name -> its modules; each module has run(rounds, progress, *, smoke) -> list[Row]
 BENCHMARKS = {
-    "loop": "benchmarks.loop",
-    "ddp": "benchmarks.loop_ddp",
-    "checkpoint": "benchmarks.checkpoint",
-    "stop": "benchmarks.stop",
-    "resume": "benchmarks.resume",
-    "login": "benchmarks.login",
+    "loop": ("benchmarks.loop",),
+    "ddp": ("benchmarks.loop_ddp",),
+    "checkpoint": ("benchmarks.checkpoint", "benchmarks.checkpoint_blocking"),
+    "stop": ("benchmarks.stop",),
+    "resume": ("benchmarks.resume",),
+    "login": ("benchmarks.login",),
 }
 
 
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[Row] = []
     for name in arguments.only:
-        module = importlib.import_module(BENCHMARKS[name])
-        rows += module.run(arguments.rounds, progress, smoke=arguments.smoke)
+        for module_name in BENCHMARKS[name]:
+            rows += importlib.import_module(module_name).run(arguments.rounds, progress, smoke=arguments.smoke)
     settings = {"rounds": arguments.rounds, "smoke": arguments.smoke, "benchmarks": arguments.only,
                 "wall_s": round(progress.elapsed(), 1)}
     print_table(rows, info, settings)

@@ -1,12 +1,13 @@
 """Checkpoint publish and load: the engine's atomic save of a ~200 MB payload against a bare durable save.
 
 The payload is a model of 16.8M float32 parameters with its AdamW state (both moments): 201 MB. The
-engine publishes it the way a boundary does (``Checkpointer.save`` into the checkpoint folder, then the
-``last`` pointer): state dicts, RNG states, a temporary file, fsync, rename, folder fsync, symlink. The
-reference is ``torch.save`` of the model's and optimizer's state dicts to a file in the same folder,
-then an fsync of that file. Loading compares ``Checkpointer.restore`` (read, layout checks, load into
+engine publishes it the way a synchronous boundary does (``Checkpointer.snapshot(...).write()`` into the
+checkpoint folder, then the ``last`` pointer): state dicts, RNG states, a temporary file, fsync, rename,
+folder fsync, symlink. The reference is ``torch.save`` of the model's and optimizer's state dicts to a
+file in the same folder, then an fsync of that file. Loading compares ``Checkpointer.restore`` (read, layout checks, load into
 model, optimizer and RNG) with ``torch.load`` plus the two ``load_state_dict`` calls a hand loop makes.
-The files go to a temporary folder (``TMPDIR`` chooses the disk).
+The files go to a temporary folder (``TMPDIR`` chooses the disk). How long the loop is blocked at an
+interval checkpoint, asynchronous against synchronous, is measured by :mod:`benchmarks.checkpoint_blocking`.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
 
 def publish(trainer: Trainer, directory: CheckpointDirectory, name: CheckpointName) -> None:
     """What a checkpoint boundary does on the main process: save, then point ``last`` at the file."""
-    path, _ = trainer.checkpointer.save(directory, name, reuse=False, run_id="benchmark")
+    path, _ = trainer.checkpointer.snapshot(directory, name, reuse=False, run_id="benchmark").write()
     directory.point("last", path)
 
 

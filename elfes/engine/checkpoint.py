@@ -202,6 +202,31 @@ def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 _ADVISORY_LAYOUT = ("torch_threads",)
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
 
+TensorCopy = Callable[[torch.Tensor, str], torch.Tensor]  # (tensor, where in the payload) -> its copy
+
+
+@dataclass(frozen=True)
+class PendingCheckpoint:
+    """A checkpoint whose payload is built, ready to be written (``payload`` is None where nothing is
+    written: on the other ranks, and when the file already holds this position)."""
+
+    directory: CheckpointDirectory
+    name: CheckpointName
+    payload: dict[str, Any] | None
+    main: bool
+
+    @property
+    def path(self) -> Path:
+        return self.directory.file(self.name)
+
+    def write(self) -> tuple[Path, int]:
+        """Publish the file atomically (main process only); returns its path and size (0 on the other ranks)."""
+        if not self.main:
+            return self.path, 0
+        if self.payload is None:
+            return self.path, self.path.stat().st_size
+        return self.directory.save(self.payload, self.name)
+
 
 class Checkpointer:
     """Saves and restores everything that must survive a restart, named in one place.
@@ -209,8 +234,8 @@ class Checkpointer:
     ``shared`` components (model, EMA, optimizer, scheduler, scaler, state, progress) are saved once
     by the main process; ``per_rank`` components (each rank's RNG and log interval) are gathered
     from every rank. Each component has ``state_dict``/``load_state_dict``; ``layout`` describes
-    what a resuming run must share with the checkpoint. Every rank calls :meth:`save` and
-    :meth:`restore`.
+    what a resuming run must share with the checkpoint. Every rank calls :meth:`snapshot` (then
+    ``write()`` it) and :meth:`restore`.
     """
 
     def __init__(
@@ -229,24 +254,21 @@ class Checkpointer:
         """Every checkpointed object by name (None where a part is absent, e.g. no EMA)."""
         return {**self.shared, **self.per_rank}
 
-    def save(
-        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str
-    ) -> tuple[Path, int]:
-        """Publish checkpoint ``name`` (or keep the existing file when ``reuse``); returns (path, bytes).
-
-        Only the main process writes; the others return the path and 0 bytes.
-        """
-        ranks = self._gather([_component_state(component) for component in self.per_rank.values()])
-        path = directory.file(name)
-        if not self.accelerator.is_main_process:
-            return path, 0
-        if reuse and path.exists():
-            return path, path.stat().st_size
+    def snapshot(
+        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str, copy: TensorCopy | None = None
+    ) -> PendingCheckpoint:
+        """The collective part of saving checkpoint ``name`` (kept as it is when ``reuse``): every rank's
+        states gathered, the main process's payload built. Without ``copy`` the payload holds live tensors
+        and is written before training resumes; with it, each tensor is ``copy(tensor, where)``."""
+        ranks = self._gather([_component_state(component, copy is None) for component in self.per_rank.values()])
+        main = self.accelerator.is_main_process
+        if not main or (reuse and directory.file(name).exists()):
+            return PendingCheckpoint(directory, name, None, main)
         payload: dict[str, Any] = {"format": FORMAT, "version": VERSION, "run_id": run_id, "layout": self.layout()}
         for key, component in self.shared.items():
-            payload[key] = _component_state(component)
+            payload[key] = _component_state(component, copy is None)
         payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
-        return directory.save(plain_payload(payload), name)
+        return PendingCheckpoint(directory, name, plain_payload(payload, copy=copy), main)
 
     def restore(self, source: Path) -> dict[str, Any]:
         """Check that checkpoint ``source`` fits this run, then load every component from it."""
@@ -347,19 +369,21 @@ def model_mismatches(saved: Mapping[str, torch.Tensor], current: Mapping[str, to
     return problems
 
 
-def plain_payload(value: Any, where: str = "checkpoint") -> Any:
+def plain_payload(value: Any, where: str = "checkpoint", *, copy: TensorCopy | None = None) -> Any:
     """``value`` with NumPy scalars turned into Python numbers, or a ``TypeError`` naming the first
     field that ``torch.load(weights_only=True)`` could not load back (found at the save, not at the
-    resume)."""
+    resume). Containers are rebuilt; with ``copy``, every tensor is replaced by ``copy(tensor, where)``."""
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:  # np.float64 is also a float
         return value.item()
+    if isinstance(value, torch.Tensor) and copy is not None:
+        return copy(value, where)
     if isinstance(value, _PLAIN_TYPES):
         return value
     if isinstance(value, Mapping):
-        plain = {key: plain_payload(item, f"{where}[{key!r}]") for key, item in value.items()}
+        plain = {key: plain_payload(item, f"{where}[{key!r}]", copy=copy) for key, item in value.items()}
         return OrderedDict(plain) if isinstance(value, OrderedDict) else plain
     if isinstance(value, (list, tuple)):
-        items = [plain_payload(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        items = [plain_payload(item, f"{where}[{index}]", copy=copy) for index, item in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     raise TypeError(
         f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which safe loading "
@@ -368,11 +392,11 @@ def plain_payload(value: Any, where: str = "checkpoint") -> Any:
     )
 
 
-def _component_state(component: Any) -> Any:
+def _component_state(component: Any, model_to_cpu: bool) -> Any:
     if component is None:
         return None
     if isinstance(component, nn.Module):
-        # The payload is written before training resumes, so a tensor already on the CPU is saved as
-        # it is: copying it first would add a pass over the whole model to every save.
-        return {name: tensor.detach().to("cpu") for name, tensor in component.state_dict().items()}
+        # A payload written before training resumes saves a tensor already on the CPU as it is: copying
+        # it first would add a pass over the whole model. A snapshot copies every tensor once, later.
+        return {name: tensor.detach().to("cpu") if model_to_cpu else tensor.detach() for name, tensor in component.state_dict().items()}
     return component.state_dict()

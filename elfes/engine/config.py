@@ -96,6 +96,8 @@ class TrainConfig:
     """How long to train and when to evaluate, checkpoint and log.
 
     ``epochs`` and ``max_steps`` are cumulative limits: raising them on a finished run continues it.
+    ``async_checkpoints`` writes interval and best checkpoints in the background: the loop only waits
+    for a copy of the payload in host memory (stop and final checkpoints stay synchronous).
 
     >>> TrainConfig(epochs=100, max_grad_norm=1.0, monitor=Monitor("validation/loss", patience=10))
     """
@@ -109,6 +111,7 @@ class TrainConfig:
     max_grad_norm: float | None = None
     monitor: Monitor | None = None
     scheduler_interval: Literal["step", "epoch"] = "step"
+    async_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         _require(
@@ -153,6 +156,12 @@ class TrainConfig:
             isinstance(self.scheduler_interval, str),
             self.scheduler_interval in ("step", "epoch"),
             f"TrainConfig.scheduler_interval is {self.scheduler_interval!r}; use 'step' or 'epoch'.",
+        )
+        _require(
+            isinstance(self.async_checkpoints, bool),
+            True,
+            f"TrainConfig.async_checkpoints is {self.async_checkpoints!r}; use True (write interval and best "
+            "checkpoints in the background) or False.",
         )
 
     def describe(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ session evaluates, updates the monitor, saves, restores and writes the run recor
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 import warnings
@@ -24,6 +25,7 @@ from .checkpoint import CheckpointDirectory, CheckpointName, resume_source
 from .config import TrainConfig, TrainState
 from .events import PhaseClock, describe_run, epoch_number
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
+from .publish import BackgroundWriter, HostBuffers, publish
 from .schedule import WarmupDecay
 from .stop import StopRequest, decisive_reason
 from .window import UpdateRule, WindowResult
@@ -49,6 +51,8 @@ class TrainingSession:
         )
         self.saved: CheckpointName | None = None  # the position this call last published
         self.restored: tuple[Path, dict[str, Any], dict[str, Any]] | None = None  # file, state, progress
+        self.writer = BackgroundWriter()  # writes asynchronous checkpoints (main process)
+        self.host_buffers = HostBuffers()  # what their snapshots copy into, freed when the call ends
         self._stop_announced = False
 
     # ----------------------------------------------------------------------------------------
@@ -207,6 +211,7 @@ class TrainingSession:
 
     def close_boundary(self, *, evaluate: bool, checkpoint: bool) -> bool:
         """Evaluate and checkpoint as this window boundary requires; returns whether to stop early."""
+        self.collect_write(wait=False)
         early_stop, improved = False, None
         if evaluate:
             early_stop, improved = self._evaluate_and_monitor(checkpoint_due=checkpoint)
@@ -312,33 +317,47 @@ class TrainingSession:
     # Checkpoints
 
     def save(self, *, reason: str, best: bool = False, final: bool = False) -> None:
+        """Publish this position's checkpoint: in the background for interval and best checkpoints when
+        ``async_checkpoints`` (the loop waits only for the previous write and the snapshot), else now."""
         trainer, state, directory = self.trainer, self.state, self.directory
         started = time.perf_counter()
+        waited = self.collect_write(wait=True)
         name = CheckpointName(state.step, state.batches)
-        path, size = trainer.checkpointer.save(directory, name, reuse=self._already_published(name), run_id=self.progress.run_id)
-        if trainer.accelerator.is_main_process:
-            directory.point("last", path)
-            if best:
-                directory.point("best", path)
-            if final:
-                directory.point("final", path)
-            best_file = self._best_file()
-            directory.apply_retention(self.config.keep_checkpoints, protect=(best_file,) if best_file else ())
-        self.saved = name
-        trainer.accelerator.wait_for_everyone()
-        duration = time.perf_counter() - started
-        self.clock.checkpoint_s += duration
-        self.log(
-            "checkpoint",
-            path=str(path),
-            **self._where(),
-            next_batch=state.next_batch,
-            reason=reason,
-            best=best,
-            final=final,
-            bytes=size,
-            duration_s=duration,
+        asynchronous = self.config.async_checkpoints and reason in ("interval", "best")
+        snapshot = self.host_buffers.snapshot() if asynchronous else None
+        pending = trainer.checkpointer.snapshot(
+            directory, name, reuse=self._already_published(name), run_id=self.progress.run_id, copy=snapshot
         )
+        best_file = self._best_file()
+        publication = functools.partial(
+            publish, pending, best=best, final=final, keep=self.config.keep_checkpoints, protect=(best_file,) if best_file else ()
+        )
+        self.saved = name
+        record = dict(path=str(pending.path), **self._where(), next_batch=state.next_batch, reason=reason, best=best,
+                      final=final, asynchronous=asynchronous, waited_s=waited)
+        if asynchronous:
+            snapshot.wait()
+            blocked = time.perf_counter() - started
+            if pending.main:
+                self.writer.start(publication, {**record, "blocked_s": blocked})
+        else:
+            writing = time.perf_counter()
+            _, size = publication()
+            trainer.accelerator.wait_for_everyone()
+            blocked = time.perf_counter() - started
+            self.log("checkpoint", **record, bytes=size, duration_s=time.perf_counter() - writing, blocked_s=blocked)
+        self.clock.checkpoint_s += blocked
+
+    def collect_write(self, *, wait: bool) -> float:
+        """Record the background write once it has ended (waiting for it when ``wait``), or raise its
+        failure; returns the seconds waited."""
+        if not self.writer.busy or not (wait or self.writer.finished()):
+            return 0.0
+        started = time.perf_counter()
+        record, _, size, duration = self.writer.collect()
+        waited = time.perf_counter() - started
+        self.log("checkpoint", **record, bytes=size, duration_s=duration)
+        return waited
 
     def _already_published(self, name: CheckpointName) -> bool:
         """Whether this position's file already holds exactly this state: written earlier in this call

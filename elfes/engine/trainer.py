@@ -159,9 +159,15 @@ class Trainer:
         run = TrainingSession(self, config, checkpoint_dir, stop)
         try:
             run.start(resume_from, metadata or {})
-            return self._loop(run)
-        except (Exception, KeyboardInterrupt) as error:
-            run.log_failure(error)
+            return self._loop(run)  # its stop and final saves collect any write in flight
+        except BaseException as error:
+            try:  # never leave with a checkpoint write in flight
+                run.collect_write(wait=True)
+            except Exception as failure:
+                if hasattr(error, "add_note"):  # Python >= 3.11
+                    error.add_note(f"The checkpoint write in flight failed too: {failure}")
+            if isinstance(error, (Exception, KeyboardInterrupt)):
+                run.log_failure(error)
             raise
 
     def _loop(self, run: TrainingSession) -> TrainState:

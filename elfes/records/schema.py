@@ -103,8 +103,15 @@ EVENT_SPECS: dict[str, EventSpec] = {
     ),
     "checkpoint": EventSpec(
         "A checkpoint was published at path (reason: interval, best, stop or final); best and final say which "
-        "pointers now name it (last always does), bytes is its size and duration_s the time to write it.",
+        "pointers now name it (last always does), bytes is its size and duration_s the time to write it. "
+        "blocked_s is the time the training loop stood still for it at its boundary, waited_s of which it "
+        "waited for the previous write to end. asynchronous is true for an interval or best checkpoint "
+        "written in the background (TrainConfig.async_checkpoints): the loop was blocked only for a copy "
+        "of the payload, the event is recorded once the file and its pointers are published, and "
+        "epoch, step and next_batch are those of its boundary. Events written before these fields "
+        "existed lack them (synchronous saves, blocked for duration_s).",
         ("path", "epoch", "step", "next_batch", "reason", "best", "final", "bytes", "duration_s"),
+        optional=("blocked_s", "waited_s", "asynchronous"),
     ),
     "export": EventSpec(
         "Model weights (raw or ema) were exported to path.",

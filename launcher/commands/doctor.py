@@ -2,9 +2,10 @@
 read from SLURM's own configuration, with what to change where it will go wrong.
 
 Reads ``scontrol show config`` and ``scontrol show partition <p> -o`` (the job's partition, else the
-default one), the job spec, and the save times an earlier attempt recorded (``checkpoint`` events'
-``duration_s`` and the time from a noticed stop (``stop_signal``) to the stop's checkpoint, in
-``RUN_DIR/events.jsonl``).
+default one), the job spec, and the save times an earlier attempt recorded (the time the loop was
+blocked by each synchronous ``checkpoint``, as a stop's save is, and the time from a noticed stop
+(``stop_signal``) to the stop's checkpoint, in ``RUN_DIR/events.jsonl``). Asynchronous interval
+checkpoints are left out: a stop never writes in the background.
 With ``test_job`` it also submits a one-minute job to the partition that runs ``scontrol show job
 $SLURM_JOB_ID`` (a job that requeues itself runs ``scontrol requeue`` from its compute node).
 
@@ -52,8 +53,8 @@ class Finding:
 class SaveTimes:
     """Save times an earlier attempt recorded in the run's events (seconds; None when none was recorded)."""
 
-    checkpoints: int  # checkpoint events seen
-    longest_save_s: float | None  # the longest checkpoint's duration_s
+    checkpoints: int  # synchronous checkpoint events seen
+    longest_save_s: float | None  # the longest synchronous checkpoint's blocked_s (duration_s in older records)
     longest_stop_s: float | None  # the longest time from a noticed stop to `last` saved (window end + save)
 
     @property
@@ -144,7 +145,7 @@ def _time(event: dict[str, Any]) -> datetime | None:
 
 
 def save_times(paths: RunPaths) -> SaveTimes | None:
-    """The save times recorded in the run's events, or None without any checkpoint event."""
+    """The save times recorded in the run's events, or None without any synchronous checkpoint event."""
     try:
         lines = paths.events.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
@@ -160,8 +161,10 @@ def save_times(paths: RunPaths) -> SaveTimes | None:
         if event.get("event") in ("stop_signal", "stop_requested") and requested is None:
             requested = _time(event)  # noticed mid-window (stop_signal), or at the boundary
         elif event.get("event") == "checkpoint":
-            if isinstance(event.get("duration_s"), (int, float)):
-                saves.append(float(event["duration_s"]))
+            # A stop saves synchronously; a background write's time is not what a stop needs.
+            blocked = event.get("blocked_s", event.get("duration_s"))
+            if event.get("asynchronous") is not True and isinstance(blocked, (int, float)):
+                saves.append(float(blocked))
             saved = _time(event)
             if event.get("reason") == "stop" and requested is not None and saved is not None:
                 stops.append((saved - requested).total_seconds())
@@ -300,7 +303,8 @@ def _time_limit(spec: JobSpec, settings: dict[str, str], config: dict[str, str],
                                 "after their limit"))
     needed = times.needed_s if times is not None else None
     if times is None:
-        findings.append(Finding("save time", "note", "no save measured yet (no checkpoint in the run's events.jsonl): "
+        findings.append(Finding("save time", "note", "no save measured yet (no synchronous checkpoint, such as a stop's or the "
+                                "final one, in the run's events.jsonl): "
                                 "run the job once, then `elfes doctor` compares slurm.signal_delay_s with it"))
     elif needed >= delay:
         findings.append(Finding("save time", "problem", f"a stop took {needed:.1f} s (signal to `last` saved; longest "

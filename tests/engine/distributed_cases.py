@@ -31,10 +31,11 @@ from rich.console import Console
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
-from workloads import RunSpec, build, gloo_threads, mse_step, snapshot
+from workloads import RunSpec, build, gloo_threads, held_background_writes, mse_step, snapshot, writer_threads
 
 from elfes.engine import (
     Evaluator,
+    Interval,
     MaxMetric,
     MeanMetric,
     RunLogger,
@@ -419,6 +420,48 @@ def resume(out: Path) -> None:
 @case
 def resume_workers(out: Path) -> None:
     resume_case(out, "resume_workers")
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. Asynchronous checkpoints on two ranks: the same files as synchronous ones, and a stop in flight
+
+ASYNC_SPEC = RunSpec(checkpoint_every=Interval(1, "step"), evaluate_every=Interval(2, "step"))
+
+
+@case
+def async_checkpoints(out: Path) -> None:
+    report: dict[str, Any] = {}
+    for name, asynchronous in (("sync", False), ("async", True)):
+        reset_accelerate()
+        run = build(ASYNC_SPEC.with_(async_checkpoints=asynchronous))
+        with quiet_logger(out / name) as logger, held_background_writes(run.trainer, until="wait") as held:
+            run.trainer.logger = logger
+            run.trainer.train(run.config, checkpoint_dir=out / name / "checkpoints")
+        torch.save(snapshot(run.trainer), out / f"{name}.rank{RANK}.pt")
+        report[name] = {"waited_for": held.waited_for, "writers_left": len(writer_threads())}
+
+    # Rank 1 asks to stop in window 3 (the first of epoch 2), while rank 0's write of step 2 is held in flight.
+    stop, calls = StopRequest(), {"count": 0}
+    reset_accelerate()
+    paused = build(ASYNC_SPEC.with_(async_checkpoints=True))
+
+    def step(model: nn.Module, batch: Any) -> StepOutput:
+        calls["count"] += 1
+        if RANK == 1 and calls["count"] == 7:
+            stop.request("pause")
+        return mse_step(model, batch)
+
+    paused.trainer.step = step
+    checkpoints = out / "paused" / "checkpoints"
+    with quiet_logger(out / "paused") as logger, held_background_writes(paused.trainer, until="wait") as held:
+        paused.trainer.logger = logger
+        state = paused.trainer.train(paused.config, checkpoint_dir=checkpoints, stop=stop)
+    report["paused"] = {"state": state.state_dict(), "waited_for": held.waited_for, "writers_left": len(writer_threads())}
+    reset_accelerate()
+    resumed = build(ASYNC_SPEC.with_(async_checkpoints=True))
+    resumed.trainer.train(resumed.config, checkpoint_dir=checkpoints, resume_from=checkpoints / "last")
+    torch.save(snapshot(resumed.trainer), out / f"resumed.rank{RANK}.pt")
+    write_json(out / f"async_checkpoints.rank{RANK}.json", report)
 
 
 def release_process_group() -> None:

@@ -301,3 +301,39 @@ def test_exports_of_a_ddp_model_are_plain_state_dicts(launch):
     for name, tensor in exported.items():
         expected = full.get(f"ema/{name}", full[f"raw/{name}"])  # EMA parameters, raw buffers
         assert torch.equal(tensor, expected), name
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. Asynchronous checkpoints on two ranks
+
+
+def test_asynchronous_checkpoints_on_two_ranks_equal_synchronous_ones_and_a_stop_in_flight_resumes_bitwise(launch):
+    from test_checkpoint import assert_same_payload, published
+
+    output = launch("async_checkpoints")
+    reports = per_rank_json(output, "async_checkpoints")
+    files = [path.name for path in published(output / "sync" / "checkpoints")]
+    assert [path.name for path in published(output / "async" / "checkpoints")] == files and len(files) == 4
+    for file in files:  # every tensor, raw and EMA, and both ranks' RNG and log-interval states
+        expected, actual = (torch.load(output / name / "checkpoints" / file, map_location="cpu", weights_only=True)
+                            for name in ("sync", "async"))
+        assert len(actual["ranks"]) == 2
+        for payload in (expected, actual):
+            payload["run_id"] = payload["progress"]["run_id"] = None
+        assert_same_payload(expected, actual, file)
+    for rank in RANKS:
+        sync, asynchronous = (torch.load(output / f"{name}.rank{rank}.pt", weights_only=True) for name in ("sync", "async"))
+        assert_bitwise_equal(sync, asynchronous, f"rank {rank}: async vs sync")
+    # Only rank 0 writes; each of its 4 background writes was still in flight at the next boundary (or the end).
+    assert [report["async"]["waited_for"] for report in reports] == [4, 0]
+    assert all(report[name]["writers_left"] == 0 for report in reports for name in ("sync", "async", "paused"))
+
+    assert [report["paused"]["state"]["step"] for report in reports] == [3, 3]
+    assert [report["paused"]["waited_for"] for report in reports] == [2, 0], "step 2's write was in flight at the stop"
+    events = [event for event in read_events(output / "paused") if event["event"] == "checkpoint"]
+    assert [(e["step"], e["reason"], e["asynchronous"]) for e in events] == [(1, "interval", True), (2, "interval", True), (3, "stop", False)]
+    assert events[2]["blocked_s"] >= events[2]["waited_s"] > 0, "the stop waited for the write in flight"
+    for rank in RANKS:
+        full = torch.load(output / f"sync.rank{rank}.pt", weights_only=True)
+        resumed = torch.load(output / f"resumed.rank{rank}.pt", weights_only=True)
+        assert_bitwise_equal(full, resumed, f"rank {rank}: stopped with a write in flight, resumed")

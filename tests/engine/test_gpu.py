@@ -60,3 +60,40 @@ def test_pause_at_every_window_boundary_resumes_bitwise_on_cuda(name, tmp_path):
     for window in range(windows_per_epoch(spec) * spec.epochs):
         run, _ = pause_and_resume(spec, tmp_path / f"pause-{window}", [first_call_of_window(spec, window)])
         assert_bitwise_equal(expected, snapshot(run.trainer), f"{name}: paused in window {window}")
+
+
+
+@pytest.mark.parametrize("name", ["fp32-fused-adamw", "amp-fp16"])
+def test_asynchronous_checkpoints_on_cuda_equal_synchronous_ones_through_pinned_buffers(name, tmp_path):
+    from test_async_checkpoints import comparable
+    from test_checkpoint import assert_same_payload, published
+    from workloads import held_background_writes
+
+    from elfes.engine import Interval
+    from elfes.engine.publish import Snapshot
+
+    spec = CUDA_SPECS[name].with_(checkpoint_every=Interval(1, "step"))
+    pinned = []
+    original = Snapshot.__call__
+
+    def snapshot_call(self, tensor, where):
+        copy = original(self, tensor, where)
+        if tensor.is_cuda:
+            pinned.append(copy.is_pinned() and copy.device.type == "cpu")
+        return copy
+
+    for directory, asynchronous in (("sync", False), ("async", True)):
+        fresh_accelerate()
+        run = build(spec.with_(async_checkpoints=asynchronous))
+        Snapshot.__call__ = snapshot_call
+        try:
+            with held_background_writes(run.trainer, until="wait"):
+                run.trainer.train(run.config, checkpoint_dir=tmp_path / directory)
+        finally:
+            Snapshot.__call__ = original
+    assert pinned and all(pinned), "every CUDA tensor is copied into pinned host memory"
+    files = [path.name for path in published(tmp_path / "sync")]
+    assert [path.name for path in published(tmp_path / "async")] == files
+    for file in files:
+        expected, actual = (torch.load(tmp_path / folder / file, map_location="cpu", weights_only=True) for folder in ("sync", "async"))
+        assert_same_payload(comparable(expected), comparable(actual), file)

@@ -23,10 +23,10 @@ def forkserver():
     return context
 
 
-def run_launch(context, directory, kill, output) -> int:
+def run_launch(context, directory, kill, output, asynchronous: bool = False) -> int:
     import kill_harness
 
-    process = context.Process(target=kill_harness.launch, args=(str(directory), kill, str(output)))
+    process = context.Process(target=kill_harness.launch, args=(str(directory), kill, str(output), asynchronous))
     process.start()
     process.join(timeout=120)
     if process.exitcode is None:
@@ -70,3 +70,40 @@ def test_sigkill_at_random_moments_always_resumes_bitwise(forkserver, tmp_path):
         assert_bitwise_equal(expected, torch.load(output, weights_only=True), f"trial {trial}, kills {kills}")
         assert not list(directory.glob(".tmp-*")), "a finished run leaves no temporary files"
     assert kinds_that_landed == {"call", "write", "replace"}, f"seed {SEED} exercised only {kinds_that_landed}"
+
+
+ASYNCHRONOUS_TRIALS = 16
+
+
+def random_asynchronous_kill(rng: random.Random) -> tuple:
+    return ("overlap", rng.randint(1, 7)) if rng.random() < 0.4 else random_kill(rng)
+
+
+def test_sigkill_with_background_writes_in_flight_always_resumes_bitwise_like_the_synchronous_run(forkserver, tmp_path):
+    """Interval checkpoints written in the background: a kill mid-file, mid-rename, mid-microbatch, or
+    half-way through a file while training goes on never leaves `last` unloadable, and every run ends
+    bitwise equal to the uninterrupted synchronous one."""
+    reference_output = tmp_path / "reference.pt"
+    assert run_launch(forkserver, tmp_path / "reference", None, reference_output, asynchronous=False) == 0
+    expected = torch.load(reference_output, weights_only=True)
+
+    rng = random.Random(SEED + 1)
+    kinds_that_landed = set()
+    for trial in range(ASYNCHRONOUS_TRIALS):
+        directory = tmp_path / f"trial-{trial}"
+        kills = [random_asynchronous_kill(rng) for _ in range(rng.randint(1, 2))]
+        for kill in kills:
+            exitcode = run_launch(forkserver, directory, kill, tmp_path / "unused.pt", asynchronous=True)
+            if exitcode == -9:
+                kinds_that_landed.add(kill[0])
+            else:
+                assert exitcode == 0, f"trial {trial}: launch with kill {kill} failed with {exitcode}"
+            last = directory / "last"
+            if last.exists():
+                read_checkpoint(last)
+        output = tmp_path / f"trial-{trial}.pt"
+        assert run_launch(forkserver, directory, None, output, asynchronous=True) == 0, f"trial {trial} (kills {kills}) did not finish"
+        assert_bitwise_equal(expected, torch.load(output, weights_only=True), f"trial {trial}, kills {kills}")
+        assert not list(directory.glob(".tmp-*")), "a finished run leaves no temporary files"
+    assert kinds_that_landed == {"call", "write", "replace", "overlap"}, f"seed {SEED + 1} exercised only {kinds_that_landed}"
+    assert list(tmp_path.glob("trial-*.overlapped")), "no kill landed while training and a background write overlapped"

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import io
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from elfes.engine import (
     WarmupDecay,
     weight_decay_groups,
 )
+from elfes.engine.publish import BackgroundWriter
 from elfes.records import read_events
 
 
@@ -148,6 +152,7 @@ class RunSpec:
     log_every: int = 1
     keep_checkpoints: int | None = None
     objective: bool = False  # train TWO_TERMS with two_term_step instead of the mean squared error
+    async_checkpoints: bool = False
 
     def with_(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)
@@ -206,6 +211,7 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
         keep_checkpoints=spec.keep_checkpoints,
         max_grad_norm=spec.max_grad_norm,
         monitor=Monitor("validation/loss") if spec.evaluate and spec.monitor else None,
+        async_checkpoints=spec.async_checkpoints,
     )
     if spec.warmup:
         total = trainer.planned_steps(config)
@@ -259,3 +265,71 @@ def gloo_threads() -> list[str]:
         except OSError:  # the thread ended meanwhile
             continue
     return sorted(name for name in names if "gloo" in name)
+
+
+WRITER_THREAD = "elfes-checkpoint-writer"
+
+
+def writer_threads() -> list[threading.Thread]:
+    """The background checkpoint writers still running in this process."""
+    return [thread for thread in threading.enumerate() if thread.name == WRITER_THREAD and thread.is_alive()]
+
+
+@dataclass
+class HeldWrites:
+    """What :func:`held_background_writes` saw: microbatches trained, and how each write was released."""
+
+    microbatches: int = 0
+    trained_over: int = 0  # writes that began serialising only after training had changed the live tensors
+    waited_for: int = 0  # writes still held when the loop came to wait for them
+    serialised: int = 0  # torch.save calls into a stream (checkpoint files), in any thread
+    job: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def held_background_writes(trainer: Trainer, *, until: str) -> Iterator[HeldWrites]:
+    """Hold each background checkpoint write before it serialises anything.
+
+    ``until="microbatch"`` releases it once the loop has trained a microbatch after the snapshot (or
+    waits for the write, at the end of a run): writing and training overlap. ``until="wait"`` holds it
+    until the loop waits for it, at the next checkpoint boundary, stop or error: a write stays in
+    flight through a whole window, whose update changes every live tensor (weights, EMA, optimizer
+    state, RNG, position), so a payload that is not a copy of the boundary's shows it.
+    """
+    held, condition = HeldWrites(), threading.Condition()
+    original_step, original_start, original_collect, original_save = trainer.step, BackgroundWriter.start, BackgroundWriter.collect, torch.save
+
+    def step(model, batch):
+        with condition:
+            held.microbatches += 1
+            condition.notify_all()
+        return original_step(model, batch)
+
+    def start(writer, publication, record):
+        with condition:
+            held.job = {"microbatches": held.microbatches, "waited": False}
+        original_start(writer, publication, record)
+
+    def collect(writer):
+        with condition:
+            held.job["waited"] = True
+            condition.notify_all()
+        return original_collect(writer)
+
+    def save(obj, stream, *args, **kwargs):
+        held.serialised += not isinstance(stream, (str, Path))
+        if threading.current_thread().name == WRITER_THREAD:
+            with condition:
+                job = held.job
+                condition.wait_for(lambda: job["waited"] or (until == "microbatch" and held.microbatches > job["microbatches"]))
+                held.trained_over += held.microbatches > job["microbatches"]
+                held.waited_for += job["waited"]
+        return original_save(obj, stream, *args, **kwargs)
+
+    trainer.step = step
+    BackgroundWriter.start, BackgroundWriter.collect, torch.save = start, collect, save
+    try:
+        yield held
+    finally:
+        trainer.step = original_step
+        BackgroundWriter.start, BackgroundWriter.collect, torch.save = original_start, original_collect, original_save
