@@ -91,7 +91,7 @@ def test_the_example_job_command_runs_here_and_exits_0_when_the_run_finished(tmp
 
 
 def test_the_tour_and_the_launcher_sections_name_real_commands_files_and_states():
-    from elfes.launcher.cli.main import build_parser
+    from elfes.launcher.cli.parser import build_parser
     from elfes.launcher.rundir.paths import RunPaths
     from elfes.launcher.rundir.state import STATUSES
 

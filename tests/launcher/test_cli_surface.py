@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher.cli.main import EXIT_CODES, build_parser, main
+from elfes.launcher.cli.exit_codes import EXIT_CODES
+from elfes.launcher.cli.main import main
+from elfes.launcher.cli.parser import build_parser
 
 GOLDEN = Path(__file__).parent / "golden"
 # argparse's layout differs between Python versions: the exact help text is compared on this one.
