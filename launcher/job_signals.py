@@ -61,11 +61,19 @@ class SignalFlags:
 def catches_signal(pid: int, signum: int) -> bool | None:
     """Whether process ``pid`` has a handler for ``signum`` (Linux ``/proc/PID/status`` ``SigCgt``); None
     when that cannot be read."""
+    masks = signal_masks(pid)
+    return None if masks is None else bool((masks[0] >> (int(signum) - 1)) & 1)
+
+
+def signal_masks(pid: int) -> tuple[int, int] | None:
+    """The signals process ``pid`` catches and those it ignores, as bit masks (bit ``n - 1`` for signal
+    ``n``; ``/proc/PID/status`` ``SigCgt`` and ``SigIgn``); None when that cannot be read."""
     try:
         status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
     except OSError:
         return None
-    for line in status.splitlines():
-        if line.startswith("SigCgt:"):
-            return bool((int(line.split()[1], 16) >> (int(signum) - 1)) & 1)
-    return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        return int(fields["SigCgt"], 16), int(fields["SigIgn"], 16)
+    except (KeyError, ValueError):
+        return None

@@ -38,6 +38,7 @@ This module imports neither torch nor the engine at import time: the submitter p
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import os
@@ -152,6 +153,7 @@ class _Attempt:
         self.start = detect_start(paths, submissions)
         self.is_main = self.start.rank == 0
         self.token = self.start.token(submissions)
+        self.command_note: str | None = None  # a command job's note on how its stop ended (launcher/command_job.py)
         self.attempt = run_state.attempt_number(self.before, self.token)
         self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
         self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
@@ -192,6 +194,8 @@ class _Attempt:
         decision = decide(stop_reason, requeue_signal_name=self.requeue_name,
                           cancel_requested=cancel_requested(self.paths, self.before),
                           requeues_used=self.requeues_used, max_requeues=self.max_requeues)
+        if self.command_note and decision.error is None:
+            decision = dataclasses.replace(decision, error=self.command_note)
         return self._finish(decision, step=step)
 
     def _prepare_process(self) -> None:
@@ -237,8 +241,12 @@ class _Attempt:
     def _run_command(self) -> tuple[str | None, int | None]:
         if cancel_requested(self.paths, self.before):
             self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
-        return run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
-                           executor=self.start.executor, started_at=self.started_at, watching=self._stopping_watcher)
+        end = run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
+                          executor=self.start.executor, started_at=self.started_at, rank=self.start.rank,
+                          attempt=self.attempt, kill_wait_s=self.spec.resources.kill_wait_s,
+                          watching=self._stopping_watcher)
+        self.command_note = end.note
+        return end.stop_reason, end.step
 
     # -- recording and acting -----------------------------------------------------------------------------------
     def _update(self, change: Callable[[run_state.RunState | None], run_state.RunState]) -> None:
