@@ -81,29 +81,29 @@ def signal_group(pgid: int, signum: int) -> bool:
 
 @dataclass(frozen=True)
 class Dispositions:
-    """How the members of a group take a signal: the pids that catch it, and whether one of them
-    would die of it (its default action) before another caught it."""
+    """How the members of a group take each signal: the pids that catch it, and whether every member
+    still takes its default action (no member has set the signal up yet: the command may be starting)."""
 
     members: tuple[int, ...]
     caught: dict[int, tuple[int, ...]]  # signal number -> pids with a handler
-    defaulted: dict[int, bool]  # signal number -> whether a member takes the default action
+    untouched: dict[int, bool]  # signal number -> whether no member catches or ignores it
 
     def catches(self, signum: int) -> bool:
         return bool(self.caught.get(int(signum)))
 
-    def dies_of(self, signum: int) -> bool:
-        return self.defaulted.get(int(signum), False)
+    def untouched_by_all(self, signum: int) -> bool:
+        return bool(self.members) and self.untouched.get(int(signum), False)
 
 
 def dispositions(members: Iterable[int], signals: Iterable[int]) -> Dispositions:
     """What the ``members`` do with each of ``signals`` (``SigCgt``/``SigIgn`` of each)."""
     masks = {pid: found for pid in members if (found := signal_masks(pid)) is not None}
-    caught, defaulted = {}, {}
+    caught, untouched = {}, {}
     for signum in map(int, signals):
         bit = 1 << (signum - 1)
         caught[signum] = tuple(pid for pid, (cgt, _) in masks.items() if cgt & bit)
-        defaulted[signum] = any(not (cgt | ign) & bit for cgt, ign in masks.values())
-    return Dispositions(tuple(masks), caught, defaulted)
+        untouched[signum] = all(not (cgt | ign) & bit for cgt, ign in masks.values())
+    return Dispositions(tuple(masks), caught, untouched)
 
 
 class CommandGroup:

@@ -9,8 +9,8 @@ is the one that catches):
 * a signal some member catches is sent at once;
 * the requeue signal, when no member catches it but one catches SIGTERM (``StopRequest().catch_signals()``
   catches SIGINT and SIGTERM), is sent as SIGTERM, and an exit 128 + SIGTERM is the requeue asked for;
-* a signal whose default action would end a member before any member caught it (the command may be
-  importing torch) is held, saying so at once (the run's log, ``elfes status``), for at most
+* a signal that no member catches or ignores yet (the command may be importing torch, when the default
+  action would end it) is held, saying so at once (the run's log, ``elfes status``), for at most
   FORWARD_HOLD_S after the command started; then it is sent anyway.
 
 A SIGTERM or SIGINT stop that the group outlives by ``kill_wait_s`` ends in SIGKILL on the local
@@ -136,6 +136,8 @@ class _Forwarding:
             members = self.group.members()
             if members and self.group.signal(signal.SIGKILL):
                 self.killed_a_stop = self.kill_ends_a_stop
+                if self.killed_a_stop:
+                    self.sent.add(int(signal.SIGKILL))
                 _say(f"the command's processes {members} are still running {self.kill_wait_s} s after SIGTERM "
                      "(resources.kill_wait_s): sent SIGKILL")
 
@@ -158,9 +160,9 @@ class _Forwarding:
                      f"SIGINT and SIGTERM): sent SIGTERM for {requested.name}; when the command exits "
                      f"{128 + signal.SIGTERM} (128 + SIGTERM) after saving `last`, the requeue that "
                      f"{requested.name} asked for goes ahead")
-            elif view.dies_of(requested) and time.monotonic() - self.started < FORWARD_HOLD_S:
+            elif view.untouched_by_all(requested) and time.monotonic() - self.started < FORWARD_HOLD_S:
                 return False
-            elif view.dies_of(requested):
+            elif view.untouched_by_all(requested):
                 _say(f"{requested.name}: no process of the command caught it within {FORWARD_HOLD_S:.0f} s of its "
                      f"start; sent anyway (its default action ends the command without saving)")
         self.group.signal(sent)
