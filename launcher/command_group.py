@@ -49,14 +49,25 @@ def process_stat(pid: int) -> ProcessStat | None:
 
 
 def group_members(pgid: int) -> list[int]:
-    """The live processes of the session and process group ``pgid`` (a scan of ``/proc``)."""
+    """The live processes of this user in the session and process group ``pgid`` (a scan of ``/proc``)."""
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             stat = process_stat(int(entry.name))
-            if stat is not None and stat.live and stat.group == pgid and stat.session == pgid:
+            if stat is not None and is_member(stat, pgid):
                 members.append(stat.pid)
     return sorted(members)
+
+
+def is_member(stat: ProcessStat, pgid: int) -> bool:
+    """Whether a live process belongs to the command group ``pgid``: its session and group, and this user
+    (a session id reused after the group ended belongs to someone else as a rule)."""
+    if not stat.live or stat.group != pgid or stat.session != pgid:
+        return False
+    try:
+        return Path(f"/proc/{stat.pid}").stat().st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def group_exists(pgid: int) -> bool:
@@ -74,7 +85,7 @@ def signal_group(pgid: int, signum: int) -> bool:
     """Send ``signum`` to every process of group ``pgid``; False when the group is gone."""
     try:
         os.killpg(pgid, signum)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 

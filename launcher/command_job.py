@@ -74,7 +74,7 @@ def run_command(
     end_leftover_group(paths, rank, kill_wait_s)
     with child_subreaper():
         group = CommandGroup(argv)
-        record = {"pgid": group.pgid, "host": socket.gethostname(), "attempt": attempt, "argv": argv}
+        record = {"pgid": group.pgid, "host": socket.gethostname(), "attempt": attempt}
         write_command_record(paths, rank, record)
         forwarding = _Forwarding(group, flags, executor=executor, kill_wait_s=kill_wait_s,
                                  announce=lambda notice: write_command_record(paths, rank, {**record, "notice": notice}))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import state as run_state
-from .command_group import ProcessStat, process_stat
+from .command_group import ProcessStat, is_member, process_stat
 from .paths import RunPaths
 from .task_files import cancel_requested, command_records
 
@@ -62,7 +62,7 @@ def local_processes(paths: RunPaths) -> dict[str, list[int]]:
         stat = process_stat(int(entry.name))
         if stat is None or not stat.live:
             continue
-        if stat.group in groups and stat.session == stat.group:
+        if stat.group in groups and is_member(stat, stat.group):
             found["command"].append(stat.pid)
             continue
         cmdline = _proc_cmdline(stat.pid, stat)

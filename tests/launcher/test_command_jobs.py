@@ -39,7 +39,7 @@ from test_local_jobs import (
 
 from elfes.launcher import state as run_state
 from elfes.launcher.cli import main as elfes
-from elfes.launcher.command_group import group_members, process_stat
+from elfes.launcher.command_group import process_stat
 from elfes.launcher.paths import RunPaths
 
 WRAPPER = str(REPOSITORY / "tests" / "launcher" / "forwarding_nothing.sh")
@@ -59,9 +59,12 @@ class CommandRuns(Runs):
 
     def kill_leftovers(self) -> None:
         for run_dir in self.run_dirs:
-            for pid in trainer_pids(run_dir) + command_members(run_dir):
+            for trainer in trainer_pids(run_dir):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                    group = os.getpgid(trainer)
+                    os.kill(trainer, signal.SIGKILL)
+                    if group != os.getpgrp():
+                        os.killpg(group, signal.SIGKILL)  # the wrapper, if it is still there
         super().kill_leftovers()
 
 
@@ -89,18 +92,6 @@ def trainer_counting(run_dir: Path, units: int = 1) -> int | None:
     if not trainer_pids(run_dir) or units > 0 and (not count.exists() or int(count.read_text() or 0) < units):
         return None
     return trainer_pids(run_dir)[0]
-
-
-def command_record(run_dir: Path, rank: int = 0) -> dict[str, Any] | None:
-    try:
-        return json.loads(RunPaths(run_dir).command_group(rank).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def command_members(run_dir: Path) -> list[int]:
-    record = command_record(run_dir)
-    return group_members(int(record["pgid"])) if record else []
 
 
 def cli(*argv: str) -> tuple[int, str]:
@@ -143,8 +134,8 @@ def test_a_killed_wrapper_takes_its_trainer_with_it(runs: CommandRuns, after_uni
     run_dir = runs.submit_command(f"wrapper-killed-{after_units}", protocol_command(wrapped=True, units=1000))
     trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, after_units),
                        what=f"the trainer to count to {after_units}", run_dir=run_dir)
-    wrapper = command_record(run_dir)["pgid"]
-    assert wrapper != trainer and process_stat(trainer).parent == wrapper  # a real wrapper, its child the trainer
+    wrapper = process_stat(trainer).parent
+    assert Path(f"/proc/{wrapper}/cmdline").read_bytes().split(b"\0")[1] == WRAPPER.encode()  # a real wrapper
     os.kill(wrapper, signal.SIGKILL)
 
     state = ended_with_nothing_left(run_dir, "failed")
