@@ -15,8 +15,9 @@ and calls it. In order, on every rank:
    with ``gpus_per_node: 0``, ``ACCELERATE_USE_CPU=1`` (so a plain ``Accelerator()`` forms a gloo group).
 4. ``entrypoint``: the engine is imported (torch, seconds), a ``StopRequest`` takes over the signals
    (those that arrived during the import are handed to it) and ``main(job)`` runs with a :class:`Job`.
-   ``command``: the command runs as a child process; stop signals are forwarded to it and its exit
-   code tells the outcome (0 finished; 128 + a stop signal's number paused; anything else failed).
+   ``command``: the command runs as the leader of a process group of its own; stop signals are
+   forwarded to the whole group, which is reaped before the outcome is told by its exit code (0
+   finished; 128 + a stop signal's number paused; anything else failed; launcher/command_job.py).
 5. The outcome, the same on every rank (the trainer agrees on one stop reason for all ranks; see
    :func:`decide`): finished; requeued (the requeue signal, while requeues are left: SLURM: rank 0 runs
    ``scontrol requeue`` and every rank exits through ``SystemExit``; local: every rank exits 144 and
