@@ -317,7 +317,13 @@ def test_a_command_ignoring_sigterm_is_killed_after_kill_wait(
     wait_ended(run_dir, "cancelled")
 
 
-def test_kill_wait_s_must_be_positive(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "bad-kill-wait", resources={"kill_wait_s": 0})
-    code, output = cli("validate", str(spec))
-    assert code != 0 and "resources.kill_wait_s" in output and "0" in output, output
+def test_kill_wait_s_is_a_spec_field_of_at_least_one_second(tmp_path: Path) -> None:
+    """resources.kill_wait_s: 30 s by default (SLURM's KillWait default), any integer >= 1; 0 is refused,
+    naming the field, the value and what is allowed."""
+    from elfes.launcher.spec import load_spec
+
+    assert load_spec(write_spec(tmp_path, "default-kill-wait")).resources.kill_wait_s == 30
+    spec = write_spec(tmp_path, "kill-wait", resources={"kill_wait_s": 5})
+    assert cli("validate", str(spec))[0] == 0 and load_spec(spec).resources.kill_wait_s == 5
+    code, output = cli("validate", str(write_spec(tmp_path, "bad-kill-wait", resources={"kill_wait_s": 0})))
+    assert code == 2 and "resources.kill_wait_s = 0" in output and "greater than or equal to 1" in output, output
