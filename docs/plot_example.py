@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.rundir.state import load_state
 

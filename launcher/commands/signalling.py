@@ -10,17 +10,25 @@ import json
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from elfes.files import write_text_atomically
 
+from ..job.command import FORWARD_HOLD_S
 from ..rundir import state as run_state
+from ..rundir.command_group import dispositions, group_members, signal_group
 from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks, run_slurm_tool
-from ..rundir.lookup import UsageError, run_paths
+from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.paths import RunPaths
+from ..rundir.task_files import command_records
+from ..spec import SpecError
+from ..spec.models import Resources
 from ..submit import executors
+
+DEFAULT_KILL_WAIT_S = Resources().kill_wait_s
 
 
 class ActionFailed(RuntimeError):
@@ -78,7 +86,27 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
     if not targets:
         raise ActionFailed(f"{run_dir}: no task of job {state.job_id} has recorded its pid on this machine yet (it "
                            "installs its signal handlers first, a few seconds after it starts); try again shortly")
-    return Signalled(paths.run_dir, "local", state.job_id, signum.name, targets)
+    return Signalled(paths.run_dir, "local", state.job_id, signum.name, targets, note=_command_takes(paths, signum))
+
+
+def _command_takes(paths: RunPaths, requeue: signal.Signals) -> str | None:
+    """What a command job's processes do with the requeue signal, when it is not what a preemption needs."""
+    notes = []
+    for record in command_records(paths, host=socket.gethostname()):
+        members = group_members(record["pgid"])
+        view = dispositions(members, (requeue, signal.SIGTERM))
+        if not members or view.catches(requeue):
+            continue
+        who = f"the command of rank {record.get('rank')} (pids {members})"
+        if view.catches(signal.SIGTERM):
+            notes.append(f"{who} catches SIGTERM but not {requeue.name}: its task sends it SIGTERM instead and "
+                         f"requeues the job once it exits {128 + signal.SIGTERM} (128 + SIGTERM) after saving `last`")
+        else:
+            notes.append(f"{who} catches neither {requeue.name} nor SIGTERM (yet: it may still be starting): its task "
+                         f"holds the signal until it does, at most {FORWARD_HOLD_S:.0f} s after the command started, "
+                         f"then sends {requeue.name}, whose default action ends the command without saving; a command "
+                         f"job catches SIGTERM and {requeue.name} (StopRequest().catch_signals(signals=...))")
+    return "; ".join(notes) or None
 
 
 def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
@@ -89,10 +117,11 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
     live = liveness(paths, state)
     current = effective_state(paths, state, live)
     # A SLURM job that stopped on SIGTERM stays alive until SLURM ends it, and comes back if that was a
-    # preemption: cancel it too.
-    if current.status in run_state.ENDED and not (state.executor == "slurm" and live.alive):
+    # preemption: cancel it too. So are the processes a local command left running when its task was killed.
+    if current.status in run_state.ENDED and not (state.executor == "slurm" and live.alive) and not live.command:
         return Signalled(paths.run_dir, state.executor, state.job_id, "none", [],
                          note=f"the run is already {current.status}; nothing to cancel")
+    previous_cancel = _marker_age_s(paths)
     write_text_atomically(paths.cancel_marker, json.dumps({"at": run_state.now(), "host": socket.gethostname(),
                                                            "pid": os.getpid()}) + "\n")
     if state.executor == "slurm":
@@ -100,8 +129,17 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
             return Signalled(paths.run_dir, "slurm", None, "none", [], note="not submitted yet; the marker stops it")
         _scancel([str(state.job_id)], "cancel")
         return Signalled(paths.run_dir, "slurm", state.job_id, "SIGTERM", [f"SLURM job {state.job_id} (scancel)"])
-    targets = _signal_pids(recorded_tasks(paths), signal.SIGTERM)
-    note = None
+    tasks = recorded_tasks(paths)
+    targets = _signal_pids(tasks, signal.SIGTERM)
+    kill_wait_s = _kill_wait_s(paths)
+    note = (f"a command job's task sends SIGTERM on to the command's processes, and SIGKILL {kill_wait_s} s later "
+            "(resources.kill_wait_s) if they have not exited" if kill_wait_s is not None and targets else None)
+    orphans, killed = _signal_orphaned_groups(paths, {int(task["pid"]) for task in tasks}, kill_wait_s,
+                                              previous_cancel)
+    targets += orphans
+    if orphans and not killed:
+        note = (f"the command's task is gone, so nothing escalates by itself: run `elfes cancel {paths.run_dir}` "
+                f"again {kill_wait_s or DEFAULT_KILL_WAIT_S} s from now to SIGKILL what still runs then")
     if not targets:
         # Tasks still starting: the controller forwards SIGTERM, and the runtime sees the marker.
         for pid in local_processes(paths)["controller"]:
@@ -111,4 +149,39 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
             except ProcessLookupError:
                 pass
         note = "no task had recorded its pid yet; a starting task sees the cancel marker"
-    return Signalled(paths.run_dir, "local", state.job_id, "SIGTERM", targets, note=note)
+    return Signalled(paths.run_dir, "local", state.job_id, "SIGKILL" if killed else "SIGTERM", targets, note=note)
+
+
+def _kill_wait_s(paths: RunPaths) -> int | None:
+    """``resources.kill_wait_s`` of a command job's recorded spec; None for an entrypoint job."""
+    try:
+        spec = recorded_spec(paths)
+    except SpecError:
+        return None
+    return spec.resources.kill_wait_s if spec is not None and spec.command else None
+
+
+def _marker_age_s(paths: RunPaths) -> float | None:
+    """Seconds since an earlier ``elfes cancel`` left its marker, or None."""
+    try:
+        return time.time() - paths.cancel_marker.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _signal_orphaned_groups(paths: RunPaths, live_tasks: set[int], kill_wait_s: int | None,
+                            previous_cancel: float | None) -> tuple[list[str], bool]:
+    """SIGTERM the process groups of commands whose task is gone (killed before it reaped them), SIGKILL
+    once an earlier cancel is ``kill_wait_s`` old; returns the targets and whether that was SIGKILL."""
+    wait_s = kill_wait_s or DEFAULT_KILL_WAIT_S
+    kill = previous_cancel is not None and previous_cancel >= wait_s
+    targets = []
+    for record in command_records(paths, host=socket.gethostname()):
+        members = group_members(record["pgid"])
+        if not members or record.get("task_pid") in live_tasks:
+            continue  # a live task signals and reaps its own command
+        signum = signal.SIGKILL if kill else signal.SIGTERM
+        if signal_group(record["pgid"], signum):
+            targets.append(f"process group {record['pgid']} (pids {members}: the command of rank {record.get('rank')}, "
+                           f"attempt {record.get('attempt')}, whose task is gone)")
+    return targets, kill

@@ -104,6 +104,7 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
     if state is not None and state.executor == "slurm" and state.status == "stopped" and live.alive:
         notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
                      "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
+    notes.extend(live.notes)  # a command job's task holding a stop signal says why
     summary = _summary(paths)
     return Status(
         run_dir=str(paths.run_dir),

@@ -88,6 +88,11 @@ def _close_lost_job(paths: RunPaths) -> run_state.RunState | None:
             f"{paths.run_dir}: SLURM job {state.job_id} of this run is still {live.queue_state}{reason} (a stopped job "
             "waits for SLURM to end it, and a preempted one comes back by itself); wait until `elfes status` no "
             f"longer shows it in the queue, or `scancel {state.job_id}` first")
+    if state is not None and state.status in run_state.ENDED and live.command:
+        raise run_state.StateError(
+            f"{paths.run_dir}: processes {list(live.command)} of this run's command are still running after its "
+            f"attempt ended {state.status} (a wrapper's trainer, whose task is gone); a second trainer would write "
+            f"the same run: `elfes cancel {paths.run_dir}` ends them, then submit or resume again")
     if effective_state(paths, state, live) is state:
         return state
     return run_state.update_state(

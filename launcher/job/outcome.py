@@ -6,7 +6,7 @@ takes the same action. Torch-free.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .signals import TERMINATING_SIGNALS
@@ -81,3 +81,64 @@ def stop_reason_from_exit_code(returncode: int, *, stop_signal_names: Iterable[s
         f"the command exited with code {returncode}; 0 means finished and 128 + the number of one of "
         f"{', '.join(names)} means paused after saving `last`; see its log for the error"
     )
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A stop signal the task received (``requested``) and what it sent the command's group for it
+    (``sent``: the same, or SIGTERM standing in for a requeue signal the command does not catch)."""
+
+    requested: str
+    sent: str
+
+
+def command_stop_reason(
+    exit_code: int,
+    *,
+    stop_signal_names: Iterable[str],
+    delivered: Sequence[Delivery] = (),
+    held: Sequence[str] = (),
+    records_finished: bool = False,
+    kill_wait_s: int | None = None,
+) -> tuple[str | None, str | None]:
+    """A command's exit code as (the stop reason, a note for the attempt's record), after the task sent
+    the command ``delivered`` and held ``held`` back (signals the command never caught).
+
+    * 128 + a sent signal's number: paused on that signal; on SIGTERM that stood in for the requeue
+      signal, the requeue that was asked for.
+    * 0 after a delivered stop: finished only when the run's records say it finished (``records_finished``);
+      otherwise the stop's outcome, with a note naming the protocol.
+    * killed by SIGKILL after ``kill_wait_s`` (the task escalated a stop the command outlived): the stop.
+    * anything else: ``RuntimeError`` (see :func:`stop_reason_from_exit_code`).
+    """
+    names = tuple(stop_signal_names)
+    requests = [delivery.requested for delivery in delivered]
+    if exit_code == 0:
+        if requests and not records_finished:
+            sent = delivered[0].sent
+            return requests[0], (
+                f"the command exited 0 after {sent}, but the run's records (events.jsonl) do not say it finished: "
+                f"counted as the stop ({requests[0]}). A command job exits 128 + the signal's number "
+                f"({128 + signal.Signals[sent]} for {sent}) after saving `last` on a stop signal, and 0 only "
+                "when training is done")
+        if held and not requests:
+            return None, (f"{held[0]} was never delivered: the command caught neither {held[0]} nor SIGTERM before "
+                          "it ended by itself (exit 0); a command job catches the stop signals as soon as it starts")
+        return None, None
+    if exit_code > 128:
+        name = _signal_name(exit_code - 128)
+        stood_in = [d.requested for d in delivered if d.sent == name and d.requested != name]
+        if name in names and stood_in and name not in requests:
+            return stood_in[0], None  # SIGTERM delivered for the requeue signal: the requeue goes ahead
+    if kill_wait_s is not None and exit_code == -signal.SIGKILL and requests:
+        stop = next((name for name in requests if name in TERMINATING_SIGNALS), requests[0])
+        return stop, (f"the command did not exit within resources.kill_wait_s={kill_wait_s} s of "
+                      f"{delivered[0].sent} and was killed (SIGKILL): work since `last` is lost")
+    return stop_reason_from_exit_code(exit_code, stop_signal_names=names), None
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None

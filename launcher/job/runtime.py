@@ -15,8 +15,9 @@ and calls it. In order, on every rank:
    with ``gpus_per_node: 0``, ``ACCELERATE_USE_CPU=1`` (so a plain ``Accelerator()`` forms a gloo group).
 4. ``entrypoint``: the engine is imported (torch, seconds), a ``StopRequest`` takes over the signals
    (those that arrived during the import are handed to it) and ``main(job)`` runs with a :class:`Job`.
-   ``command``: the command runs as a child process; stop signals are forwarded to it and its exit
-   code tells the outcome (0 finished; 128 + a stop signal's number paused; anything else failed).
+   ``command``: the command runs as the leader of a process group of its own; stop signals are
+   forwarded to the whole group, which is reaped before the outcome is told by its exit code (0
+   finished; 128 + a stop signal's number paused; anything else failed; launcher/job/command.py).
 5. The outcome, the same on every rank (the trainer agrees on one stop reason for all ranks; see
    :func:`decide`): finished; requeued (the requeue signal, while requeues are left: SLURM: rank 0 runs
    ``scontrol requeue`` and every rank exits through ``SystemExit``; local: every rank exits 144 and
@@ -38,6 +39,7 @@ This module imports neither torch nor the engine at import time: the submitter p
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import os
@@ -53,8 +55,8 @@ from ..rundir import state as run_state
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from .command import run_command
-from .distributed_env import Start, detect_start, export_distributed_environment
-from .outcome import FINISHING_REASONS, Decision, decide, stop_reason_from_exit_code
+from .distributed_env import detect_start, export_distributed_environment
+from .outcome import Decision, decide
 from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
@@ -63,15 +65,7 @@ from .requeue import (
     wait_for_slurm_to_end_the_job,
 )
 from .resume_point import resume_point
-from .signals import TERMINATING_SIGNALS, SignalFlags, catches_signal, requeue_signal, stop_signals
-
-# Importable from here as before the split (tests and callers use these names).
-__all__ = [
-    "FINISHING_REASONS", "LOCAL_MAX_STARTS", "LOCAL_REQUEUE_EXIT_CODE", "TERMINATING_SIGNALS", "Decision", "Job",
-    "JobRuntime", "SignalFlags", "Start", "catches_signal", "decide", "load_entrypoint", "requeue_signal",
-    "stop_reason_from_exit_code", "stop_signals",
-]
-
+from .signals import TERMINATING_SIGNALS, SignalFlags, requeue_signal, stop_signals
 
 # -- the entrypoint's argument -------------------------------------------------------------------------------
 
@@ -155,6 +149,7 @@ class _Attempt:
         self.start = detect_start(paths, submissions)
         self.is_main = self.start.rank == 0
         self.token = self.start.token(submissions)
+        self.command_note: str | None = None  # a command job's note on how its stop ended (launcher/job/command.py)
         self.attempt = run_state.attempt_number(self.before, self.token)
         self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
         self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
@@ -195,6 +190,8 @@ class _Attempt:
         decision = decide(stop_reason, requeue_signal_name=self.requeue_name,
                           cancel_requested=cancel_requested(self.paths, self.before),
                           requeues_used=self.requeues_used, max_requeues=self.max_requeues)
+        if self.command_note and decision.error is None:
+            decision = dataclasses.replace(decision, error=self.command_note)
         return self._finish(decision, step=step)
 
     def _prepare_process(self) -> None:
@@ -243,8 +240,12 @@ class _Attempt:
     def _run_command(self) -> tuple[str | None, int | None]:
         if cancel_requested(self.paths, self.before):
             self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
-        return run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
-                           executor=self.start.executor, started_at=self.started_at, watching=self._stopping_watcher)
+        end = run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
+                          executor=self.start.executor, started_at=self.started_at, rank=self.start.rank,
+                          attempt=self.attempt, kill_wait_s=self.spec.resources.kill_wait_s,
+                          watching=self._stopping_watcher)
+        self.command_note = end.note
+        return end.stop_reason, end.step
 
     # -- recording and acting -----------------------------------------------------------------------------------
     def _update(self, change: Callable[[run_state.RunState | None], run_state.RunState]) -> None:

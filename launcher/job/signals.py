@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterable
-from pathlib import Path
 from types import FrameType
+
+from ..rundir.command_group import signal_masks
 
 # The stop signals that never requeue by themselves (`elfes cancel`, `scancel`, plain preemption).
 TERMINATING_SIGNALS = ("SIGINT", "SIGTERM")
@@ -61,11 +62,5 @@ class SignalFlags:
 def catches_signal(pid: int, signum: int) -> bool | None:
     """Whether process ``pid`` has a handler for ``signum`` (Linux ``/proc/PID/status`` ``SigCgt``); None
     when that cannot be read."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("SigCgt:"):
-            return bool((int(line.split()[1], 16) >> (int(signum) - 1)) & 1)
-    return None
+    masks = signal_masks(pid)
+    return None if masks is None else bool((masks[0] >> (int(signum) - 1)) & 1)

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from . import state as run_state
+from .command_group import ProcessStat, is_member, process_stat
 from .lost_cause import describe_lost
 from .paths import RunPaths
-from .task_files import cancel_requested
+from .task_files import cancel_requested, command_records
 
 # squeue states in which a SLURM job is still queued or alive.
 _SLURM_ALIVE = frozenset({
@@ -29,14 +30,14 @@ _SLURM_ALIVE = frozenset({
 })
 
 
-def _proc_cmdline(pid: int) -> list[str] | None:
+def _proc_cmdline(pid: int, stat: ProcessStat | None = None) -> list[str] | None:
     """The command line of a live (non-zombie) process, or None."""
+    stat = stat or process_stat(pid)
+    if stat is None or not stat.live:
+        return None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat[stat.rindex(")") + 2:].startswith(("Z", "X")):
-            return None
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
+    except OSError:
         return None
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
@@ -51,16 +52,25 @@ def _is_process_of(cmdline: list[str] | None, paths: RunPaths, module: str) -> b
 
 
 def local_processes(paths: RunPaths) -> dict[str, list[int]]:
-    """Live processes of this run's local job on this machine: ``{"controller": [...], "task": [...]}``."""
-    found: dict[str, list[int]] = {"controller": [], "task": []}
+    """Live processes of this run's local job on this machine: ``{"controller": [...], "task": [...],
+    "command": [...]}``; "command": the members of the process groups the tasks' commands lead (a
+    wrapper's trainer too, and after its task was killed). One pass over /proc."""
+    found: dict[str, list[int]] = {"controller": [], "task": [], "command": []}
+    groups = {record["pgid"] for record in command_records(paths, host=socket.gethostname())}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        cmdline = _proc_cmdline(int(entry.name))
+        stat = process_stat(int(entry.name))
+        if stat is None or not stat.live:
+            continue
+        if stat.group in groups and is_member(stat, stat.group):
+            found["command"].append(stat.pid)
+            continue
+        cmdline = _proc_cmdline(stat.pid, stat)
         if _is_process_of(cmdline, paths, "submitit.local._local"):
-            found["controller"].append(int(entry.name))
+            found["controller"].append(stat.pid)
         elif _is_process_of(cmdline, paths, "submitit.core._submit"):
-            found["task"].append(int(entry.name))
+            found["task"].append(stat.pid)
     return found
 
 
@@ -120,6 +130,8 @@ class Liveness:
     queue_state: str | None  # SLURM's state, "RUNNING"/"GONE" for a local job, None when unknown
     queue_reason: str | None = None  # SLURM's reason a job waits ("BeginTime", "Resources", ...)
     restarts: int | None = None  # SLURM's restart count of the job (RestartCnt)
+    command: tuple[int, ...] = ()  # live processes of a local command job's process groups
+    notes: tuple[str, ...] = ()  # what the tasks say of their command now (a stop signal held, and why)
 
 
 def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
@@ -128,10 +140,13 @@ def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
         return Liveness(None, None)
     if state.executor == "local":
         processes = local_processes(paths)
-        alive = bool(processes["controller"] or processes["task"])
+        alive = any(processes.values())
+        command = tuple(processes["command"])
+        notes = tuple(f"rank {record['rank']}: {record['notice']}" for record in
+                      command_records(paths, host=socket.gethostname()) if record.get("notice")) if command else ()
         if state.status in run_state.ENDED:
-            return Liveness(alive, "EXITING" if alive else None)
-        return Liveness(alive, "RUNNING" if alive else "GONE")
+            return Liveness(alive, "EXITING" if alive else None, command=command, notes=notes)
+        return Liveness(alive, "RUNNING" if alive else "GONE", command=command, notes=notes)
     entry = slurm_queue_entry(state.job_id)
     if entry is None:
         return Liveness(None, None)

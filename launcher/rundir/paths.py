@@ -20,6 +20,7 @@ RUN_DIR/
   .submit.lock                  held while a submission or resume writes the run directory
   .state.lock                   held while state.json is read, changed and rewritten (launcher/rundir/state.py)
   pids/rank-<R>.starts          starts of rank R in the current local job (submitit sets no restart count)
+  pids/command-<R>.json         the process group of rank R's `command:` while it runs (pgid, host, notice)
 ```
 
 >>> paths = RunPaths("runs/quickstart")
@@ -137,6 +138,11 @@ class RunPaths:
         """JSON ``{"job", "starts"}``: how often rank R started in that local job ("<job id>/<submission>";
         the runtime's own restart count, as submitit's local controller sets none)."""
         return self.pids / f"rank-{int(rank)}.starts"
+
+    def command_group(self, rank: int) -> Path:
+        """JSON ``{"pgid", "host", "task_pid", "attempt", "rank", "notice"}``: the process group of the
+        ``command:`` that the task of ``rank`` runs, from its start until every member is reaped."""
+        return self.pids / f"command-{int(rank)}.json"
 
     # -- the executor's own files ----------------------------------------------------------------
     @property

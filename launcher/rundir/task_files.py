@@ -58,3 +58,35 @@ def cancel_requested(paths: RunPaths, state: run_state.RunState | None) -> bool:
     if state is None or not state.submissions:
         return True
     return marked >= datetime.fromisoformat(state.submissions[-1].at).timestamp()
+
+
+def write_command_record(paths: RunPaths, rank: int, record: dict[str, Any]) -> None:
+    """Record the process group of this task's command in ``pids/command-<R>.json`` (``record`` plus this
+    task's pid): liveness counts its members as the run's, and a later task ends what it left behind."""
+    paths.pids.mkdir(parents=True, exist_ok=True)
+    full = {**record, "rank": int(rank), "task_pid": os.getpid(), "updated_at": run_state.now()}
+    write_text_atomically(paths.command_group(rank), json.dumps(full) + "\n")
+
+
+def remove_command_record(paths: RunPaths, rank: int) -> None:
+    """Remove this task's command record once its group is reaped (only if it is this task's)."""
+    file = paths.command_group(rank)
+    try:
+        if json.loads(file.read_text(encoding="utf-8")).get("task_pid") == os.getpid():
+            file.unlink()
+    except (FileNotFoundError, ValueError):
+        pass
+
+
+def command_records(paths: RunPaths, *, host: str) -> list[dict[str, Any]]:
+    """The command records of the run's tasks on ``host`` (groups that may still have members)."""
+    records = []
+    for file in sorted(paths.pids.glob("command-*.json")) if paths.pids.is_dir() else ():
+        try:
+            record = json.loads(file.read_text(encoding="utf-8"))
+            record["pgid"] = int(record["pgid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # gone meanwhile, or torn
+        if record.get("host") in (None, host):
+            records.append(record)
+    return records

@@ -96,6 +96,12 @@ class Resources(_Section):
     timeout_min: StrictInt = Field(
         60, ge=1, description="Wall-clock limit of one attempt in minutes, an integer >= 1 (SLURM --time)."
     )
+    kill_wait_s: StrictInt = Field(
+        30,
+        ge=1,
+        description="Seconds a command job's processes get to exit after SIGTERM (elfes cancel) before SIGKILL on "
+        "the local executor, as SLURM's KillWait (which SLURM applies itself); an integer >= 1.",
+    )
 
 
 class Slurm(_Section):

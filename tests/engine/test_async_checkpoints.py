@@ -30,8 +30,8 @@ from workloads import (
 
 from elfes.engine import Interval, StopRequest, TrainConfig
 from elfes.engine.checkpoint import read_checkpoint
-from elfes.launcher.doctor import save_times
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.commands.doctor import save_times
+from elfes.launcher.rundir.paths import RunPaths
 
 SPECS = {
     # An interval checkpoint at every boundary (best ones among them), every tensor of every file compared.

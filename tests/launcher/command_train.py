@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-samples", type=int, required=True)
     parser.add_argument("--log-every", type=int, default=1)
     parser.add_argument("--step-delay-s", type=float, default=0.0)
+    parser.add_argument("--default-signals", action="store_true",
+                        help="StopRequest().catch_signals() as the engine's docs write it: SIGINT and SIGTERM only")
     args = parser.parse_args(argv)
 
     def slow_step(model, batch):
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     last = args.run_dir / "checkpoints" / "last"
     stop = StopRequest()
-    with stop.catch_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)):
+    signals = (signal.SIGINT, signal.SIGTERM) if args.default_signals else (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+    with stop.catch_signals(signals=signals):
         job = SimpleNamespace(
             config={"epochs": args.epochs, "train_samples": args.train_samples, "log_every": args.log_every},
             run_dir=args.run_dir, checkpoint_dir=args.run_dir / "checkpoints",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from elfes.launcher.doctor import save_times
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.commands.doctor import save_times
+from elfes.launcher.rundir.paths import RunPaths
 
 
 def write_events(paths: RunPaths, events: list[dict]) -> None:

@@ -14,8 +14,8 @@ import pytest
 from run_fixtures import GONE_JOB_ID, make_run, write_project
 
 from elfes.files import write_text_atomically
-from elfes.launcher.submit import executors
 from elfes.launcher.cli.main import main
+from elfes.launcher.submit import executors
 
 
 def run_json(capsys, *argv: str):

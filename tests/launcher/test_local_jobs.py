@@ -21,8 +21,8 @@ import pytest
 import yaml
 from run_comparison import assert_runs_bitwise_equal
 
-from elfes.launcher.rundir import state as run_state
 from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
 
 REPOSITORY = Path(__file__).resolve().parents[2]

@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from elfes.launcher.job.runtime import SignalFlags, catches_signal, decide, stop_reason_from_exit_code
+from elfes.launcher.job.outcome import decide, stop_reason_from_exit_code
+from elfes.launcher.job.signals import SignalFlags, catches_signal
 
 
 def outcome(reason, *, cancel=False, used=0, limit=3):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher.submit import executors
 from elfes.launcher.cli.main import main
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec import load_spec
+from elfes.launcher.submit import executors
 
 GOLDEN = Path(__file__).parent / "golden"
 

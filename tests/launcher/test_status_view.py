@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 from run_fixtures import make_run, write_project
 
-from elfes.launcher.commands import status as status_report
 from elfes.launcher.cli.main import main
 from elfes.launcher.cli.status import print_status
+from elfes.launcher.commands import status as status_report
 
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

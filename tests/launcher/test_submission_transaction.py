@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from run_fixtures import launch_environment, make_run
 
-from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.rundir.paths import RunPaths
 
 ELFES = str(Path(sys.executable).with_name("elfes"))

@@ -15,13 +15,13 @@ import pytest
 import yaml
 from run_fixtures import REPOSITORY
 
-from elfes.launcher.commands import authoring
-from elfes.launcher.submit import executors
-from elfes.launcher.commands.authoring import entrypoint_text
 from elfes.launcher.cli.main import main
-from elfes.launcher.rundir.paths import RunPaths
+from elfes.launcher.commands import authoring
+from elfes.launcher.commands.authoring import entrypoint_text
 from elfes.launcher.job.runtime import Job
+from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec import validate_spec_data
+from elfes.launcher.submit import executors
 
 TEMPLATES = ["local-debug", "slurm-gpu", "slurm-multinode", "slurm-node"]
 

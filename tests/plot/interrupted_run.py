@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
+from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.liveness import local_processes
-from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
 
 REPOSITORY = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import numpy
 import pytest
 from interrupted_run import InterruptedRun, attempt_events, events, kill_leftovers, run_interrupted_job
 
+from elfes.launcher.commands.plot import plot
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
-from elfes.launcher.commands.plot import plot
 
 pytest.importorskip("matplotlib", reason="the plot extra: pip install -e '.[test]' installs it")
 pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e '.[test]' installs it")
