@@ -19,6 +19,7 @@ import elfes
 from .cli_rehearse import DESCRIPTION as REHEARSE_DESCRIPTION
 from .cli_rehearse import EXIT_CODES as REHEARSE_EXIT_CODES
 from .cli_rehearse import add_arguments as add_rehearse_arguments
+from .cli_sweep import add_submit_arguments as add_sweep_arguments
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -73,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the sbatch script (slurm) or the local command, touching nothing")
     submit.add_argument("--follow", action="store_true",
                         help="show the job live until it ends; the exit code tells how it ended")
+    add_sweep_arguments(submit)
 
     status = verb("status", "Show where runs stand (from their state files and run records).")
-    status.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories")
+    status.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories or sweep folders")
     status.add_argument("--json", action="store_true",
                         help="print JSON: an object per run with a top-level `status` (a list for several runs)")
 
@@ -97,11 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     preempt.add_argument("run_dir", metavar="RUN_DIR")
 
     cancel = verb("cancel", "Stop a run for good: it saves `last` and ends cancelled.")
-    cancel.add_argument("run_dir", metavar="RUN_DIR")
+    cancel.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or a sweep folder (every live member)")
 
     resume = verb("resume", "Submit a stopped, cancelled or failed run again; it continues from `last`. "
                   "A finished run continues with a raised budget (--set config.epochs=N).")
-    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a run directory, or a sweep folder (only its members that are not finished)")
     resume.add_argument("--executor", choices=("auto", "slurm", "local"), default=None,
                         help="where to run it (default: the executor of its last submission)")
     set_option(resume, "the recorded spec (the budget, resources, SLURM options, requeue cap, env; not what "
@@ -370,10 +373,26 @@ def _rehearse(args: argparse.Namespace) -> int:
     return rehearse(args)
 
 
+def _sweep_aware(verb: Any) -> Any:
+    """The verb, or its sweep form (launcher/cli_sweep.py) for a sweep spec or a sweep folder."""
+    from . import cli_sweep
+
+    def run(args: argparse.Namespace) -> int:
+        if verb is _submit and cli_sweep.wants_sweep(args):
+            return cli_sweep.submit(args)
+        if verb is _status and cli_sweep.any_sweep(args.run_dirs):
+            return cli_sweep.status(args, _status)
+        if verb in (_resume, _cancel) and cli_sweep.any_sweep([args.run_dir]):
+            return (cli_sweep.resume if verb is _resume else cli_sweep.cancel)(args)
+        return verb(args)
+
+    return run
+
+
 VERBS = {
-    "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
-    "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot, "doctor": _doctor,
-    "rehearse": _rehearse,
+    "submit": _sweep_aware(_submit), "status": _sweep_aware(_status), "logs": _logs, "preempt": _preempt,
+    "cancel": _sweep_aware(_cancel), "resume": _sweep_aware(_resume), "validate": _validate, "init": _init,
+    "schema": _schema, "plot": _plot, "doctor": _doctor, "rehearse": _rehearse,
 }
 
 
