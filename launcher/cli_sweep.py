@@ -39,7 +39,11 @@ def _print(text: str = "") -> None:
 
 def submit(args: argparse.Namespace) -> int:
     from . import sweep
+    from .run_dir import UsageError
 
+    if args.follow:
+        raise UsageError("--follow shows one run; a sweep has many: leave out --follow and watch it with "
+                         "`elfes status SWEEP_DIR` (or follow one member: elfes logs SWEEP_DIR/MEMBER --follow)")
     result = sweep.submit(args.spec, executor=args.executor, dry_run=args.dry_run, sets=args.sets,
                           sweeps=args.sweeps, max_parallel=args.max_parallel)
     if result.dry_run is not None:
