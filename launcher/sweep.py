@@ -119,7 +119,8 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
         if chosen == "slurm":
             from .sweep_slurm import submit_array
 
-            job_ids = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit")
+            with sweep_lock(SweepPaths(plan.sweep_dir)):
+                job_ids = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit")
         else:
             start_scheduler(SweepPaths(plan.sweep_dir))
             job_ids = ()
