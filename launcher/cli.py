@@ -309,7 +309,9 @@ def _logs(args: argparse.Namespace) -> int:
         return EXIT_OK
     for file in found.files:
         _print(f"==> {file} <==")
-        sys.stdout.write(file.read_text(encoding="utf-8", errors="replace"))
+        with open(file, "rb") as stream:  # streamed: a 200 MB log is never held whole
+            while chunk := stream.read(1 << 20):
+                sys.stdout.buffer.write(chunk)
     sys.stdout.flush()
     return EXIT_OK
 

@@ -7,16 +7,16 @@ Torch-free: the run records' reader is imported only when a status is asked for.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import state as run_state
-from .liveness import effective_state, liveness
+from .liveness import effective_state
 from .paths import RunPaths
 from .run_dir import recorded_spec, run_paths
 from .spec import SpecError
+from .status_reading import ProcessTable, run_liveness, summary_from_ends
 
 
 @dataclass(frozen=True)
@@ -57,19 +57,10 @@ def _last_checkpoint(paths: RunPaths) -> str | None:
     return str(paths.checkpoints / os.readlink(paths.last))
 
 
-def _summary(paths: RunPaths) -> Any:
-    from elfes.records import read_events, summarize
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a line torn by a kill; the rest of the file is intact
-        try:
-            return summarize(read_events(paths.run_dir))
-        except (FileNotFoundError, ValueError):
-            return None
-
-
-def run_status(run_dir: str | os.PathLike[str]) -> Status:
-    """The status of one run directory. Reads files (and asks SLURM); writes nothing."""
+def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None = None) -> Status:
+    """The status of one run directory. Reads files (and asks SLURM); writes nothing. Liveness is asked only
+    of a run that has not ended (``processes``: one /proc scan shared by many runs); the run records are
+    read from the head and tail of ``events.jsonl`` only (launcher/status_reading.py)."""
     paths = run_paths(run_dir)
     notes: list[str] = []
     try:
@@ -78,14 +69,14 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
         name = None
         notes.append(f"{paths.spec} cannot be read")
     recorded = run_state.load_state(paths)
-    live = liveness(paths, recorded)
+    live = run_liveness(paths, recorded, processes)
     state = effective_state(paths, recorded, live)
     if state is not recorded and state is not None:
         notes.append(f"the job is gone without recording its end (was {recorded.status}); `elfes resume` continues it")
     if state is not None and state.executor == "slurm" and state.status == "stopped" and live.alive:
         notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
                      "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
-    summary = _summary(paths)
+    summary = summary_from_ends(paths)
     return Status(
         run_dir=str(paths.run_dir),
         name=name,
@@ -115,4 +106,5 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
 
 def status(run_dirs: Sequence[str | os.PathLike[str]]) -> list[Status]:
     """The status of each run directory, in order."""
-    return [run_status(run_dir) for run_dir in run_dirs]
+    processes = ProcessTable.snapshot()  # scanned once, on the first run that needs it
+    return [run_status(run_dir, processes) for run_dir in run_dirs]
