@@ -139,3 +139,25 @@ def summary_from_ends(paths: RunPaths) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return summarize(events)
+
+
+def recorded_name(paths: RunPaths) -> str | None:
+    """The job name in the run's recorded ``job.yaml`` (written by elfes, so read with the C safe loader
+    when there is one, without validating the whole spec); None without a recorded spec. ValueError when
+    it cannot be read."""
+    import yaml
+
+    try:
+        text = paths.spec.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise ValueError(str(error)) from None
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        raise ValueError(str(error)) from None
+    name = data.get("name") if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        raise ValueError("no name")
+    return name

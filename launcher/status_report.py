@@ -14,9 +14,8 @@ from typing import Any
 from . import state as run_state
 from .liveness import effective_state
 from .paths import RunPaths
-from .run_dir import recorded_spec, run_paths
-from .spec import SpecError
-from .status_reading import ProcessTable, run_liveness, summary_from_ends
+from .run_dir import run_paths
+from .status_reading import ProcessTable, recorded_name, run_liveness, summary_from_ends
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,8 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
     paths = run_paths(run_dir)
     notes: list[str] = []
     try:
-        name = recorded_spec(paths).name if paths.spec.is_file() else None
-    except SpecError:
+        name = recorded_name(paths)
+    except ValueError:
         name = None
         notes.append(f"{paths.spec} cannot be read")
     recorded = run_state.load_state(paths)
