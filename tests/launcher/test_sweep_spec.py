@@ -138,7 +138,7 @@ def _member(sweep_dir: Path, index: int, name: str, *, outcome: str | None, best
             s, token=token, job_id=str(4194990 + index), launch="submit", hosts=["h"], world_size=1))
         run_state.update_state(paths, lambda s: run_state.end_attempt(s, token=token, outcome=outcome, step=5))
         lines = [{"event": "started", "budget": {"planned_steps": 10, "epochs": 1}},
-                 {"event": "train", "step": 5, "planned_steps": 10}]
+                 {"event": "train", "step": 5, "planned_steps": 10, "metrics": {"loss": 0.5}}]
         if best is not None:
             lines.append({"event": "evaluation", "step": 5, "monitor": "validation/loss", "best_metric": best,
                           "best_step": 5})
@@ -168,3 +168,15 @@ def test_sweep_status_sorts_members_by_the_metric_and_counts_them(tmp_path: Path
     assert elfes(["status", str(sweep_dir), str(sweep_dir / "lr=0"), "--json"]) == 0
     both = json.loads(capsys.readouterr().out)
     assert both[0]["counts"]["total"] == 4 and both[1]["status"] == "finished"
+
+
+def test_plot_of_a_sweep_overlays_its_members_labelled_by_their_overrides(tmp_path: Path) -> None:
+    from elfes.launcher.plot import plot
+
+    sweep_dir = tmp_path / "sweep"
+    members = (_member(sweep_dir, 0, "lr=0", outcome="finished", best=0.9),
+               _member(sweep_dir, 1, "lr=1", outcome="finished", best=0.2))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="demo", executor="local", max_parallel=2, members=members))
+    result = plot([str(sweep_dir)], metrics=["train/loss"])
+    assert result.output == sweep_dir / "plot.png" and result.output.is_file()
+    assert [run.name for run in result.runs] == ["config.lr=0", "config.lr=1"]
