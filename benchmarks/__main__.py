@@ -28,6 +28,7 @@ BENCHMARKS = {
     "stop": ("benchmarks.stop",),
     "resume": ("benchmarks.resume",),
     "login": ("benchmarks.login",),
+    "sweep_status": ("benchmarks.sweep_status",),
 }
 
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import sweep
 from .exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -29,6 +30,8 @@ from .parser import build_parser
 
 # -- the verbs --------------------------------------------------------------------------------------------------
 def _submit(args: argparse.Namespace) -> int:
+    if sweep.wants_sweep(args):
+        return sweep.submit(args)
     from ..commands import submission
 
     result = submission.submit(args.spec, executor=args.executor, dry_run=args.dry_run, sets=args.sets)
@@ -48,6 +51,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    if sweep.any_sweep([args.run_dir]):
+        return sweep.resume(args)
     from ..commands import submission
 
     result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets)
@@ -103,6 +108,12 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if sweep.any_sweep(args.run_dirs):
+        return sweep.status(args, _run_status)
+    return _run_status(args)
+
+
+def _run_status(args: argparse.Namespace) -> int:
     from ..commands import status
     from .status import print_status, status_console
 
@@ -178,7 +189,9 @@ def _logs(args: argparse.Namespace) -> int:
         print_line(f"no logs yet for rank {args.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
     for file in found.files:
         print_line(f"==> {file} <==")
-        sys.stdout.write(file.read_text(encoding="utf-8", errors="replace"))
+        with open(file, "rb") as stream:  # streamed: a 200 MB log is never held whole
+            while chunk := stream.read(1 << 20):
+                sys.stdout.buffer.write(chunk)
     if found.ending:
         print_line(f"elfes: {found.ending}")  # why it ended: the logs alone may not show it (a full disk, a kill)
     sys.stdout.flush()
@@ -229,6 +242,8 @@ def _preempt(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    if sweep.any_sweep([args.run_dir]):
+        return sweep.cancel(args)
     from ..commands import signalling
 
     result = signalling.cancel(args.run_dir)

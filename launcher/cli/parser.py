@@ -9,6 +9,7 @@ import elfes
 from .exit_codes import EXIT_CODES, EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
 from .rehearse import DESCRIPTION as REHEARSE_DESCRIPTION
 from .rehearse import add_arguments as add_rehearse_arguments
+from .sweep import add_submit_arguments as add_sweep_arguments
 
 STATUS_WAIT = f"""\
 waiting (--wait, --until, --timeout-s), e.g. in a script or a tour:
@@ -71,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the sbatch script (slurm) or the local command, touching nothing")
     submit.add_argument("--follow", action="store_true",
                         help="show the job live until it ends; the exit code tells how it ended")
+    add_sweep_arguments(submit)
 
     status = verb("status", "Show where runs stand (from their state files and run records).", STATUS_WAIT)
-    status.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories")
+    status.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories or sweep folders")
     status.add_argument("--json", action="store_true",
                         help="print JSON: an object per run with a top-level `status` (a list for several runs)")
     status.add_argument("--wait", action="store_true",
@@ -104,11 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     preempt.add_argument("run_dir", metavar="RUN_DIR")
 
     cancel = verb("cancel", "Stop a run for good: it saves `last` and ends cancelled.")
-    cancel.add_argument("run_dir", metavar="RUN_DIR")
+    cancel.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or a sweep folder (every live member)")
 
     resume = verb("resume", "Submit a stopped, cancelled or failed run again; it continues from `last`. "
                   "A finished run continues with a raised budget (--set config.epochs=N).")
-    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a run directory, or a sweep folder (only its members that are not finished)")
     resume.add_argument("--executor", choices=("auto", "slurm", "local"), default=None,
                         help="where to run it (default: the executor of its last submission)")
     set_option(resume, "the recorded spec (the budget, resources, SLURM options, requeue cap, env; not what "

@@ -6,6 +6,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import time
@@ -87,19 +88,20 @@ def follow_logs(run_dir: str | os.PathLike[str], *, rank: int = 0, interval_s: f
     ended with an error. The caller stops whenever it likes."""
     paths = run_paths(run_dir)
     offsets: dict[Path, int] = {}
+    decoders: dict[Path, codecs.IncrementalDecoder] = {}
     probe = LivenessProbe(paths)
     while True:
         state = run_state.load_state(paths)
         state = effective_state(paths, state, probe(state))
         ended = state is None or state.status in run_state.ENDED  # read once more after the end, then stop
         for file in log_files(paths.run_dir, rank=rank).files:
-            offset = offsets.get(file, 0)
-            with open(file, "rb") as stream:
-                stream.seek(offset)
-                data = stream.read()
-            if data:
-                offsets[file] = offset + len(data)
-                yield file, data.decode(errors="replace")
+            decoder = decoders.setdefault(file, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+            with open(file, "rb") as stream:  # in chunks: a 200 MB log is never held whole
+                stream.seek(offsets.get(file, 0))
+                while data := stream.read(1 << 20):
+                    offsets[file] = offsets.get(file, 0) + len(data)
+                    if text := decoder.decode(data):
+                        yield file, text
         if ended:
             ending = _ending(state.last_attempt) if state is not None else None
             if ending is not None:

@@ -25,7 +25,7 @@ from elfes.records.timeline import START_EVENTS, Timeline, build_timeline, selec
 
 from ..rundir import state as run_state
 from ..rundir.lookup import UsageError
-from ..rundir.paths import RunPaths
+from ..rundir.paths import RunPaths, SweepPaths
 from ..spec import SpecError, load_spec
 from .signalling import ActionFailed
 
@@ -54,6 +54,11 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
     ``output`` defaults to ``RUN_DIR/plot.png`` for one run; several runs need it. ``metrics``
     defaults to the training loss and every evaluation metric.
     """
+    labels = _sweep_members(run_dirs)  # a sweep folder stands for its members, labelled by their overrides
+    if output is None and len(run_dirs) == 1 and labels:
+        output = SweepPaths(run_dirs[0]).plot
+    if labels:
+        run_dirs = [run_dir for folder in run_dirs for run_dir in labels.get(str(folder), {str(folder): None})]
     if output is None:
         if len(run_dirs) != 1:
             raise UsageError("several runs are drawn into one file: name it with -o FILE.png (or FILE.svg)")
@@ -61,7 +66,8 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
     output = Path(output)
     if output.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"cannot write a plot to {output}: give a file name ending in .png or .svg")
-    runs = _labelled([_read_run(Path(run_dir)) for run_dir in run_dirs])
+    names = {run_dir: label for members in labels.values() for run_dir, label in members.items()}
+    runs = _labelled([_read_run(Path(run_dir), names.get(str(run_dir))) for run_dir in run_dirs])
     try:
         chosen = select_metrics([run.timeline for run in runs], metrics)
     except ValueError as error:
@@ -75,7 +81,15 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
     return Plotted(output=output, metrics=chosen, runs=tuple(runs), figure=figure)
 
 
-def _read_run(run_dir: Path) -> PlottedRun:
+def _sweep_members(folders: Sequence[str | os.PathLike[str]]) -> dict[str, dict[str, str]]:
+    """For each sweep folder among ``folders``: its members' run directories -> their overrides' label."""
+    from .sweep_record import is_sweep_dir, load_sweep
+
+    return {str(folder): {member.run_dir: member.label for member in load_sweep(SweepPaths(folder)).members}
+            for folder in folders if is_sweep_dir(folder)}
+
+
+def _read_run(run_dir: Path, label: str | None = None) -> PlottedRun:
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a run directory (no such folder); give the folder holding events.jsonl")
     paths = RunPaths(run_dir)
@@ -87,7 +101,8 @@ def _read_run(run_dir: Path) -> PlottedRun:
         raise UsageError(str(error)) from None
     state = run_state.load_state(paths)
     launches = _launches(events, state.attempts if state is not None else ())
-    return PlottedRun(run_dir=run_dir, name=_run_name(paths), timeline=build_timeline(events, launches=launches))
+    return PlottedRun(run_dir=run_dir, name=label or _run_name(paths),
+                      timeline=build_timeline(events, launches=launches))
 
 
 def _run_name(paths: RunPaths) -> str:

@@ -7,16 +7,15 @@ Torch-free: the run records' reader is imported only when a status is asked for.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..rundir import state as run_state
-from ..rundir.liveness import effective_state, liveness
-from ..rundir.lookup import recorded_spec, run_paths
+from ..rundir.liveness import effective_state
+from ..rundir.lookup import run_paths
 from ..rundir.paths import RunPaths
-from ..spec import SpecError
+from ..rundir.status_reading import ProcessTable, recorded_name, run_liveness, summary_from_ends
 
 UNREADABLE = "unreadable"  # the status of a run whose state.json cannot be read
 
@@ -73,31 +72,22 @@ def _pointer_notes(paths: RunPaths) -> list[str]:
     return []
 
 
-def _summary(paths: RunPaths) -> Any:
-    from elfes.records import read_events, summarize
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a line torn by a kill; the rest of the file is intact
-        try:
-            return summarize(read_events(paths.run_dir))
-        except (FileNotFoundError, ValueError):
-            return None
-
-
-def run_status(run_dir: str | os.PathLike[str]) -> Status:
-    """The status of one run directory. Reads files (and asks SLURM); writes nothing."""
+def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None = None) -> Status:
+    """The status of one run directory. Reads files (and asks SLURM); writes nothing. Liveness is asked only
+    of a run that has not ended (``processes``: one /proc scan shared by many runs); the run records are
+    read from the head and tail of ``events.jsonl`` only (launcher/rundir/status_reading.py)."""
     paths = run_paths(run_dir)
     notes = _pointer_notes(paths)
     try:
-        name = recorded_spec(paths).name if paths.spec.is_file() else None
-    except SpecError:
+        name = recorded_name(paths)
+    except ValueError:
         name = None
         notes.append(f"{paths.spec} cannot be read")
     try:
         recorded = run_state.load_state(paths)
     except run_state.StateError as error:
         return _unreadable(paths, name, str(error), notes)
-    live = liveness(paths, recorded)
+    live = run_liveness(paths, recorded, processes)
     state = effective_state(paths, recorded, live)
     if state is not recorded and state is not None:
         notes.append(f"the job is gone without recording its end (was {recorded.status}); `elfes resume` continues it")
@@ -105,7 +95,7 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
         notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
                      "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
     notes.extend(live.notes)  # a command job's task holding a stop signal says why
-    summary = _summary(paths)
+    summary = summary_from_ends(paths)
     return Status(
         run_dir=str(paths.run_dir),
         name=name,
@@ -135,7 +125,7 @@ def run_status(run_dir: str | os.PathLike[str]) -> Status:
 
 def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:
     """A run whose state.json cannot be read: status "unreadable", what its other files still tell."""
-    summary = _summary(paths)
+    summary = summary_from_ends(paths)
     return Status(
         run_dir=str(paths.run_dir), name=name, status=UNREADABLE, executor=None, job_id=None, queue_state=None,
         attempts=[], requeues_used=0, requeues_left=None, max_requeues=None,
@@ -149,4 +139,5 @@ def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str])
 
 def status(run_dirs: Sequence[str | os.PathLike[str]]) -> list[Status]:
     """The status of each run directory, in order."""
-    return [run_status(run_dir) for run_dir in run_dirs]
+    processes = ProcessTable.snapshot()  # scanned once, on the first run that needs it
+    return [run_status(run_dir, processes) for run_dir in run_dirs]

@@ -161,3 +161,57 @@ class RunPaths:
     def controller_log(self) -> Path:
         """Standard output and error of a local job's controller, detached from the submitter."""
         return self.submitit / "controller.log"
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """File names of a sweep's folder (the spec's ``run_dir`` when it has a ``sweep``): one run directory
+    per member, named from its overrides, beside the sweep's own files. Nothing is created or read.
+
+    ```
+    SWEEP_DIR/
+      sweep.json          the members (name, run directory, overrides), the jobs, the local queue
+      <member>/           a complete run directory (RunPaths), e.g. lr=0.001,seed=0/
+      submitit/           submitit's folder of the SLURM job array(s)
+      scheduler.log       the local sweep scheduler's output
+      .sweep.lock         held while sweep.json is read, changed and rewritten
+      .scheduler.lock     held by the live local scheduler for its whole life
+    ```
+    """
+
+    sweep_dir: Path
+
+    def __init__(self, sweep_dir: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "sweep_dir", Path(sweep_dir))
+
+    @property
+    def record(self) -> Path:
+        """``sweep.json`` (format owned by launcher/rundir/sweep_record.py), written atomically."""
+        return self.sweep_dir / "sweep.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.sweep_dir / ".sweep.lock"
+
+    @property
+    def scheduler_lock(self) -> Path:
+        """Held (``fcntl.flock``) by the local scheduler while it lives: free means none is running."""
+        return self.sweep_dir / ".scheduler.lock"
+
+    @property
+    def scheduler_log(self) -> Path:
+        return self.sweep_dir / "scheduler.log"
+
+    @property
+    def submitit(self) -> Path:
+        """submitit's folder for the sweep's SLURM job arrays (pickles and per-task logs)."""
+        return self.sweep_dir / "submitit"
+
+    @property
+    def plot(self) -> Path:
+        """Where ``elfes plot SWEEP_DIR`` draws when no ``-o`` names another file."""
+        return self.sweep_dir / "plot.png"
+
+    def member(self, name: str) -> RunPaths:
+        """The run directory of the member ``name``."""
+        return RunPaths(self.sweep_dir / name)

@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .file_checks import entrypoint_problem, run_dir_problem
+from .sweep_model import Sweep
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -193,6 +194,7 @@ class JobSpec(_Section):
         description='Environment variables exported before the tasks start, e.g. {OMP_NUM_THREADS: "1"}; '
         "values are strings (quote numbers).",
     )
+    sweep: Sweep | None = Field(None, description=Sweep.__doc__)  # expanded by launcher/spec/sweep.py
 
     @field_validator("workdir", "run_dir", mode="before")
     @classmethod
@@ -315,7 +317,8 @@ class JobSpec(_Section):
 
     def to_yaml(self) -> str:
         """The spec as recorded in the run directory (absolute paths, every default written out)."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+        data = self.model_dump(mode="json", exclude={"sweep"} if self.sweep is None else None)
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
     def differences(self, other: JobSpec) -> list[str]:
         """Dotted paths of the fields whose values differ between two specs (``["resources.nodes"]``)."""

@@ -149,7 +149,7 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     return parameters
 
 
-def _submitit_command(folder: Path, python: str) -> str:
+def submitit_command(folder: Path, python: str) -> str:
     # What SlurmExecutor._submitit_command_str builds: every task runs submitit's entry point.
     return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
@@ -161,11 +161,11 @@ def sbatch_script(spec: JobSpec, paths: RunPaths, *, python: str | None = None) 
 
     python = shlex.quote(sys.executable) if python is None else python
     folder = Path(os.path.abspath(paths.submitit))
-    return _make_sbatch_string(command=_submitit_command(folder, python), folder=folder, **slurm_parameters(spec))
+    return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **slurm_parameters(spec))
 
 
 @contextmanager
-def _submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
+def submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
     """A submission that raises leaves submitit's folder as it found it: the pickles and sbatch scripts
     it wrote are removed, what it appended to the controller log is cut off, a folder it created goes."""
     folder = paths.submitit
@@ -186,7 +186,7 @@ def _submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
 
 
 def _submit_slurm(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
-    with _submitit_files_undone_on_failure(paths):
+    with submitit_files_undone_on_failure(paths):
         return _sbatch(spec, paths, runtime)
 
 
@@ -265,7 +265,7 @@ def local_plan(spec: JobSpec, paths: RunPaths, *, python: str | None = None) -> 
             f"< /dev/null >> {log} 2>&1 &",
         ) if part),
         "# each task (its stdout and stderr in RUN_DIR/submitit/JOBID_RANK_log.out and .err):",
-        f"{_submitit_command(folder, python)} >> {task_log}.out 2>> {task_log}.err",
+        f"{submitit_command(folder, python)} >> {task_log}.out 2>> {task_log}.err",
         f"# the callable it runs: elfes.launcher.job.runtime.JobRuntime({str(paths.run_dir)!r})",
         "",
     ]
@@ -282,7 +282,7 @@ def _reset_signals() -> None:
 def _submit_local(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
     """Submit through ``LocalExecutor`` from a forked child in a new session whose standard streams
     are the controller log; the controller outlives the child (and this process)."""
-    with _submitit_files_undone_on_failure(paths):
+    with submitit_files_undone_on_failure(paths):
         log_size = paths.controller_log.stat().st_size if paths.controller_log.is_file() else 0
         try:
             return _start_local_controller(spec, paths, runtime)
@@ -372,3 +372,4 @@ def submit(spec: JobSpec, paths: RunPaths, executor: str, task: Any) -> str:
     if executor == "local":
         return _submit_local(spec, paths, task)
     raise ExecutorError(f"executor {executor!r} is unknown; use slurm or local")
+

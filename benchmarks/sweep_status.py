@@ -1,0 +1,128 @@
+"""Scale: wall time of ``elfes status`` over 1,000 finished sweep members (``status SWEEP_DIR`` and
+``status`` of the 1,000 run directories given one by one), and of ``status``, ``logs`` and their peak
+memory for one run whose ``events.jsonl`` has 1,000,002 lines (~280 MB) and whose log is 200 MB.
+
+The run directories are synthetic (state.json written through launcher/rundir/state.py's transitions once and
+copied, a short events.jsonl each): no job runs. Smoke sizes: 50 members, 10,002 lines, 2 MB of log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from elfes.launcher import state as run_state
+from elfes.launcher.rundir.paths import RunPaths, SweepPaths
+from elfes.launcher.rundir.sweep_record import MemberRecord, SweepRecord, save_sweep
+
+from .login import elfes_command
+from .measure import Progress, Row, child_environment
+
+TIME = "2026-01-02T03:04:05.000+00:00"
+BUDGET = {"epochs": 1, "planned_steps": 100}
+
+
+def _event_lines(steps: int) -> str:
+    lines = [{"event": "started", "time": TIME, "budget": BUDGET}]
+    lines += [{"event": "train", "time": TIME, "step": step, "planned_steps": 100, "metrics": {"loss": 1 / step}}
+              for step in range(1, steps + 1)]
+    lines += [{"event": "evaluation", "time": TIME, "step": steps, "monitor": "validation/loss",
+               "best_metric": 1 / steps, "best_step": steps}, {"event": "finished", "time": TIME, "step": steps}]
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def _finished_run(paths: RunPaths, job_id: str) -> None:
+    paths.run_dir.mkdir(parents=True)
+    paths.spec.write_text(f"name: bench\nentrypoint: m:f\nrun_dir: {paths.run_dir}\n")
+    token = f"{job_id}:0/1"
+    run_state.update_state(paths, lambda s: run_state.record_submission(s, executor="local", kind="submit",
+                                                                        max_requeues=3))
+    run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
+    run_state.update_state(paths, lambda s: run_state.begin_attempt(s, token=token, job_id=job_id, launch="submit",
+                                                                    hosts=["h"], world_size=1))
+    run_state.update_state(paths, lambda s: run_state.end_attempt(s, token=token, outcome="finished", step=20))
+
+
+def build_sweep(folder: Path, members: int) -> Path:
+    """A sweep folder of ``members`` finished members (each with state.json and a 22-line events.jsonl)."""
+    sweep_dir = folder / "sweep"
+    template = RunPaths(folder / "template")
+    _finished_run(template, "4194999")
+    template.events.write_text(_event_lines(20))
+    records = []
+    for index in range(members):
+        name = f"lr={index},seed=0"
+        shutil.copytree(template.run_dir, sweep_dir / name)
+        records.append(MemberRecord(index, name, str(sweep_dir / name), {"config.lr": index, "config.seed": 0}))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=10,
+                                                 members=tuple(records)))
+    return sweep_dir
+
+
+def build_big_run(folder: Path, lines: int, log_bytes: int) -> Path:
+    """A finished run with an events.jsonl of ``lines`` lines and a rank-0 log of ``log_bytes``."""
+    paths = RunPaths(folder / "big")
+    _finished_run(paths, "4194998")
+    with open(paths.events, "w") as stream:
+        stream.write(json.dumps({"event": "started", "time": TIME, "budget": BUDGET}) + "\n")
+        chunk = "".join(json.dumps({"event": "train", "time": TIME, "step": step, "metrics": {"loss": 0.5}}) + "\n"
+                        for step in range(1, 1001))
+        for _ in range((lines - 2) // 1000):
+            stream.write(chunk)
+        stream.write(json.dumps({"event": "finished", "time": TIME, "step": 1000}) + "\n")
+    paths.attempt_logs(1).mkdir(parents=True)
+    line = "x" * 99 + "\n"
+    with open(paths.rank_log(1, 0), "w") as stream:
+        stream.write(line * (log_bytes // len(line)))
+    return paths.run_dir
+
+
+def _timed(command: list[str]) -> dict[str, float]:
+    """Wall seconds and peak resident memory (MB) of a child process; its output is discarded."""
+    started = time.perf_counter()
+    child = subprocess.Popen(command, env=child_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:3])} ... exited with status {child.returncode}")
+    return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024}
+
+
+def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
+    elfes = elfes_command()
+    members, lines, log_bytes = (50, 10_002, 2_000_000) if smoke else (1000, 1_000_002, 200_000_000)
+    with tempfile.TemporaryDirectory(prefix="elfes-sweep-bench-") as folder:
+        sweep_dir = build_sweep(Path(folder), members)
+        big = build_big_run(Path(folder), lines, log_bytes)
+        member_dirs = sorted(str(path) for path in sweep_dir.iterdir() if path.is_dir())
+        progress(f"sweep status: built {members} finished members and a run with {lines} events, "
+                 f"{log_bytes / 1e6:.0f} MB of log")
+        commands = {
+            f"status SWEEP_DIR ({members} members)": ([*elfes, "status", str(sweep_dir)], 2.0),
+            f"status of {members} run directories": ([*elfes, "status", *member_dirs], 2.0),
+            f"status of a run with {lines} events": ([*elfes, "status", str(big)], None),
+            f"logs of a {log_bytes / 1e6:.0f} MB log": ([*elfes, "logs", str(big)], None),
+        }
+        samples: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
+        for command, _ in commands.values():
+            _timed(command)  # warm-up: the page cache holds every file afterwards
+        for round_index in range(rounds):
+            for name, (command, _) in commands.items():
+                samples[name].append(_timed(command))
+            progress(f"sweep status: round {round_index + 1}/{rounds}: " + ", ".join(
+                f"{name} {samples[name][-1]['wall_s']:.2f} s" for name in commands))
+    rows = []
+    for name, (_, target) in commands.items():
+        wall = statistics.median(sample["wall_s"] for sample in samples[name])
+        rss = max(sample["rss_mb"] for sample in samples[name])
+        rows.append(Row("sweep_status", f"elfes {name}", "wall time of the command", "s", wall, None, None, "value",
+                        wall, target=f"<= {target:g}" if target else None, rounds=rounds,
+                        details={"peak_rss_mb": round(rss, 1)}))
+    return rows

@@ -1,0 +1,142 @@
+"""The ``elfes`` command line for sweeps: printing ``submit`` of a sweep, ``status``/``resume``/``cancel``
+of a sweep folder. Called by launcher/cli.py when the spec has a ``sweep`` (or ``--sweep`` is given) or
+a folder holds ``sweep.json``. Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..rundir.sweep_record import is_sweep_dir
+from .output import print_line, shell_quoted
+
+SWEEP_HELP = ("run a sweep: one member per value (repeatable; several give every combination), e.g. "
+              "--sweep config.lr=0.001,0.003 --sweep config.seed=0,1; each member is a run directory under run_dir")
+
+
+def add_submit_arguments(submit: argparse.ArgumentParser) -> None:
+    submit.add_argument("--sweep", metavar="KEY=V1,V2", dest="sweeps", action="append", default=[], help=SWEEP_HELP)
+    submit.add_argument("--max-parallel", metavar="N", type=int, default=None,
+                        help="a sweep's members running at once (default: the spec's sweep.max_parallel, else all)")
+
+
+def wants_sweep(args: argparse.Namespace) -> bool:
+    from ..spec.sweep import wants_sweep as spec_wants_sweep
+
+    return bool(args.sweeps) or args.max_parallel is not None or spec_wants_sweep(args.spec, args.sets)
+
+
+def any_sweep(folders: list[str]) -> bool:
+    return any(is_sweep_dir(folder) for folder in folders)
+
+
+def submit(args: argparse.Namespace) -> int:
+    from ..commands import sweep
+    from ..rundir.lookup import UsageError
+
+    if args.follow:
+        raise UsageError("--follow shows one run; a sweep has many: leave out --follow and watch it with "
+                         "`elfes status SWEEP_DIR` (or follow one member: elfes logs SWEEP_DIR/MEMBER --follow)")
+    result = sweep.submit(args.spec, executor=args.executor, dry_run=args.dry_run, sets=args.sets,
+                          sweeps=args.sweeps, max_parallel=args.max_parallel)
+    if result.dry_run is not None:
+        sys.stdout.write(result.dry_run)
+        sys.stdout.flush()
+        return 0
+    how = (f"SLURM job array {', '.join(result.job_ids)}" if result.executor == "slurm"
+           else "local jobs started by the sweep's scheduler")
+    print_line(f"{result.name}: sweep of {len(result.members)} member(s), at most {result.max_parallel} at once, as {how}")
+    print_line(f"sweep folder: {result.sweep_dir}")
+    print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
+    return 0
+
+
+def resume(args: argparse.Namespace) -> int:
+    from ..commands import sweep
+
+    result = sweep.resume(args.run_dir, executor=args.executor, sets=args.sets)
+    if result.members:
+        how = f"SLURM job array {', '.join(result.job_ids)}" if result.executor == "slurm" else "local jobs, queued"
+        print_line(f"{result.name}: resumed {len(result.members)} member(s) as {how}: {', '.join(result.members)}")
+    else:
+        print_line(f"{result.name}: no member to resume")
+    for name, why in result.skipped.items():
+        print_line(f"  left alone: {name} ({why})")
+    print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    from ..commands import sweep
+
+    result = sweep.cancel_sweep(args.run_dir)
+    for signalled in result.signalled:
+        if signalled.targets:
+            print_line(f"cancel {signalled.run_dir.name}: sent {signalled.signal} to " + "; ".join(signalled.targets))
+        elif signalled.note:
+            print_line(f"cancel {signalled.run_dir.name}: {signalled.note}")
+    if result.unqueued:
+        print_line(f"not started (were waiting for a slot): {', '.join(result.unqueued)}")
+    if not result.signalled and not result.unqueued:
+        print_line("no live member; nothing to cancel")
+    print_line(f"the cancelled members save `last`; continue the unfinished ones with: elfes resume {result.sweep_dir}")
+    return 0
+
+
+def _counts_line(counts: dict[str, int]) -> str:
+    parts = [f"{status} {count}" for status, count in counts.items() if status != "total"]
+    return f"{counts.get('total', 0)} member(s): " + ", ".join(parts)
+
+
+def _sweep_table(console: Any, result: Any) -> None:
+    from rich.table import Table
+
+    from elfes.records.plain import format_number as cell
+
+    table = Table(title=f"sweep {result.name} ({result.sweep_dir}), {result.executor}, at most {result.max_parallel} "
+                  "at once", show_edge=False, title_justify="left")
+    for column in ("member", "status", "job", "attempts", "requeues", "step", "best", "last checkpoint"):
+        table.add_column(column)
+    for member in result.members:
+        best = "-" if member.best_metric is None else (
+            f"{member.monitor or 'metric'} {cell(member.best_metric)} @ {cell(member.best_step)}")
+        checkpoint = "-" if not member.last_checkpoint else member.last_checkpoint.removeprefix(member.run_dir + "/")
+        table.add_row(member.name, member.status, member.job_id or "-", str(member.attempts), str(member.requeues_used),
+                      f"{cell(member.step)}/{cell(member.planned_steps)}", best, checkpoint)
+    console.print(table)
+    console.print(_counts_line(result.counts), markup=False)
+    for name, problem in result.problems.items():
+        console.print(f"{name}: not started: {problem}", markup=False)
+    for member in result.members:
+        if member.error and member.status == "failed":
+            console.print(f"{member.name}: error: {member.error}", markup=False)
+
+
+def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], int]) -> int:
+    """``elfes status`` of folders among which some are sweeps: a table per sweep, then the runs' table
+    (``run_status``, the CLI's own); ``--json``: one object per folder (a list for several)."""
+    from ..commands import status as status_report
+    from ..rundir.sweep_status import sweep_status
+
+    sweeps = [folder for folder in args.run_dirs if is_sweep_dir(folder)]
+    runs = [folder for folder in args.run_dirs if not is_sweep_dir(folder)]
+    if args.json:
+        found = {folder: sweep_status(folder).to_json() for folder in sweeps}
+        found.update((folder, result.to_json()) for folder, result in zip(runs, status_report.status(runs)))
+        data = [found[folder] for folder in args.run_dirs]
+        print_line(json.dumps(data[0] if len(data) == 1 else data, indent=2))
+        return 0
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=False, width=200)
+    for folder in sweeps:
+        _sweep_table(console, sweep_status(folder))
+    if runs:
+        return run_status(argparse.Namespace(**{**vars(args), "run_dirs": runs}))
+    return 0

@@ -1,0 +1,212 @@
+"""The verbs of a sweep as a whole: ``elfes submit`` of a spec with a ``sweep`` (or ``--sweep``),
+``elfes resume SWEEP_DIR`` (only the members that are not finished) and ``elfes cancel SWEEP_DIR``
+(every live member). Torch-free.
+
+Every member is validated before anything is created; then each member's run directory is created
+with its own ``job.yaml`` (overrides applied, no ``sweep``), ``sweep.json`` is written, and the members
+are handed over: on SLURM as one job array per distinct set of sbatch options (launcher/commands/sweep_slurm.py),
+locally through the sweep's scheduler, at most ``max_parallel`` at once (launcher/commands/sweep_local.py). A
+refused submission removes what it created. A member is an ordinary run directory: every verb that
+takes one works on it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from elfes.files import write_text_atomically
+
+from ..rundir import state as run_state
+from ..rundir.lookup import UsageError
+from ..rundir.paths import RunPaths, SweepPaths
+from ..rundir.sweep_record import (
+    MemberRecord,
+    SweepRecord,
+    change_sweep,
+    is_sweep_dir,
+    load_sweep,
+    save_sweep,
+    sweep_lock,
+)
+from ..rundir.sweep_status import NOT_STARTED, WAITING, sweep_status
+from ..spec import SpecError
+from ..spec.sweep import SweepPlan, plan_sweep
+from ..submit import executors
+from .signalling import Signalled, cancel
+from .sweep_local import scheduler_alive, start_scheduler
+
+
+@dataclass(frozen=True)
+class SweepSubmitted:
+    sweep_dir: Path
+    name: str
+    executor: str
+    members: tuple[str, ...]  # the members handed over (or queued), in order
+    skipped: dict[str, str]  # member -> why it was left alone (resume: finished, running)
+    max_parallel: int
+    job_ids: tuple[str, ...] = ()  # SLURM: the array job(s)
+    dry_run: str | None = None
+
+
+def _check_folder(plan: SweepPlan) -> None:
+    sweep_dir = plan.sweep_dir
+    if is_sweep_dir(sweep_dir):
+        raise UsageError(f"{plan.source}: run_dir {sweep_dir} already holds a sweep; `elfes status {sweep_dir}` "
+                         f"shows it and `elfes resume {sweep_dir}` continues it; to start another sweep, give another "
+                         "run_dir (--set run_dir=NEW_FOLDER)")
+    if RunPaths(sweep_dir).spec.exists() or RunPaths(sweep_dir).state.exists():
+        raise UsageError(f"{plan.source}: run_dir {sweep_dir} is the run directory of a single run; a sweep needs a "
+                         "folder of its own: give another run_dir (--set run_dir=NEW_FOLDER)")
+    for member in plan.members:
+        folder = member.spec.run_dir
+        if folder.exists() and any(folder.iterdir()):
+            raise UsageError(f"{plan.source}: sweep member {member.index} ({member.name}): {folder} exists and is "
+                             "not empty; remove it or give the sweep another run_dir")
+
+
+def _dry_run(plan: SweepPlan, executor: str) -> str:
+    if executor == "slurm":
+        from .sweep_slurm import array_scripts
+
+        return array_scripts(plan)
+    lines = [f"# local sweep {plan.base.name}: {len(plan.members)} member(s), at most {plan.max_parallel} at once, "
+             "started in this order by a detached scheduler as slots free:"]
+    lines += [f"#   {member.index}: {member.spec.run_dir}" for member in plan.members]
+    lines.append(f"# each member is a local job; member 0 ({plan.members[0].name}):")
+    return "\n".join(lines) + "\n" + executors.local_plan(plan.members[0].spec, RunPaths(plan.members[0].spec.run_dir))
+
+
+def _create(plan: SweepPlan, executor: str) -> SweepRecord:
+    """The sweep folder, each member's run directory with its recorded spec, and ``sweep.json``."""
+    members = tuple(MemberRecord(member.index, member.name, str(member.spec.run_dir), member.overrides)
+                    for member in plan.members)
+    for member in plan.members:
+        member.spec.run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(RunPaths(member.spec.run_dir).spec, member.spec.to_yaml())
+    at = run_state.now()
+    queue = tuple({"name": member.name, "at": at} for member in members) if executor == "local" else ()
+    record = SweepRecord(name=plan.base.name, executor=executor, max_parallel=plan.max_parallel, members=members,
+                         queue=queue)
+    save_sweep(SweepPaths(plan.sweep_dir), record)
+    return record
+
+
+def _remove_created(plan: SweepPlan, existed: bool) -> None:
+    if not existed:
+        shutil.rmtree(plan.sweep_dir, ignore_errors=True)
+        return
+    for member in plan.members:
+        shutil.rmtree(member.spec.run_dir, ignore_errors=True)
+    for file in (SweepPaths(plan.sweep_dir).record, SweepPaths(plan.sweep_dir).lock):
+        file.unlink(missing_ok=True)
+
+
+def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run: bool = False,
+           sets: Sequence[str] = (), sweeps: Sequence[str] = (), max_parallel: int | None = None) -> SweepSubmitted:
+    """Validate every member of the sweep, create the sweep folder and its members, hand them over."""
+    plan = plan_sweep(spec_file, sets=sets, sweeps=sweeps, max_parallel=max_parallel)
+    chosen = executors.choose_executor(executor)
+    for member in plan.members:
+        try:
+            executors.check_executor(member.spec, chosen)
+        except executors.ExecutorError as error:
+            raise executors.ExecutorError(f"sweep member {member.index} ({member.name}): {error}") from None
+    names = tuple(member.name for member in plan.members)
+    if dry_run:
+        return SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel,
+                              dry_run=_dry_run(plan, chosen))
+    _check_folder(plan)
+    existed = plan.sweep_dir.exists()
+    try:
+        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+        record = _create(plan, chosen)
+        if chosen == "slurm":
+            from .sweep_slurm import submit_array
+
+            with sweep_lock(SweepPaths(plan.sweep_dir)):
+                job_ids = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit")
+        else:
+            start_scheduler(SweepPaths(plan.sweep_dir))
+            job_ids = ()
+    except OSError as error:
+        _remove_created(plan, existed)
+        raise SpecError(f"{plan.source}: run_dir = {str(plan.sweep_dir)!r}: cannot be written "
+                        f"({error.strerror or error}); give a folder this user can write") from None
+    except BaseException:
+        _remove_created(plan, existed)
+        raise
+    return SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel, tuple(job_ids))
+
+
+def sweep_paths(sweep_dir: str | os.PathLike[str]) -> SweepPaths:
+    paths = SweepPaths(Path(os.path.abspath(sweep_dir)))
+    if not paths.record.is_file():
+        raise UsageError(f"{sweep_dir}: not a sweep folder (no {paths.record.name})")
+    return paths
+
+
+def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
+           sets: Sequence[str] = ()) -> SweepSubmitted:
+    """Hand over again only the members that are not finished and not live (stopped, cancelled, failed,
+    never started); finished and running members are left alone."""
+    paths = sweep_paths(sweep_dir)
+    if sets:
+        raise UsageError(f"{sweep_dir}: `elfes resume SWEEP_DIR` takes no --set; resume a member with its own "
+                         "changes: elfes resume SWEEP_DIR/MEMBER --set KEY=VALUE")
+    with sweep_lock(paths):
+        record = load_sweep(paths)
+        chosen = executors.choose_executor(executor) if executor is not None else record.executor
+        status = {member.name: member for member in sweep_status(paths.sweep_dir, record).members}
+        due, skipped = [], {}
+        for member in record.members:
+            now_status = status[member.name].status
+            if now_status in ("finished",):
+                skipped[member.name] = "finished"
+            elif now_status in run_state.ENDED or now_status == NOT_STARTED:
+                due.append(member)
+            else:
+                skipped[member.name] = now_status  # live, or already waiting for a slot
+        if not due:
+            return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel)
+        if chosen == "slurm":
+            from .sweep_slurm import submit_array
+
+            job_ids = submit_array(paths, record, due, kind="resume")
+            change_sweep(paths, lambda r: replace(r, executor="slurm"))
+        else:
+            at = run_state.now()
+            change_sweep(paths, lambda r: replace(
+                r, executor="local", queue=(*r.queue, *({"name": m.name, "at": at} for m in due)),
+                problems={name: text for name, text in r.problems.items() if name not in {m.name for m in due}}))
+            if not scheduler_alive(paths):
+                start_scheduler(paths)
+            job_ids = ()
+    return SweepSubmitted(paths.sweep_dir, record.name, chosen, tuple(member.name for member in due), skipped,
+                          record.max_parallel, tuple(job_ids))
+
+
+@dataclass(frozen=True)
+class SweepCancelled:
+    sweep_dir: Path
+    signalled: list[Signalled]  # one per live member
+    unqueued: tuple[str, ...]  # members that were waiting for a slot and now will not start
+
+
+def cancel_sweep(sweep_dir: str | os.PathLike[str]) -> SweepCancelled:
+    """Empty the local queue (waiting members do not start), then cancel every live member (each saves
+    ``last`` and ends cancelled; `elfes resume SWEEP_DIR` continues the unfinished ones)."""
+    paths = sweep_paths(sweep_dir)
+    with sweep_lock(paths):
+        record = load_sweep(paths)
+        change_sweep(paths, lambda r: replace(r, queue=()))
+        signalled = []
+        for member in sweep_status(paths.sweep_dir, record).members:
+            # A SLURM member that stopped on SIGTERM waits for SLURM to end it (and may come back): cancel it too.
+            waits = member.executor == "slurm" and member.status == "stopped"
+            if member.status not in (*run_state.ENDED, WAITING, NOT_STARTED) or waits:
+                signalled.append(cancel(member.run_dir))
+    return SweepCancelled(paths.sweep_dir, signalled, tuple(entry["name"] for entry in record.queue))

@@ -1,0 +1,162 @@
+"""A local sweep's scheduler: a small detached process that submits the sweep's waiting members, in
+order, as slots free, so that at most ``max_parallel`` run at once on this machine.
+
+Why a process of its own (and not each member's job waiting on a slot): a waiting member holds no
+submitit controller, no time limit runs out while it waits, and the order is the queue's. It is robust
+to kills by construction:
+
+- the queue lives in ``sweep.json`` (each entry with the time it was queued), changed under
+  ``.sweep.lock``; a member is popped only after its hand-over (``elfes submit``/``resume`` of its run
+  directory, the usual transaction) recorded its job, and an entry whose member was submitted after it
+  was queued is popped without a second hand-over: a scheduler killed at any point loses no member
+  and starts none twice;
+- the live scheduler holds ``.scheduler.lock`` (an ``flock``, released by the kernel when it dies); a
+  second one started while it lives exits at once, and ``elfes resume SWEEP_DIR`` starts a new one when
+  the lock is free;
+- it is started by a double fork in a session of its own (its parent exits at once and is waited for),
+  so the init process reaps it, and a Ctrl-C in the submitter's terminal does not reach it; it exits when
+  the queue is empty (``elfes cancel SWEEP_DIR`` empties it).
+
+A running member keeps its slot through preemptions: submitit's controller relaunches it as for any run.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+from ..rundir import state as run_state
+from ..rundir.paths import RunPaths, SweepPaths
+from ..rundir.sweep_record import SweepRecord, change_sweep, load_sweep, sweep_lock, update_sweep
+from ..rundir.sweep_status import ProcessTable, member_is_live
+
+POLL_S = 0.5
+
+
+def scheduler_alive(paths: SweepPaths) -> bool:
+    """Whether a scheduler holds the sweep's scheduler lock now."""
+    try:
+        descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
+
+
+def start_scheduler(paths: SweepPaths) -> int:
+    """Start ``python -m elfes.launcher.commands.sweep_local SWEEP_DIR`` detached (double fork, own session, streams
+    on ``scheduler.log``); returns its pid."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the intermediate child: start the scheduler, report its pid, exit
+        try:
+            os.close(reader)
+            os.setsid()
+            log = os.open(paths.scheduler_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            stdin = os.open(os.devnull, os.O_RDONLY)
+            grandchild = os.fork()
+            if grandchild == 0:
+                os.close(writer)
+                os.dup2(stdin, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):
+                    signal.signal(signum, signal.SIG_DFL)
+                os.chdir(paths.sweep_dir)
+                os.execv(sys.executable, [sys.executable, "-m", "elfes.launcher.commands.sweep_local", str(paths.sweep_dir)])
+            os.write(writer, str(grandchild).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as stream:
+        reply = stream.read()
+    os.waitpid(child, 0)
+    return int(reply or 0)
+
+
+def _handed_over_since(paths: RunPaths, queued_at: str) -> bool:
+    state = run_state.load_state(paths)
+    return state is not None and bool(state.submissions) and state.submissions[-1].at >= queued_at
+
+
+def _hand_over(paths: RunPaths) -> None:
+    """Submit (never started) or resume (ended, not finished) one member, through the usual transaction."""
+    from .submission import resume, submit
+
+    if run_state.load_state(paths) is None:
+        result = submit(paths.spec, executor="local")
+    else:
+        result = resume(paths.run_dir, executor="local")
+    print(f"{run_state.now()} {paths.run_dir.name}: {result.executor} job {result.job_id}", flush=True)
+
+
+def _slots_used(record: SweepRecord, processes: ProcessTable) -> int:
+    return sum(member_is_live(RunPaths(Path(member.run_dir)), processes) for member in record.members)
+
+
+def _work_queue(paths: SweepPaths) -> bool:
+    """Hand over as many queued members as slots allow; False once the queue is empty (the scheduler
+    is then unregistered, under the same lock, so that a resume starts a new one)."""
+    with sweep_lock(paths):
+        record = load_sweep(paths)
+        if not record.queue:
+            change_sweep(paths, lambda r: replace(r, scheduler=None))
+            return False
+        free = record.max_parallel - _slots_used(record, ProcessTable.snapshot())
+        queue = list(record.queue)
+        problems = dict(record.problems)
+        while queue and free > 0:
+            entry = queue[0]
+            member = RunPaths(Path(record.member(entry["name"]).run_dir))
+            if not _handed_over_since(member, entry["at"]):
+                try:
+                    _hand_over(member)
+                    free -= 1
+                except Exception as error:  # a member that cannot start: recorded, the others go on
+                    problems[entry["name"]] = f"{type(error).__name__}: {error}"
+                    print(f"{run_state.now()} {entry['name']}: not started: {error}", flush=True)
+            queue.pop(0)
+            change_sweep(paths, lambda r, q=tuple(queue), p=dict(problems): replace(r, queue=q, problems=p))
+    return True
+
+
+def run_scheduler(sweep_dir: str) -> int:
+    paths = SweepPaths(Path(sweep_dir))
+    descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"{run_state.now()} another scheduler works this sweep; exiting", flush=True)
+        return 0
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": run_state.now()}
+    update_sweep(paths, lambda r: replace(r, scheduler=me))
+    print(f"{run_state.now()} scheduler {json.dumps(me)} started", flush=True)
+    try:
+        while _work_queue(paths):
+            time.sleep(POLL_S)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    print(f"{run_state.now()} the queue is empty; scheduler exits", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_scheduler(sys.argv[1]))

@@ -1,0 +1,141 @@
+"""``elfes status SWEEP_DIR``: one row per member (status, attempts, requeues, step, best metric, last
+checkpoint), best first by the monitored metric, and the counts per status. Writes nothing.
+
+Fast for large sweeps: member names come from ``sweep.json`` (no spec is parsed), ``state.json`` is
+read as it is, /proc is scanned once for all members and only for members that have not ended, and
+the run records are read from the head and tail of each ``events.jsonl`` (launcher/rundir/status_reading.py).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import state as run_state
+from .liveness import effective_state
+from .paths import RunPaths, SweepPaths
+from .status_reading import ProcessTable, needs_liveness, run_liveness, summary_from_ends
+from .sweep_record import MemberRecord, SweepRecord, load_sweep
+
+# A member without state.json: queued for a local slot, or never handed over (cancelled before it started).
+WAITING, NOT_STARTED = "waiting", "not started"
+# Metrics where higher is better, by a word in their name; any other is sorted lowest first.
+_HIGHER_IS_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "bleu", "map", "iou", "reward")
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    run_dir: str
+    name: str
+    overrides: dict[str, Any]
+    status: str  # a launcher.state status, "waiting" or "not started"
+    executor: str | None
+    job_id: str | None
+    attempts: int
+    requeues_used: int
+    step: int | None
+    planned_steps: int | None
+    monitor: str | None
+    best_metric: float | None
+    best_step: int | None
+    last_checkpoint: str | None
+    error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    sweep_dir: str
+    name: str
+    executor: str
+    max_parallel: int
+    members: list[MemberStatus]  # best first
+    counts: dict[str, int]
+    jobs: list[dict[str, Any]]
+    scheduler: dict[str, Any] | None
+    problems: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sweep_dir": self.sweep_dir, "name": self.name, "executor": self.executor,
+                "max_parallel": self.max_parallel, "members": [member.to_json() for member in self.members],
+                "counts": self.counts, "jobs": self.jobs, "scheduler": self.scheduler, "problems": self.problems}
+
+
+def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
+    """Whether the member holds a slot: handed over and not ended (a vanished local job does not)."""
+    try:
+        state = run_state.load_state(paths)
+    except run_state.StateError:
+        return False
+    if state is None or state.status in run_state.ENDED:
+        return False
+    if state.status == "submitted" or state.executor != "local":
+        return True
+    return processes.alive(paths)
+
+
+def _last_checkpoint(paths: RunPaths) -> str | None:
+    try:
+        return str(paths.checkpoints / os.readlink(paths.last))
+    except OSError:
+        return None
+
+
+def member_status(member: MemberRecord, queued: set[str], processes: ProcessTable | None) -> MemberStatus:
+    paths = RunPaths(Path(member.run_dir))
+    try:
+        recorded = run_state.load_state(paths)
+        error = None
+    except run_state.StateError as problem:
+        recorded, error = None, str(problem)
+    state = recorded
+    if needs_liveness(recorded):
+        state = effective_state(paths, recorded, run_liveness(paths, recorded, processes))
+    summary = summary_from_ends(paths) if recorded is not None else None
+    if state is None:
+        status = WAITING if member.name in queued else NOT_STARTED
+    else:
+        status = state.status
+    return MemberStatus(
+        run_dir=member.run_dir, name=member.name, overrides=member.overrides, status=status,
+        executor=state.executor if state else None, job_id=state.job_id if state else None,
+        attempts=len(state.attempts) if state else 0, requeues_used=state.requeues_used if state else 0,
+        step=getattr(summary, "step", None), planned_steps=getattr(summary, "planned_steps", None),
+        monitor=getattr(summary, "monitor", None), best_metric=getattr(summary, "best_metric", None),
+        best_step=getattr(summary, "best_step", None), last_checkpoint=_last_checkpoint(paths),
+        error=error or (state.error if state else None),
+    )
+
+
+def higher_is_better(monitor: str | None) -> bool:
+    return bool(monitor) and any(word in monitor.lower() for word in _HIGHER_IS_BETTER)
+
+
+def best_first(members: list[MemberStatus]) -> list[MemberStatus]:
+    """Sorted by the monitored metric, best first (members without one last, in sweep order)."""
+    def key(member: MemberStatus) -> tuple[int, float]:
+        if member.best_metric is None:
+            return (1, 0.0)
+        return (0, -member.best_metric if higher_is_better(member.monitor) else member.best_metric)
+
+    return sorted(members, key=key)  # stable: ties keep the sweep's order
+
+
+def sweep_status(sweep_dir: str | os.PathLike[str], record: SweepRecord | None = None) -> SweepStatus:
+    paths = SweepPaths(Path(os.path.abspath(sweep_dir)))
+    record = load_sweep(paths) if record is None else record
+    queued = {entry["name"] for entry in record.queue}
+    processes = ProcessTable.snapshot() if record.executor == "local" else None
+    members = [member_status(member, queued, processes) for member in record.members]
+    counts = dict(Counter(member.status for member in members))
+    counts["total"] = len(members)
+    return SweepStatus(
+        sweep_dir=str(paths.sweep_dir), name=record.name, executor=record.executor,
+        max_parallel=record.max_parallel, members=best_first(members), counts=counts,
+        jobs=[asdict(job) for job in record.jobs], scheduler=record.scheduler, problems=dict(record.problems))

@@ -1,0 +1,44 @@
+"""Sweeps on SLURM: one job array for many run directories, task k running member k. Torch-free."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..rundir.paths import SweepPaths
+from ..spec import JobSpec
+from .executors import SubmissionError, slurm_parameters, submitit_command, submitit_files_undone_on_failure
+
+
+def array_sbatch_script(spec: JobSpec, folder: Path, count: int, max_parallel: int, *, python: str | None = None) -> str:
+    """The sbatch script of a job array of ``count`` tasks (``--array=0-<count-1>%<max_parallel>``), each
+    running one member's ``JobRuntime``; ``spec``: any member (they share their sbatch options)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    python = shlex.quote(sys.executable) if python is None else python
+    folder = Path(os.path.abspath(folder))
+    return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, map_count=count,
+                               array_parallelism=max_parallel, **slurm_parameters(spec))
+
+
+def submit_array(spec: JobSpec, tasks: list[Any], paths: SweepPaths, max_parallel: int) -> list[str]:
+    """Submit one SLURM job array (submitit's batch submission, in the sweep's submitit folder) whose task k
+    runs ``tasks[k]`` (a member's ``JobRuntime``); returns each task's job id (``<array>_<k>``; a plain id for
+    one member). ``spec``: any member. What submitit wrote is removed when sbatch refuses."""
+    from submitit import SlurmExecutor
+
+    try:
+        executor = SlurmExecutor(folder=paths.submitit)
+    except RuntimeError as error:
+        raise SubmissionError(f"SLURM is not available here ({error}); submit from a SLURM login node, "
+                              "or use --executor local") from None
+    executor.update_parameters(**slurm_parameters(spec), array_parallelism=max_parallel)
+    try:
+        with submitit_files_undone_on_failure(paths), executor.batch():  # type: ignore[arg-type]
+            jobs = [executor.submit(task) for task in tasks]
+    except Exception as error:  # sbatch's refusal arrives as one of several submitit/subprocess errors
+        raise SubmissionError(f"sbatch refused the job array of {spec.name}: {str(error).strip()}") from None
+    return [str(job.job_id) for job in jobs]
