@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from elfes.launcher import state as run_state
+from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths, SweepPaths
 from elfes.launcher.rundir.sweep_record import MemberRecord, SweepRecord, save_sweep
 

@@ -11,7 +11,7 @@ import yaml
 from run_fixtures import write_project
 
 from elfes.files import write_text_atomically
-from elfes.launcher import state as run_state
+from elfes.launcher.rundir import state as run_state
 from elfes.launcher.cli import main as elfes
 from elfes.launcher.rundir.paths import RunPaths, SweepPaths
 from elfes.launcher.rundir.sweep_record import MemberRecord, SweepRecord, save_sweep
