@@ -166,3 +166,16 @@ def test_the_graph_reader_sees_real_edges():
     assert "elfes.launcher.rundir.state" in edges["elfes.launcher.rundir.liveness"]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert "torch" in imports("elfes.engine.trainer", top_level_only=True)
+
+
+def test_every_relative_import_names_a_module_of_the_project():
+    unresolved = []
+    for module, file in MODULES.items():
+        package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*anchor, *([node.module] if node.module else [])])
+                if target not in MODULES:
+                    unresolved.append(f"{module}:{node.lineno} imports {target}")
+    assert unresolved == []

@@ -10,6 +10,7 @@ Login-node commands never import torch (nor numpy): ``--help``, ``validate``, ``
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 from collections.abc import Sequence
@@ -189,9 +190,11 @@ def _logs(args: argparse.Namespace) -> int:
         print_line(f"no logs yet for rank {args.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
     for file in found.files:
         print_line(f"==> {file} <==")
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         with open(file, "rb") as stream:  # streamed: a 200 MB log is never held whole
             while chunk := stream.read(1 << 20):
-                sys.stdout.buffer.write(chunk)
+                sys.stdout.write(decoder.decode(chunk))
+            sys.stdout.write(decoder.decode(b"", final=True))
     if found.ending:
         print_line(f"elfes: {found.ending}")  # why it ended: the logs alone may not show it (a full disk, a kill)
     sys.stdout.flush()

@@ -83,7 +83,7 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
 
 def _sweep_members(folders: Sequence[str | os.PathLike[str]]) -> dict[str, dict[str, str]]:
     """For each sweep folder among ``folders``: its members' run directories -> their overrides' label."""
-    from .sweep_record import is_sweep_dir, load_sweep
+    from ..rundir.sweep_record import is_sweep_dir, load_sweep
 
     return {str(folder): {member.run_dir: member.label for member in load_sweep(SweepPaths(folder)).members}
             for folder in folders if is_sweep_dir(folder)}
