@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -145,6 +146,31 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     return parameters
 
 
+_SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def sbatch_quote(value: str) -> str:
+    """``value`` as sbatch reads it back from an ``#SBATCH`` line: bare when plain, else in single quotes
+    with backslashes and single quotes escaped by a backslash (sbatch's reader takes a backslash as an
+    escape inside quotes too; its values never reach a shell)."""
+    if _SBATCH_PLAIN.fullmatch(value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _requote_directives(script: str) -> str:
+    """submitit's script with each ``#SBATCH --key=value`` requoted by :func:`sbatch_quote`: submitit
+    quotes the values for a shell (``shlex.quote``), which sbatch reads differently."""
+    lines = []
+    for line in script.split("\n"):
+        option, equals, quoted = line.partition("=")
+        if line.startswith("#SBATCH --") and equals:
+            (value,) = shlex.split(quoted)
+            line = f"{option}={sbatch_quote(value)}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _submitit_command(folder: Path, python: str) -> str:
     # What SlurmExecutor._submitit_command_str builds: every task runs submitit's entry point.
     return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
@@ -157,14 +183,24 @@ def sbatch_script(spec: JobSpec, paths: RunPaths, *, python: str | None = None) 
 
     python = shlex.quote(sys.executable) if python is None else python
     folder = Path(os.path.abspath(paths.submitit))
-    return _make_sbatch_string(command=_submitit_command(folder, python), folder=folder, **slurm_parameters(spec))
+    script = _make_sbatch_string(command=_submitit_command(folder, python), folder=folder, **slurm_parameters(spec))
+    return _requote_directives(script)
+
+
+def _slurm_executor(folder: Path) -> Any:
+    """A ``SlurmExecutor`` whose sbatch script is :func:`sbatch_script`'s (directives quoted for sbatch)."""
+    from submitit import SlurmExecutor
+
+    class QuotingSlurmExecutor(SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return _requote_directives(super()._make_submission_file_text(command, uid))
+
+    return QuotingSlurmExecutor(folder=folder)
 
 
 def _submit_slurm(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
-    from submitit import SlurmExecutor
-
     try:
-        executor = SlurmExecutor(folder=paths.submitit)
+        executor = _slurm_executor(paths.submitit)
     except RuntimeError as error:
         raise SubmissionError(f"SLURM is not available here ({error}); submit from a SLURM login node, "
                               "or use --executor local") from None

@@ -7,6 +7,7 @@ Torch-free. launcher/spec.py raises them as :class:`~launcher.spec_models.SpecEr
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,18 @@ from pydantic import BaseModel, ValidationError
 
 from .spec_models import ENTRYPOINT_PATTERN, NAME_PATTERN, JobSpec
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
 
 def field_path(loc: Sequence[str | int]) -> str:
-    """``("resources", "gpus_per_node")`` -> ``"resources.gpus_per_node"``; list items as ``command[2]``."""
+    """``("resources", "gpus_per_node")`` -> ``"resources.gpus_per_node"``; list items as ``command[2]``,
+    keys that are not plain words quoted (``slurm.additional["mail type"]``)."""
     text = ""
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
+        elif not _PLAIN_KEY.fullmatch(str(part)):
+            text += f"[{json.dumps(str(part))}]" if text else json.dumps(str(part))
         else:
             text += f".{part}" if text else str(part)
     return text or "(the whole spec)"

@@ -73,6 +73,34 @@ MANAGED_SBATCH_OPTIONS: dict[str, str] = {
 }
 
 
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each would end or garble a line.
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_NAMES = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\t": "a tab (\\t)",
+                  "\x00": "a NUL character (\\0)"}
+
+
+def control_character_problem(text: str) -> str | None:
+    """What is wrong with ``text`` if it holds a control character (None: it holds none), in words."""
+    found = _CONTROL_CHARACTER.search(text)
+    if found is None:
+        return None
+    character = found.group()
+    name = _CONTROL_NAMES.get(character, f"the control character U+{ord(character):04X}")
+    where = "at its end" if found.end() == len(text) else f"at character {found.start() + 1}"
+    block = " (a YAML block scalar, | or >, ends with one: use |- or >-, or a plain string)" if (
+        character == "\n" and text.endswith("\n")) else ""
+    return (f"contains {name} {where}{block}; values that reach a batch script or a shell must be one line of "
+            "printable text")
+
+
+def _one_line(value: Any) -> Any:
+    if isinstance(value, str):
+        problem = control_character_problem(value)
+        if problem:
+            raise PydanticCustomError("control_character", problem)
+    return value
+
+
 class SpecError(ValueError):
     """A job spec that cannot be used: the message names the file, the field, the value and the fix."""
 
@@ -120,6 +148,20 @@ class Slurm(_Section):
         "(a bare flag). Options the launcher derives from other fields are refused.",
     )
 
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _one_line_option(cls, value: str | None) -> str | None:
+        return _one_line(value)
+
+    @field_validator("setup")
+    @classmethod
+    def _one_line_each(cls, lines: list[str]) -> list[str]:
+        errors = [_error((index,), line, "control_character", problem)
+                  for index, line in enumerate(lines) if (problem := control_character_problem(line))]
+        if errors:
+            raise ValidationError.from_exception_data("setup", errors)
+        return lines
+
     @field_validator("additional", mode="before")
     @classmethod
     def _sbatch_options(cls, additional: Any) -> Any:
@@ -138,6 +180,8 @@ class Slurm(_Section):
             elif option in MANAGED_SBATCH_OPTIONS:
                 errors.append(_error((key,), value, "managed_option",
                                      f"--{option} is set by {MANAGED_SBATCH_OPTIONS[option]}; remove it here"))
+            elif isinstance(value, str) and (problem := control_character_problem(value)):
+                errors.append(_error((key,), value, "control_character", problem))
         if errors:
             raise ValidationError.from_exception_data("Slurm", errors)
         return additional
@@ -196,6 +240,7 @@ class JobSpec(_Section):
             raise PydanticCustomError("path_type", "must be a path (a string)")
         if not str(value).strip():
             raise PydanticCustomError("path_empty", "must not be empty")
+        _one_line(str(value))
         return value
 
     @field_validator("workdir", "run_dir")
@@ -209,6 +254,10 @@ class JobSpec(_Section):
     def _placeholders(cls, command: list[str] | None) -> list[str] | None:
         errors = []
         for index, part in enumerate(command or ()):
+            if "\x00" in part:  # the command is an argument list (no shell): only NUL cannot be passed
+                errors.append(_error((index,), part, "command_nul", "contains a NUL character, which no program "
+                                     "argument can hold; remove it"))
+                continue
             try:
                 fields = [field for _, field, _, _ in string.Formatter().parse(part) if field is not None]
             except ValueError as error:
@@ -233,6 +282,8 @@ class JobSpec(_Section):
             elif name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
                 errors.append(_error((name,), value, "env_reserved",
                                      "set by the launcher in the job; remove it from env"))
+            elif problem := control_character_problem(value):
+                errors.append(_error((name,), value, "control_character", problem))
         if errors:
             raise ValidationError.from_exception_data("env", errors)
         return env

@@ -1,0 +1,224 @@
+"""Hostile values cannot hurt: every spec value that reaches the sbatch script or the local plan either is
+refused when it holds a control character (exit 2 naming the field; nothing created) or reaches it
+quoted so that sbatch and bash read back exactly the value given: no directive is dropped, no command
+is injected. sbatch's reading of ``#SBATCH`` lines is modelled by :func:`sbatch_arguments` (checked
+against real sbatch in tests/slurm/test_hostile_values_on_slurm.py)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elfes.launcher import executors
+from elfes.launcher.cli import main
+from elfes.launcher.paths import RunPaths
+from elfes.launcher.spec import load_spec
+
+# Valid (no control character) but hostile to a shell or to sbatch's directive reader.
+HOSTILE = [
+    "it's",
+    'say "hi"',
+    "$(touch pwned-dollar)",
+    "`touch pwned-backtick`",
+    "#SBATCH --time=1",
+    "a # b",
+    "back\\slash \\' \\\" \\\\",
+    "x; touch pwned-semicolon | cat & wait",
+    "' ; touch pwned-quote ; '",
+    '" ; touch pwned-double ; "',
+    "${HOME} $HOME ~",
+    "  leading and trailing  ",
+    "--time=1 --mem=1",
+    "ünïcødé ✓",
+    "*",
+]
+# Control characters, each refused in every field that reaches a script.
+CONTROL = ["x\n touch pwned\n#", "line\r", "tab\there", "nul\x00", "escape\x1b[2J", "delete\x7f", "next\x85line",
+           "separator\u2028line"]
+
+
+def sbatch_arguments(script: str) -> list[str]:
+    """The arguments sbatch reads from ``script``'s ``#SBATCH`` lines, by its rules (Slurm 22.05): the
+    directives end at the first line that is neither blank nor a comment; in a directive's arguments
+    a backslash takes the next character as it is (inside quotes too), single or double quotes group,
+    whitespace separates and an unquoted ``#`` starts a comment."""
+    arguments: list[str] = []
+    for line in script.splitlines()[1:]:
+        if line.strip() and not line.startswith("#"):
+            break
+        if not line.startswith("#SBATCH"):
+            continue
+        current: str | None = None
+        quote, escaped = "", False
+        for char in line[len("#SBATCH"):] + " ":
+            if escaped:
+                current, escaped = (current or "") + char, False
+            elif char == "\\":
+                current, escaped = current or "", True
+            elif quote:
+                if char == quote:
+                    quote = ""
+                else:
+                    current += char
+            elif char in "'\"":
+                current, quote = current or "", char
+            elif char == "#" or char.isspace():
+                if current is not None:
+                    arguments.append(current)
+                current = None
+                if char == "#":
+                    break
+            else:
+                current = (current or "") + char
+        assert not quote, f"sbatch: unmatched {quote} in {line!r}"
+    return arguments
+
+
+def directives(script: str) -> dict[str, str | bool]:
+    """``{"time": "10", "requeue": True, ...}`` of ``script``'s sbatch arguments (each given once)."""
+    found: dict[str, str | bool] = {}
+    for argument in sbatch_arguments(script):
+        assert argument.startswith("--"), argument
+        key, equals, value = argument[2:].partition("=")
+        assert key not in found, f"--{key} is given twice"
+        found[key] = value if equals else True
+    return found
+
+
+def base_spec(project: Path, **fields: Any) -> Path:
+    spec = {"name": "hostile", "command": ["{python}", "-c", "pass"], "workdir": ".", "run_dir": "run",
+            "resources": {"timeout_min": 10, "mem_gb": 2}, "slurm": {"signal_delay_s": 60}, **fields}
+    path = project / "job.yaml"
+    path.write_text(json.dumps(spec, sort_keys=True))  # JSON is YAML, and escapes every control character
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # an injected `touch pwned-...` would land here
+    return tmp_path
+
+
+def assert_nothing_injected(project: Path) -> None:
+    assert not [path.name for path in project.rglob("pwned*")]
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
+def test_the_sbatch_script_carries_each_hostile_value_exactly(project: Path, value: str):
+    folder = project / value.replace("/", "_").strip()
+    (folder / "code").mkdir(parents=True)
+    slurm = {"signal_delay_s": 60, "partition": value, "account": value, "qos": value, "constraint": value,
+             "setup": ["echo setup-ran"], "additional": {"comment": value, "mail-user": value, "exclusive": True}}
+    spec = load_spec(base_spec(project, workdir=str(folder / "code"), run_dir=str(folder / "run"), slurm=slurm,
+                               env={"HOSTILE": value}))
+    script = executors.sbatch_script(spec, RunPaths(spec.run_dir))
+
+    read = directives(script)
+    for option in ("partition", "account", "qos", "constraint", "comment", "mail-user"):
+        assert read[option] == value, option
+    assert read["chdir"] == str(folder / "code")
+    assert read["output"] == str(folder / "run" / "submitit" / "%j_0_log.out")
+    assert read["error"] == str(folder / "run" / "submitit" / "%j_0_log.err")
+    # The directives the launcher manages all survive, whatever came before them.
+    assert (read["time"], read["signal"], read["mem"], read["requeue"], read["exclusive"]) == (
+        "10", "USR2@60", "2GB", True, True)
+    assert read["job-name"] == "hostile" and read["open-mode"] == "append"
+
+    # bash reads the script's lines back to the same values; the setup line runs as written.
+    body = script.replace("srun ", "printf '%s\\n' srun ", 1)
+    ran = subprocess.run(["bash", "-c", body + '\nprintf "HOSTILE=%s\\n" "$HOSTILE"'], cwd=project,
+                         capture_output=True, text=True, timeout=60, check=True)
+    lines = ran.stdout.split("\n")
+    assert lines[0] == "setup-ran" and f"HOSTILE={value}" in ran.stdout
+    assert lines[1:5] == ["srun", "--unbuffered", "--output", str(folder / "run" / "submitit" / "%j_%t_log.out")]
+    assert str(folder / "run" / "submitit") in lines  # the folder argument of submitit's entry point
+    assert_nothing_injected(project)
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
+def test_the_local_plan_quotes_each_hostile_value(project: Path, value: str):
+    folder = project / value.replace("/", "_").strip()
+    (folder / "code").mkdir(parents=True)
+    spec = load_spec(base_spec(project, workdir=str(folder / "code"), run_dir=str(folder / "run"),
+                               env={"HOSTILE": value, "PLAIN": "1"}))
+    plan = executors.local_plan(spec, RunPaths(spec.run_dir), python="python3")
+    benign = executors.local_plan(load_spec(base_spec(project)), RunPaths(project / "run"), python="python3")
+    assert len(plan.splitlines()) == len(benign.splitlines())
+    commands = [shlex.split(line) for line in plan.splitlines() if not line.startswith("#")]
+    assert commands[0] == ["cd", str(folder / "code")]
+    controller = commands[1]
+    assert controller[:4] == ["setsid", "env", f"HOSTILE={value}", "PLAIN=1"]
+    assert str(folder / "run" / "submitit") in controller
+    assert controller[-4:] == [">>", str(folder / "run" / "submitit" / "controller.log"), "2>&1", "&"]
+    assert_nothing_injected(project)
+
+
+def test_the_issue_injection_is_refused_naming_the_field(project: Path, capsys):
+    spec = base_spec(project, slurm={"signal_delay_s": 60, "additional": {"comment": "x\n touch FILE\n#"}})
+    for argv in (["validate", str(spec)], ["submit", str(spec), "--executor", "slurm", "--dry-run"],
+                 ["submit", str(spec), "--executor", "local"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert 'slurm.additional.comment = "x\\n touch FILE\\n#": contains a newline (\\n) at character 2' in err, err
+        assert "one line of printable text" in err and "\n" not in err.rstrip("\n"), err
+    assert sorted(path.name for path in project.iterdir()) == ["job.yaml"]
+
+
+def test_a_trailing_newline_from_a_yaml_block_is_refused_naming_the_field_and_the_fix(project: Path, capsys):
+    spec = project / "job.yaml"
+    spec.write_text("name: hostile\ncommand: [python]\nrun_dir: run\nslurm:\n  partition: |\n    gpu\n")
+    assert main(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert 'slurm.partition = "gpu\\n": contains a newline (\\n) at its end' in err, err
+    assert "use |- or >-" in err, err
+
+
+FIELDS_REACHING_A_SCRIPT = {
+    "workdir": lambda bad: {"workdir": bad},
+    "run_dir": lambda bad: {"run_dir": bad},
+    "slurm.partition": lambda bad: {"slurm": {"partition": bad}},
+    "slurm.account": lambda bad: {"slurm": {"account": bad}},
+    "slurm.qos": lambda bad: {"slurm": {"qos": bad}},
+    "slurm.constraint": lambda bad: {"slurm": {"constraint": bad}},
+    "slurm.setup[1]": lambda bad: {"slurm": {"setup": ["module load x", bad]}},
+    "slurm.additional.comment": lambda bad: {"slurm": {"additional": {"comment": bad}}},
+    "env.HOSTILE": lambda bad: {"env": {"HOSTILE": bad}},
+    "name": lambda bad: {"name": bad},
+}
+
+
+@pytest.mark.parametrize("field", FIELDS_REACHING_A_SCRIPT)
+@pytest.mark.parametrize("bad", CONTROL, ids=range(len(CONTROL)))
+def test_a_control_character_is_refused_in_every_field_that_reaches_a_script(project: Path, capsys, field, bad):
+    fields = FIELDS_REACHING_A_SCRIPT[field](bad)
+    if "slurm" in fields:
+        fields["slurm"]["signal_delay_s"] = 60
+    spec = base_spec(project, **fields)
+    before = sorted(project.rglob("*"))
+    assert main(["validate", str(spec), "--executor", "local"]) == 2
+    err = capsys.readouterr().err
+    assert f"{field} = {json.dumps(bad)}" in err, err
+    if field != "name":  # the name's own pattern (letters, digits, . _ -) answers first
+        assert "one line of printable text" in err, err
+    assert sorted(project.rglob("*")) == before
+
+
+def test_an_additional_option_name_with_a_control_character_is_named_printably(project: Path, capsys):
+    spec = base_spec(project, slurm={"signal_delay_s": 60, "additional": {"mail\ntype": "END"}})
+    assert main(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert 'slurm.additional["mail\\ntype"] = "END": not an sbatch option name' in err, err
+
+
+def test_a_command_may_hold_newlines_but_no_nul(project: Path, capsys):
+    # The command reaches no shell (an argument list in the job): a multi-line `python -c` program is fine.
+    program = "import sys\nprint(sys.argv)\n"
+    assert load_spec(base_spec(project, command=["{python}", "-c", program])).command == ["{python}", "-c", program]
+    assert main(["validate", str(base_spec(project, command=["python", "a\x00b"]))]) == 2
+    err = capsys.readouterr().err
+    assert 'command[1] = "a\\u0000b": contains a NUL character' in err, err
