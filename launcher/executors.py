@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cluster_checks import cluster_problems
 from .paths import RunPaths
 from .spec_models import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, JobSpec
 
@@ -88,7 +89,13 @@ def requeue_signal() -> signal.Signals:
 
 
 def check_executor(spec: JobSpec, executor: str) -> None:
-    """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`)."""
+    """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`); on
+    ``slurm``, also a partition, account or QOS that the cluster, where one answers, does not have."""
+    if executor == "slurm":
+        problems = cluster_problems(spec)
+        if problems:
+            raise ExecutorError("\n".join(problems))
+        return
     if executor != "local":
         return
     if spec.resources.nodes != 1:
