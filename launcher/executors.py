@@ -92,6 +92,10 @@ def check_executor(spec: JobSpec, executor: str) -> None:
     """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`); on
     ``slurm``, also a partition, account or QOS that the cluster, where one answers, does not have."""
     if executor == "slurm":
+        if "%" in str(spec.run_dir):
+            raise ExecutorError(
+                f"run_dir = {str(spec.run_dir)!r}: contains '%', which sbatch reads as a file-name pattern (%j, %u, "
+                "...) in the job's log paths below it; give a run directory without '%' for SLURM")
         problems = cluster_problems(spec)
         if problems:
             raise ExecutorError("\n".join(problems))

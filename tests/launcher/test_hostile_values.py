@@ -164,3 +164,12 @@ def test_a_command_may_hold_newlines_but_no_nul(project: Path, capsys):
     assert main(["validate", str(base_spec(project, command=["python", "a\x00b"]))]) == 2
     err = capsys.readouterr().err
     assert 'command[1] = "a\\u0000b": contains a NUL character' in err, err
+
+
+def test_a_run_directory_with_a_percent_sign_is_refused_for_slurm_only(project: Path, capsys):
+    # sbatch and srun read % in --output/--error as a file-name pattern: the logs would go elsewhere.
+    spec = base_spec(project, run_dir="runs/50%j")
+    assert main(["validate", str(spec), "--executor", "slurm"]) == 2
+    err = capsys.readouterr().err
+    assert f"run_dir = {str(project / 'runs' / '50%j')!r}: contains '%'" in err, err
+    assert main(["validate", str(spec), "--executor", "local"]) == 0
