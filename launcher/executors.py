@@ -172,13 +172,14 @@ def sbatch_quote(value: str) -> str:
 def _requote_directives(script: str) -> str:
     """submitit's script with each ``#SBATCH --key=value`` requoted by :func:`sbatch_quote`: submitit
     quotes the values for a shell (``shlex.quote``), which sbatch reads differently."""
-    lines = []
-    for line in script.split("\n"):
+    lines = script.split("\n")
+    for index, line in enumerate(lines):
+        if line.strip() and not line.startswith("#"):
+            break  # sbatch reads no directive past the first command
         option, equals, quoted = line.partition("=")
         if line.startswith("#SBATCH --") and equals:
             (value,) = shlex.split(quoted)
-            line = f"{option}={sbatch_quote(value)}"
-        lines.append(line)
+            lines[index] = f"{option}={sbatch_quote(value)}"
     return "\n".join(lines)
 
 

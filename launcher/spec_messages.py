@@ -88,7 +88,8 @@ def _message(error: Mapping[str, Any]) -> str:
     described = _describe(loc)
     if described and not described.endswith("."):
         described += "."
-    return f"{where} = {_show(error['input'])}: {message}. {described} Fix this field.".replace("  ", " ")
+    sentences = " ".join(part for part in (f"{message}.", described, "Fix this field.") if part)
+    return f"{where} = {_show(error['input'])}: {sentences}"
 
 
 def format_errors(error: ValidationError, source: Path | str) -> str:

@@ -155,9 +155,15 @@ class Slurm(_Section):
 
     @field_validator("setup")
     @classmethod
-    def _one_line_each(cls, lines: list[str]) -> list[str]:
-        errors = [_error((index,), line, "control_character", problem)
-                  for index, line in enumerate(lines) if (problem := control_character_problem(line))]
+    def _setup_lines(cls, lines: list[str]) -> list[str]:
+        errors = []
+        for index, line in enumerate(lines):
+            problem = control_character_problem(line)
+            if problem is None and line.lstrip().upper().startswith("#SBATCH"):
+                problem = ("sbatch would read this comment as a directive (the script's commands start later); "
+                           "give sbatch options in slurm.additional")
+            if problem:
+                errors.append(_error((index,), line, "setup_line", problem))
         if errors:
             raise ValidationError.from_exception_data("setup", errors)
         return lines

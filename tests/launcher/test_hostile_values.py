@@ -173,3 +173,11 @@ def test_a_run_directory_with_a_percent_sign_is_refused_for_slurm_only(project: 
     err = capsys.readouterr().err
     assert f"run_dir = {str(project / 'runs' / '50%j')!r}: contains '%'" in err, err
     assert main(["validate", str(spec), "--executor", "local"]) == 0
+
+
+def test_a_setup_line_sbatch_would_read_as_a_directive_is_refused(project: Path, capsys):
+    # Without env exports the setup lines follow the directives: a `#SBATCH` comment there is one more directive.
+    spec = base_spec(project, slurm={"signal_delay_s": 60, "setup": ["module load cuda", "  #SBATCH --time=1"]})
+    assert main(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert 'slurm.setup[1] = "  #SBATCH --time=1": sbatch would read this comment as a directive' in err, err
