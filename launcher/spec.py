@@ -27,7 +27,7 @@ import yaml
 from pydantic import ValidationError
 
 from .file_checks import entrypoint_problem, find_module, run_dir_problem
-from .spec_bounds import LIMITS_TEXT, MAX_SPEC_BYTES, MAX_SPEC_DEPTH, CyclicSpec, data_size, measure, size_problem
+from .spec_limits import LIMITS_TEXT, MAX_SPEC_BYTES, MAX_SPEC_DEPTH, CyclicSpec, data_size, measure, size_problem
 from .spec_messages import field_path, format_errors
 from .spec_models import (
     COMMAND_PLACEHOLDERS,

@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .file_checks import entrypoint_problem, run_dir_problem
+from .spec_limits import control_character_problem
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -71,26 +72,6 @@ MANAGED_SBATCH_OPTIONS: dict[str, str] = {
     "chdir": "workdir",
     "array": "the launcher (one job per run directory)",
 }
-
-
-# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each would end or garble a line.
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_CONTROL_NAMES = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\t": "a tab (\\t)",
-                  "\x00": "a NUL character (\\0)"}
-
-
-def control_character_problem(text: str) -> str | None:
-    """What is wrong with ``text`` if it holds a control character (None: it holds none), in words."""
-    found = _CONTROL_CHARACTER.search(text)
-    if found is None:
-        return None
-    character = found.group()
-    name = _CONTROL_NAMES.get(character, f"the control character U+{ord(character):04X}")
-    where = "at its end" if found.end() == len(text) else f"at character {found.start() + 1}"
-    block = " (a YAML block scalar, | or >, ends with one: use |- or >-, or a plain string)" if (
-        character == "\n" and text.endswith("\n")) else ""
-    return (f"contains {name} {where}{block}; values that reach a batch script or a shell must be one line of "
-            "printable text")
 
 
 def _one_line(value: Any) -> Any:

@@ -11,7 +11,7 @@ import pytest
 
 from elfes.launcher.cli import main
 from elfes.launcher.spec import SpecError, load_spec, validate_spec_data
-from elfes.launcher.spec_bounds import MAX_SPEC_BYTES, MAX_SPEC_DEPTH, MAX_SPEC_VALUES
+from elfes.launcher.spec_limits import MAX_SPEC_BYTES, MAX_SPEC_DEPTH, MAX_SPEC_VALUES
 
 HEAD = "name: bounded\ncommand: [python, -c, pass]\nrun_dir: run\n"
 

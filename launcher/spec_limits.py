@@ -1,4 +1,5 @@
-"""How big a job spec may be: its file, its nesting, and what its YAML aliases expand to.
+"""What a job spec may hold: how big it may be (its file, its nesting, what its YAML aliases expand
+to) and which characters a value that reaches a batch script or a shell may have.
 
 Real specs are a few kilobytes and a handful of levels deep; these limits are far above that and far
 below what would exhaust a login node. launcher/spec.py enforces them while the YAML is composed,
@@ -7,11 +8,15 @@ in Python or changed by overrides); the spec as recorded in the run directory (`
 alias expanded and every default written out) must fit the file limit too, so that every later
 command can read it back.
 
+Every value that reaches the sbatch script or a shell (paths, SLURM options, setup lines, env values)
+must be one line of printable text: :func:`control_character_problem` says why one is not.
+
 Torch-free.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -105,3 +110,23 @@ def _data_text(part: Any) -> int:
 def data_size(data: Any) -> Size:
     """The expanded :class:`Size` of plain data (dicts, lists, scalars), shared objects counted each time."""
     return measure(data, _data_children, _data_text)
+
+
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each would end or garble a line.
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_NAMES = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\t": "a tab (\\t)",
+                  "\x00": "a NUL character (\\0)"}
+
+
+def control_character_problem(text: str) -> str | None:
+    """What is wrong with ``text`` if it holds a control character (None: it holds none), in words."""
+    found = _CONTROL_CHARACTER.search(text)
+    if found is None:
+        return None
+    character = found.group()
+    name = _CONTROL_NAMES.get(character, f"the control character U+{ord(character):04X}")
+    where = "at its end" if found.end() == len(text) else f"at character {found.start() + 1}"
+    block = " (a YAML block scalar, | or >, ends with one: use |- or >-, or a plain string)" if (
+        character == "\n" and text.endswith("\n")) else ""
+    return (f"contains {name} {where}{block}; values that reach a batch script or a shell must be one line of "
+            "printable text")
