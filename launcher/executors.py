@@ -5,7 +5,10 @@ Torch-free. Two executors, both through submitit, both submitting the same pickl
 
 - ``slurm``: ``submitit.SlurmExecutor`` with ``--requeue``, ``--signal=USR2@<slurm.signal_delay_s>``,
   ``--open-mode=append`` (submitit's), ``--chdir=<workdir>``, the spec's ``env`` exported and its
-  ``setup`` lines run in the batch script, logs in ``RUN_DIR/submitit``.
+  ``setup`` lines run in the batch script, logs in ``RUN_DIR/submitit``. Every ``#SBATCH`` value is
+  quoted the way sbatch reads it (:func:`sbatch_quote`), env values for bash; the spec refused control
+  characters in all of them. Before anything is created, ``check_executor`` asks the cluster, where one
+  answers, whether it has the spec's partition, account and QOS (launcher/cluster_checks.py).
 - ``local``: ``submitit.LocalExecutor``: a controller process on this machine starts one task per
   rank (``tasks_per_node``; one per GPU when ``gpus_per_node`` > 0) and relaunches them when they
   exit for a requeue. The controller is started from a short-lived child in a session of its own,

@@ -11,7 +11,8 @@ Paths (``workdir``, ``run_dir``) are resolved once, when the spec is loaded, rel
 of the spec file, and kept absolute from then on: the copy recorded in the run directory reloads to
 the same spec.
 
-This module reads spec files (YAML, safe loader, no key given twice) and validates them; the models
+This module reads spec files (YAML, safe loader, merge keys, no key given twice, bounded in size,
+depth and alias expansion by launcher/spec_limits.py before any object is built) and validates them; the models
 live in launcher/spec_models.py, the messages in launcher/spec_messages.py and the checks against
 this machine's files in launcher/file_checks.py. Their public names are importable from here too.
 """
