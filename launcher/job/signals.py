@@ -15,16 +15,10 @@ from collections.abc import Iterable
 from types import FrameType
 
 from ..rundir.command_group import signal_masks
+from ..submit.scripts import requeue_signal
 
 # The stop signals that never requeue by themselves (`elfes cancel`, `scancel`, plain preemption).
 TERMINATING_SIGNALS = ("SIGINT", "SIGTERM")
-
-
-def requeue_signal() -> signal.Signals:
-    """The signal that asks for a requeue: submitit's (``SUBMITIT_PREEMPT_SIGNAL``, SIGUSR2 by default)."""
-    from submitit.core.job_environment import JobEnvironment
-
-    return signal.Signals(JobEnvironment._usr_sig())
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:

@@ -7,6 +7,7 @@ Torch-free. launcher/spec/loading.py raises them as :class:`~launcher.spec_model
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,18 @@ from pydantic import BaseModel, ValidationError
 
 from .models import ENTRYPOINT_PATTERN, NAME_PATTERN, JobSpec
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
 
 def field_path(loc: Sequence[str | int]) -> str:
-    """``("resources", "gpus_per_node")`` -> ``"resources.gpus_per_node"``; list items as ``command[2]``."""
+    """``("resources", "gpus_per_node")`` -> ``"resources.gpus_per_node"``; list items as ``command[2]``,
+    keys that are not plain words quoted (``slurm.additional["mail type"]``)."""
     text = ""
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
+        elif not _PLAIN_KEY.fullmatch(str(part)):
+            text += f"[{json.dumps(str(part))}]" if text else json.dumps(str(part))
         else:
             text += f".{part}" if text else str(part)
     return text or "(the whole spec)"
@@ -82,7 +88,8 @@ def _message(error: Mapping[str, Any]) -> str:
     described = _describe(loc)
     if described and not described.endswith("."):
         described += "."
-    return f"{where} = {_show(error['input'])}: {message}. {described} Fix this field.".replace("  ", " ")
+    sentences = " ".join(part for part in (f"{message}.", described, "Fix this field.") if part)
+    return f"{where} = {_show(error['input'])}: {sentences}"
 
 
 def format_errors(error: ValidationError, source: Path | str) -> str:

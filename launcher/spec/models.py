@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .file_checks import entrypoint_problem, run_dir_problem
+from .limits import control_character_problem
 from .sweep_model import Sweep
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
@@ -72,6 +73,14 @@ MANAGED_SBATCH_OPTIONS: dict[str, str] = {
     "chdir": "workdir",
     "array": "the launcher (one job per run directory)",
 }
+
+
+def _one_line(value: Any) -> Any:
+    if isinstance(value, str):
+        problem = control_character_problem(value)
+        if problem:
+            raise PydanticCustomError("control_character", problem)
+    return value
 
 
 class SpecError(ValueError):
@@ -127,6 +136,26 @@ class Slurm(_Section):
         "(a bare flag). Options the launcher derives from other fields are refused.",
     )
 
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _one_line_option(cls, value: str | None) -> str | None:
+        return _one_line(value)
+
+    @field_validator("setup")
+    @classmethod
+    def _setup_lines(cls, lines: list[str]) -> list[str]:
+        errors = []
+        for index, line in enumerate(lines):
+            problem = control_character_problem(line)
+            if problem is None and line.lstrip().upper().startswith("#SBATCH"):
+                problem = ("sbatch would read this comment as a directive (the script's commands start later); "
+                           "give sbatch options in slurm.additional")
+            if problem:
+                errors.append(_error((index,), line, "setup_line", problem))
+        if errors:
+            raise ValidationError.from_exception_data("setup", errors)
+        return lines
+
     @field_validator("additional", mode="before")
     @classmethod
     def _sbatch_options(cls, additional: Any) -> Any:
@@ -145,6 +174,8 @@ class Slurm(_Section):
             elif option in MANAGED_SBATCH_OPTIONS:
                 errors.append(_error((key,), value, "managed_option",
                                      f"--{option} is set by {MANAGED_SBATCH_OPTIONS[option]}; remove it here"))
+            elif isinstance(value, str) and (problem := control_character_problem(value)):
+                errors.append(_error((key,), value, "control_character", problem))
         if errors:
             raise ValidationError.from_exception_data("Slurm", errors)
         return additional
@@ -203,6 +234,7 @@ class JobSpec(_Section):
             raise PydanticCustomError("path_type", "must be a path (a string)")
         if not str(value).strip():
             raise PydanticCustomError("path_empty", "must not be empty")
+        _one_line(str(value))
         return value
 
     @field_validator("workdir", "run_dir")
@@ -216,6 +248,10 @@ class JobSpec(_Section):
     def _placeholders(cls, command: list[str] | None) -> list[str] | None:
         errors = []
         for index, part in enumerate(command or ()):
+            if "\x00" in part:  # the command is an argument list (no shell): only NUL cannot be passed
+                errors.append(_error((index,), part, "command_nul", "contains a NUL character, which no program "
+                                     "argument can hold; remove it"))
+                continue
             try:
                 fields = [field for _, field, _, _ in string.Formatter().parse(part) if field is not None]
             except ValueError as error:
@@ -240,6 +276,8 @@ class JobSpec(_Section):
             elif name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
                 errors.append(_error((name,), value, "env_reserved",
                                      "set by the launcher in the job; remove it from env"))
+            elif problem := control_character_problem(value):
+                errors.append(_error((name,), value, "control_character", problem))
         if errors:
             raise ValidationError.from_exception_data("env", errors)
         return env

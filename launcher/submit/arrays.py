@@ -10,7 +10,8 @@ from typing import Any
 
 from ..rundir.paths import SweepPaths
 from ..spec import JobSpec
-from .executors import SubmissionError, slurm_parameters, submitit_command, submitit_files_undone_on_failure
+from .executors import SubmissionError, submitit_files_undone_on_failure
+from .scripts import requote_directives, slurm_executor, slurm_parameters, submitit_command
 
 
 def array_sbatch_script(spec: JobSpec, folder: Path, count: int, max_parallel: int, *, python: str | None = None) -> str:
@@ -20,18 +21,17 @@ def array_sbatch_script(spec: JobSpec, folder: Path, count: int, max_parallel: i
 
     python = shlex.quote(sys.executable) if python is None else python
     folder = Path(os.path.abspath(folder))
-    return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, map_count=count,
-                               array_parallelism=max_parallel, **slurm_parameters(spec))
+    script = _make_sbatch_string(command=submitit_command(folder, python), folder=folder, map_count=count,
+                                 array_parallelism=max_parallel, **slurm_parameters(spec))
+    return requote_directives(script)
 
 
 def submit_array(spec: JobSpec, tasks: list[Any], paths: SweepPaths, max_parallel: int) -> list[str]:
     """Submit one SLURM job array (submitit's batch submission, in the sweep's submitit folder) whose task k
     runs ``tasks[k]`` (a member's ``JobRuntime``); returns each task's job id (``<array>_<k>``; a plain id for
     one member). ``spec``: any member. What submitit wrote is removed when sbatch refuses."""
-    from submitit import SlurmExecutor
-
     try:
-        executor = SlurmExecutor(folder=paths.submitit)
+        executor = slurm_executor(paths.submitit)
     except RuntimeError as error:
         raise SubmissionError(f"SLURM is not available here ({error}); submit from a SLURM login node, "
                               "or use --executor local") from None

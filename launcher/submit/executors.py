@@ -5,7 +5,10 @@ Torch-free. Two executors, both through submitit, both submitting the same pickl
 
 - ``slurm``: ``submitit.SlurmExecutor`` with ``--requeue``, ``--signal=USR2@<slurm.signal_delay_s>``,
   ``--open-mode=append`` (submitit's), ``--chdir=<workdir>``, the spec's ``env`` exported and its
-  ``setup`` lines run in the batch script, logs in ``RUN_DIR/submitit``.
+  ``setup`` lines run in the batch script, logs in ``RUN_DIR/submitit``. Every ``#SBATCH`` value is
+  quoted the way sbatch reads it (:func:`sbatch_quote`), env values for bash; the spec refused control
+  characters in all of them. Before anything is created, ``check_executor`` asks the cluster, where one
+  answers, whether it has the spec's partition, account and QOS (launcher/submit/cluster_checks.py).
 - ``local``: ``submitit.LocalExecutor``: a controller process on this machine starts one task per
   rank (``tasks_per_node``; one per GPU when ``gpus_per_node`` > 0) and relaunches them when they
   exit for a requeue. The controller is started from a short-lived child in a session of its own,
@@ -22,7 +25,6 @@ import contextlib
 import io
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -33,15 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir.paths import RunPaths
-from ..spec.models import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, JobSpec
+from ..spec.models import JobSpec
+from .cluster_checks import cluster_problems
+from .scripts import (
+    job_environment,
+    local_parameters,
+    local_plan,
+    sbatch_script,
+    slurm_executor,
+    slurm_parameters,
+    visible_gpus,
+)
 
 EXECUTORS = ("auto", "slurm", "local")
-
-# Variables of a surrounding job that must not leak into a job this process submits (a local job's
-# rank 0 resubmits past submitit's start limit from inside the job).
-_JOB_ENV_NAMES = RESERVED_ENV_NAMES | {"GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE"}
-_JOB_ENV_PREFIXES = (*RESERVED_ENV_PREFIXES, "TORCHELASTIC_")
-
 
 class ExecutorError(ValueError):
     """The spec cannot run on the chosen executor (bad input: nothing was created)."""
@@ -82,16 +88,18 @@ def choose_executor(requested: str) -> str:
     return requested
 
 
-def requeue_signal() -> signal.Signals:
-    """The signal that asks a job to save and requeue: submitit's (SIGUSR2 unless
-    ``SUBMITIT_PREEMPT_SIGNAL`` names another), the one in ``--signal=USR2@N``."""
-    from submitit.core.job_environment import JobEnvironment
-
-    return signal.Signals(JobEnvironment._usr_sig())
-
-
 def check_executor(spec: JobSpec, executor: str) -> None:
-    """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`)."""
+    """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`); on
+    ``slurm``, also a partition, account or QOS that the cluster, where one answers, does not have."""
+    if executor == "slurm":
+        if "%" in str(spec.run_dir):
+            raise ExecutorError(
+                f"run_dir = {str(spec.run_dir)!r}: contains '%', which sbatch reads as a file-name pattern (%j, %u, "
+                "...) in the job's log paths below it; give a run directory without '%' for SLURM")
+        problems = cluster_problems(spec)
+        if problems:
+            raise ExecutorError("\n".join(problems))
+        return
     if executor != "local":
         return
     if spec.resources.nodes != 1:
@@ -110,60 +118,7 @@ def check_executor(spec: JobSpec, executor: str) -> None:
             )
 
 
-def visible_gpus() -> tuple[int, ...]:
-    """GPU indices this machine offers a local job (``CUDA_VISIBLE_DEVICES`` when set), without torch."""
-    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if declared is not None:
-        entries = [entry.strip() for entry in declared.split(",") if entry.strip()]
-        return tuple(int(entry) for entry in entries if entry.isdigit())
-    driver = Path("/proc/driver/nvidia/gpus")
-    if driver.is_dir():
-        return tuple(range(len(list(driver.iterdir()))))
-    return ()
-
-
 # -- SLURM ------------------------------------------------------------------------------------------------------
-def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
-    """The parameters of ``SlurmExecutor.update_parameters`` (sbatch names) for ``spec``."""
-    from submitit.slurm.slurm import _convert_mem
-
-    resources, slurm = spec.resources, spec.slurm
-    exports = [f"export {name}={shlex.quote(value)}" for name, value in spec.env.items()]
-    parameters: dict[str, Any] = {
-        "job_name": spec.name,
-        "time": resources.timeout_min,
-        "nodes": resources.nodes,
-        "ntasks_per_node": resources.tasks_per_node,
-        "cpus_per_task": resources.cpus_per_task,
-        "mem": _convert_mem(resources.mem_gb),
-        "signal_delay_s": slurm.signal_delay_s,
-        "setup": [*exports, *slurm.setup],
-        # Jobs come back after a preemption or `scontrol requeue`; the job runs in its workdir.
-        "additional_parameters": {"requeue": True, "chdir": str(spec.workdir), **slurm.additional},
-    }
-    if resources.gpus_per_node:
-        parameters["gpus_per_node"] = resources.gpus_per_node
-    for name in ("partition", "account", "qos", "constraint"):
-        if getattr(slurm, name) is not None:
-            parameters[name] = getattr(slurm, name)
-    return parameters
-
-
-def submitit_command(folder: Path, python: str) -> str:
-    # What SlurmExecutor._submitit_command_str builds: every task runs submitit's entry point.
-    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
-
-
-def sbatch_script(spec: JobSpec, paths: RunPaths, *, python: str | None = None) -> str:
-    """The sbatch script ``SlurmExecutor`` writes for ``spec`` (same function, same parameters),
-    built without constructing the executor (which needs ``srun``) and without touching a file."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    python = shlex.quote(sys.executable) if python is None else python
-    folder = Path(os.path.abspath(paths.submitit))
-    return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **slurm_parameters(spec))
-
-
 @contextmanager
 def submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
     """A submission that raises leaves submitit's folder as it found it: the pickles and sbatch scripts
@@ -191,10 +146,8 @@ def _submit_slurm(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
 
 
 def _sbatch(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
-    from submitit import SlurmExecutor
-
     try:
-        executor = SlurmExecutor(folder=paths.submitit)
+        executor = slurm_executor(paths.submitit)
     except RuntimeError as error:
         raise SubmissionError(f"SLURM is not available here ({error}); submit from a SLURM login node, "
                               "or use --executor local") from None
@@ -211,67 +164,6 @@ def _sbatch(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
 
 
 # -- local ------------------------------------------------------------------------------------------------------
-def local_parameters(spec: JobSpec) -> dict[str, Any]:
-    """The parameters of ``LocalExecutor.update_parameters`` for ``spec`` (submitit's defaults are
-    traps: a 2-minute limit; both the limit and the signal delay are always set)."""
-    resources = spec.resources
-    parameters: dict[str, Any] = {
-        "nodes": 1,
-        "tasks_per_node": resources.tasks_per_node,
-        "gpus_per_node": resources.gpus_per_node,
-        "timeout_min": resources.timeout_min,
-        "signal_delay_s": spec.slurm.signal_delay_s,
-    }
-    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if resources.gpus_per_node and declared:
-        parameters["visible_gpus"] = visible_gpus()  # submitit would otherwise renumber from 0
-    return parameters
-
-
-def job_environment(spec: JobSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a local job starts with: this process's, without a surrounding job's rank and
-    SLURM/submitit variables, plus the spec's ``env``."""
-    environment = {
-        name: value
-        for name, value in (os.environ if base is None else base).items()
-        if name not in _JOB_ENV_NAMES and not name.startswith(_JOB_ENV_PREFIXES)
-    }
-    environment.update(spec.env)
-    return environment
-
-
-def local_plan(spec: JobSpec, paths: RunPaths, *, python: str | None = None) -> str:
-    """What ``submit --executor local`` would start, as shell-like text. Touches nothing."""
-    python = shlex.quote(sys.executable) if python is None else python
-    folder = Path(os.path.abspath(paths.submitit))
-    parameters = local_parameters(spec)
-    tasks = parameters["tasks_per_node"]
-    gpus = parameters["gpus_per_node"]
-    devices = ",".join(map(str, parameters.get("visible_gpus", range(gpus))[:gpus]))
-    env = " ".join(f"{name}={shlex.quote(value)}" for name, value in spec.env.items())
-    log = shlex.quote(str(paths.controller_log))
-    task_log = shlex.quote(str(folder / "JOBID_RANK_log"))
-    lines = [
-        f"# local executor: one controller on this machine starts {tasks} task(s) "
-        + (f"(ranks 0-{tasks - 1}, " if tasks > 1 else "(rank 0, ")
-        + (f"one GPU each: CUDA_VISIBLE_DEVICES={devices})" if gpus else "CPU, gloo)"),
-        f"# and starts them again when they exit for a requeue. Limit {parameters['timeout_min']} min per start; "
-        f"{requeue_signal().name} {parameters['signal_delay_s']} s before it.",
-        "# The controller runs in its own session; JOBID is its process id.",
-        f"cd {shlex.quote(str(spec.workdir))}",
-        " ".join(part for part in (
-            "setsid env", env, f"CUDA_VISIBLE_DEVICES={devices}",
-            f"{python} -m submitit.local._local {shlex.quote(str(folder))}",
-            f"< /dev/null >> {log} 2>&1 &",
-        ) if part),
-        "# each task (its stdout and stderr in RUN_DIR/submitit/JOBID_RANK_log.out and .err):",
-        f"{submitit_command(folder, python)} >> {task_log}.out 2>> {task_log}.err",
-        f"# the callable it runs: elfes.launcher.job.runtime.JobRuntime({str(paths.run_dir)!r})",
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def _reset_signals() -> None:
     # A rank that resubmits has flag-only handlers and may ignore signals; the controller (exec'd, so
     # handlers reset) would still inherit an ignored disposition.

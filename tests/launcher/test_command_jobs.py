@@ -37,8 +37,8 @@ from test_local_jobs import (
     write_spec,
 )
 
-from elfes.launcher.rundir import state as run_state
 from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.command_group import process_stat
 from elfes.launcher.rundir.paths import RunPaths
 

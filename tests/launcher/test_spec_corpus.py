@@ -103,6 +103,26 @@ CASES: list[tuple[str, Any, str]] = [
     ("env_value_not_a_string", changed(env={"OMP_NUM_THREADS": 1}), "env.OMP_NUM_THREADS = 1"),
     ("env_sets_a_launcher_variable", changed(env={"RANK": "0"}), "env.RANK"),
     ("env_bad_variable_name", changed(env={"MY-VAR": "1"}), "env.MY-VAR"),
+    # Control characters in a value that reaches the batch script or a shell.
+    ("additional_value_injects_a_line", changed(slurm__additional={"comment": "x\n touch pwned\n#"}),
+     'slurm.additional.comment = "x\\n touch pwned\\n#": contains a newline'),
+    ("partition_from_a_yaml_block", (RAW, "name: x\nentrypoint: train:main\nrun_dir: r\nslurm:\n  partition: |\n"
+                                          "    gpu\n"), "use |- or >-"),
+    ("account_carriage_return", changed(slurm__account="proj\r"), "slurm.account"),
+    ("qos_escape_sequence", changed(slurm__qos="normal\x1b[2J"), "contains the control character U+001B"),
+    ("constraint_nul", changed(slurm__constraint="a100\x00"), "slurm.constraint"),
+    ("setup_line_with_two_lines", changed(slurm__setup=["module load cuda\ntouch pwned"]), "slurm.setup[0]"),
+    ("env_value_newline", changed(env={"OMP_NUM_THREADS": "1\ntouch pwned"}), "env.OMP_NUM_THREADS"),
+    ("workdir_newline", changed(workdir=".\n"), "workdir"),
+    ("run_dir_line_separator", changed(run_dir="runs/a\u2028b"), "contains the control character U+2028"),
+    ("command_nul", [removed("entrypoint"), changed(command=["python", "a\x00b"])], "contains a NUL character"),
+    # Specs that would exhaust the machine.
+    ("alias_bomb", (RAW, "name: x\nentrypoint: train:main\nrun_dir: r\nconfig:\n  a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+                         + "".join(f"  {n}: &{n} [" + ", ".join([f"*{p}"] * 10) + "]\n" for p, n in zip("abcdef", "bcdefg"))),
+     "above the limit of 100,000"),
+    ("nested_too_deep", (RAW, "name: x\nentrypoint: train:main\nrun_dir: r\nconfig: " + "[" * 600 + "]" * 600 + "\n"),
+     "nested deeper than 64 levels"),
+    ("merge_of_a_scalar", (RAW, "name: x\nentrypoint: train:main\nrun_dir: r\nconfig: {<<: 1}\n"), "for merging"),
 ]
 
 

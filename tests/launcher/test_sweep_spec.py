@@ -11,8 +11,8 @@ import yaml
 from run_fixtures import write_project
 
 from elfes.files import write_text_atomically
-from elfes.launcher.rundir import state as run_state
 from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths, SweepPaths
 from elfes.launcher.rundir.sweep_record import MemberRecord, SweepRecord, save_sweep
 from elfes.launcher.spec import SpecError

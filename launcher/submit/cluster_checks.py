@@ -1,0 +1,79 @@
+"""A spec's SLURM options checked against the cluster that will run it, before anything is created: the
+partition (``sinfo``), the account and the QOS (``sacctmgr``, where accounting answers).
+
+A check whose command is absent or does not answer is skipped (a laptop preparing a dry run, a cluster
+without accounting): sbatch keeps the last word. Only options the spec sets are checked, each with one
+command. Torch-free, a login-node module; ``check_executor`` (launcher/submit/executors.py) calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+
+from ..rundir.liveness import run_slurm_tool
+from ..spec import JobSpec
+
+
+def _lines(argv: list[str]) -> list[str] | None:
+    """The non-empty output lines of a SLURM command, in order, each once; None where it does not answer."""
+    completed = run_slurm_tool(argv)
+    if completed is None or completed.returncode != 0:
+        return None
+    lines = [line.strip() for line in completed.stdout.splitlines() if line.strip()]
+    return list(dict.fromkeys(lines))
+
+
+def partition_problem(partition: str) -> str | None:
+    """Why ``slurm.partition`` (one name, or several separated by commas) names no partition of this
+    cluster (None: it does, or ``sinfo`` does not answer)."""
+    listed = _lines(["sinfo", "--all", "--noheader", "--format=%P"])
+    if not listed:
+        return None
+    existing = [name.rstrip("*") for name in listed]
+    unknown = [name for name in partition.split(",") if name not in existing]
+    if not unknown:
+        return None
+    default = next((name.rstrip("*") for name in listed if name.endswith("*")), None)
+    shown = ", ".join(f"{name} (the default)" if name == default else name for name in existing)
+    return (f"slurm.partition = {json.dumps(partition)}: no partition {json.dumps(unknown[0])} on this cluster; "
+            f"its partitions are "
+            f"{shown}. Set slurm.partition to one of them, or null for the default")
+
+
+def account_problem(account: str) -> str | None:
+    """Why ``slurm.account`` is not an account this user may charge (None: it is, or ``sacctmgr`` does
+    not answer). The user's associations decide; a user with none may name any account that exists."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    accounts = _lines(["sacctmgr", "--noheader", "--parsable2", "show", "associations", "where", f"user={user}",
+                       "format=account"])
+    what = f"an account of user {user} on this cluster"
+    if accounts == []:
+        accounts = _lines(["sacctmgr", "--noheader", "--parsable2", "show", "accounts", "format=account"])
+        what = "an account on this cluster"
+    if not accounts or account.lower() in (name.lower() for name in accounts):
+        return None
+    return (f"slurm.account = {json.dumps(account)}: not {what} (sacctmgr lists {', '.join(accounts)}). "
+            "Set slurm.account to one of them, or null for your default account")
+
+
+def qos_problem(qos: str) -> str | None:
+    """Why ``slurm.qos`` names no QOS of this cluster (None: it does, or ``sacctmgr`` does not answer)."""
+    names = _lines(["sacctmgr", "--noheader", "--parsable2", "show", "qos", "format=name"])
+    if not names or qos.lower() in (name.lower() for name in names):
+        return None
+    return (f"slurm.qos = {json.dumps(qos)}: no such QOS on this cluster (sacctmgr lists {', '.join(names)}). Set slurm.qos "
+            "to one of them, or null for the default")
+
+
+def cluster_problems(spec: JobSpec) -> list[str]:
+    """What the cluster says is wrong with the spec's partition, account and QOS (empty: nothing, or no
+    cluster answers here)."""
+    slurm = spec.slurm
+    problems = [
+        partition_problem(slurm.partition) if slurm.partition else None,
+        account_problem(slurm.account) if slurm.account else None,
+        qos_problem(slurm.qos) if slurm.qos else None,
+    ]
+    return [problem for problem in problems if problem]
