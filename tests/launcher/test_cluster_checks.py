@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher.cli import main
+from elfes.launcher.cli.main import main
 
 
 def test_without_slurm_commands_the_options_are_left_to_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from hostile import CONTROL, HOSTILE, sbatch_arguments
 
-from elfes.launcher import executors
-from elfes.launcher.cli import main
+from elfes.launcher.cli.main import main
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec import load_spec
+from elfes.launcher.submit import executors
 
 
 def directives(script: str) -> dict[str, str | bool]:

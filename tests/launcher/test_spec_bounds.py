@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elfes.launcher.cli import main
+from elfes.launcher.cli.main import main
 from elfes.launcher.spec import SpecError, load_spec, validate_spec_data
 from elfes.launcher.spec.limits import MAX_SPEC_BYTES, MAX_SPEC_DEPTH, MAX_SPEC_VALUES
 
