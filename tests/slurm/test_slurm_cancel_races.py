@@ -37,7 +37,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 SAVE_S = 1.5  # the command's "save" on its first stop signal
 # Seconds from `elfes preempt` to `elfes cancel`: during the save (before the requeue), about when rank 0
 # requeues, and after it (the job pending again).
-CANCEL_DELAYS_S = (0.0, 0.8, 1.6, 2.4, 4.0)
+CANCEL_DELAYS_S = (0.0, 0.8, 1.6, 2.4)
 END_TIMEOUT_S = 90.0  # to the job out of the queue: a relaunch (~12 s after a requeue) and its start, loaded
 SAVING = (
     "import signal, sys, time\n"
