@@ -111,7 +111,11 @@ def _command_takes(paths: RunPaths, requeue: signal.Signals) -> str | None:
 
 def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
     """Stop the run for good: a cancel marker first (the attempt ends "cancelled"), then SIGTERM to
-    the tasks (local) or ``scancel`` (SLURM). The job saves ``last`` on the way out."""
+    the tasks (local) or ``scancel`` (SLURM). The job saves ``last`` on the way out.
+
+    The marker also wins over a requeue under way: rank 0 looks for it right before ``scontrol requeue``,
+    and an attempt that starts with it (SLURM requeued the job anyway) ends cancelled and ``scancel``s
+    its job."""
     paths = run_paths(run_dir)
     state = _live_state(paths)
     live = liveness(paths, state)

@@ -1,7 +1,8 @@
 """Carrying out an attempt's decision on its executor: a SLURM job requeues itself with
 ``scontrol requeue``; a local job exits for submitit's controller to relaunch it (or, past the
-controller's six starts, rank 0 resubmits the run); a SLURM job that stopped on SIGTERM waits for
-SLURM to end it. Inside the job; torch-free.
+controller's six starts, rank 0 resubmits the run); a cancelled SLURM job ``scancel``s itself, so that
+no requeue brings it back; a SLURM job that stopped on SIGTERM waits for SLURM to end it. Inside the
+job; torch-free.
 """
 
 from __future__ import annotations
@@ -52,6 +53,25 @@ def requeue_slurm_job(job_id: str) -> str | None:
     return None
 
 
+def cancel_slurm_job(job_id: str) -> None:
+    """``scancel JOB_ID`` from inside the job (rank 0, once the attempt recorded "cancelled").
+
+    A cancel can lose to a requeue: ``scontrol requeue`` also requeues a job that ``scancel`` is already
+    ending, so the job comes back, sees the cancel marker and ends cancelled, and then nothing would end
+    it before its time limit. Cancelling it here makes SLURM end every task now and keeps it cancelled
+    (it is not requeued again); when the job is already ending, scancel only says so.
+    """
+    try:
+        completed = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60, check=False,
+                                   preexec_fn=_ignore_stop_signals)
+    except (OSError, subprocess.SubprocessError) as error:
+        print(f"elfes: `scancel {job_id}` could not run ({error}); the job ends when its tasks exit", flush=True)
+        return
+    said = (completed.stderr or completed.stdout).strip()
+    print(f"elfes: cancelled SLURM job {job_id} (scancel" + (f": {said}" if said else "") + "); it does not come back",
+          flush=True)
+
+
 def resubmit_local(paths: RunPaths, task: Any) -> None:
     """Past submitit's local start limit, submit the run again (a "requeue" submission, which the next
     start counts as a requeue) into the same run directory: ``task`` (the job's ``JobRuntime``) in a new
@@ -72,12 +92,14 @@ def resubmit_local(paths: RunPaths, task: Any) -> None:
 
 
 def wait_for_slurm_to_end_the_job() -> None:
-    """Never returns: after a SIGTERM stop under SLURM, `last` is saved and the task waits to be killed.
+    """Never returns: after a SIGTERM stop under SLURM (no cancel marker), `last` is saved and the task
+    waits to be killed.
 
     A job that exits on its own during a preemption's grace time is not requeued (it ends COMPLETED or
-    FAILED); one that SLURM kills in PreemptMode=REQUEUE is, and a ``scancel``ed one stays cancelled.
+    FAILED); one that SLURM kills in PreemptMode=REQUEUE is. A cancelled attempt does not wait: it
+    ``scancel``s the job (:func:`cancel_slurm_job`) and exits.
     """
-    print("elfes: `last` is saved; waiting for SLURM to end the job (a preempted job is requeued by SLURM, "
-          "a cancelled one stays cancelled)", flush=True)
+    print("elfes: `last` is saved; waiting for SLURM to end the job (a preempted job is requeued by SLURM; "
+          "`elfes cancel` keeps it from coming back)", flush=True)
     while True:
         time.sleep(60)

@@ -23,8 +23,10 @@ and calls it. In order, on every rank:
    ``scontrol requeue`` and every rank exits through ``SystemExit``; local: every rank exits 144 and
    submitit's controller relaunches, or, past its six starts, rank 0 resubmits into the same run
    directory); stopped or cancelled (SIGTERM/SIGINT, or no requeue left: ``last`` is saved; locally the
-   task returns, under SLURM it waits until SLURM ends it, so that a preempted job is requeued by SLURM
-   and a cancelled one stays cancelled); failed (an exception in user code: recorded with its message
+   task returns; under SLURM a stopped task waits until SLURM ends it, so that a preempted job is
+   requeued by SLURM, while a cancelled attempt (the cancel marker) has rank 0 ``scancel`` the job and
+   every rank return, so that it never comes back; a cancel marker seen right before ``scontrol
+   requeue`` turns the requeue into a cancel); failed (an exception in user code: recorded with its message
    on rank 0, re-raised, never requeued).
 
 The rooms below it, one job each: launcher/job/signals.py (the stop signals and the flag-only
@@ -60,6 +62,7 @@ from .outcome import Decision, decide
 from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
+    cancel_slurm_job,
     requeue_slurm_job,
     resubmit_local,
     wait_for_slurm_to_end_the_job,
@@ -288,9 +291,13 @@ class _Attempt:
 
     def _finish(self, decision: Decision, *, step: int | None) -> dict[str, Any]:
         """Record the outcome (rank 0) and act on it (every rank alike)."""
-        if decision.requeue and self.start.executor == "slurm" and self.is_main:
-            refused = requeue_slurm_job(self.start.job_id)
-            if refused is not None:
+        slurm = self.start.executor == "slurm"
+        if decision.requeue and slurm and self.is_main:
+            if cancel_requested(self.paths, self.before):
+                # `elfes cancel` came while the job stopped for a requeue: the cancel wins (a requeued job
+                # would come back, and scontrol requeue also requeues a job that scancel is ending).
+                decision = Decision("cancelled", signal=decision.signal)
+            elif (refused := requeue_slurm_job(self.start.job_id)) is not None:
                 decision = Decision("stopped", signal=decision.signal, error=refused)
         resubmit = (decision.requeue and self.start.executor == "local"
                     and self.start.restart + 1 >= LOCAL_MAX_STARTS)
@@ -308,9 +315,14 @@ class _Attempt:
             # Every rank leaves through SystemExit: a rank that returned would write a success result
             # for an attempt that is being relaunched.
             raise SystemExit(LOCAL_REQUEUE_EXIT_CODE if self.start.executor == "local" else 0)
-        if self.start.executor == "slurm" and decision.signal in TERMINATING_SIGNALS:
+        if slurm and decision.outcome == "cancelled":
+            # Cancelled for good: rank 0 scancels the job (it may have come back through a requeue that beat
+            # the cancel) and every rank exits, which frees the allocation now; an exit is never requeued.
+            if self.is_main:
+                cancel_slurm_job(self.start.job_id)
+        elif slurm and decision.signal in TERMINATING_SIGNALS:
             # A job that exits during a preemption's grace time is not requeued; one that SLURM kills
-            # is (PreemptMode=REQUEUE), and a scancel'ed one stays cancelled. So wait to be ended.
+            # is (PreemptMode=REQUEUE). So wait to be ended.
             wait_for_slurm_to_end_the_job()
         return {"outcome": decision.outcome, "attempt": self.attempt, "step": step}
 

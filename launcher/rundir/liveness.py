@@ -89,7 +89,8 @@ def run_slurm_tool(argv: list[str]) -> subprocess.CompletedProcess | None:
 class SlurmQueueEntry:
     """What SLURM says of a job: its state, why it waits (squeue's reason, e.g. ``BeginTime`` after a
     requeue), and how often SLURM restarted it (``RestartCnt``: requeues by preemption, ``scontrol
-    requeue``, node failure). ``reason``/``restarts`` are None where only ``sacct`` still knows the job."""
+    requeue``, node failure). ``reason``/``restarts`` are None where only ``sacct`` still knows the job;
+    for a job that only ``sacct`` calls alive (state ``GONE``), ``reason`` is what sacct says."""
 
     state: str
     reason: str | None = None
@@ -102,7 +103,12 @@ class SlurmQueueEntry:
 
 def slurm_queue_entry(job_id: str) -> SlurmQueueEntry | None:
     """SLURM's view of ``job_id`` (``squeue``, else ``sacct``); state ``GONE`` when squeue answers and no
-    longer knows it; None where neither answers."""
+    longer knows it (and sacct has no final state for it); None where neither answers.
+
+    squeue asks the controller, which holds every job that is queued or alive: a job it does not know is
+    neither, whatever sacct says. sacct's record can stay REQUEUED for good (a job ``scancel``ed while
+    ``scontrol requeue`` was requeueing it, on Slurm 22.05) and is then not trusted.
+    """
     queued = run_slurm_tool(["squeue", "-h", "-j", job_id, "-O", "State:|,Reason:|,RestartCnt:"])
     if queued is not None and queued.returncode == 0 and queued.stdout.strip():
         state, _, rest = queued.stdout.strip().splitlines()[0].partition("|")
@@ -110,10 +116,14 @@ def slurm_queue_entry(job_id: str) -> SlurmQueueEntry | None:
         reason = reason.strip()
         return SlurmQueueEntry(state.strip(), None if reason in ("", "None") else reason,
                                int(restarts) if restarts.strip().isdigit() else None)
+    squeue_forgot = queued is not None and (queued.returncode == 0 or "Invalid job id" in queued.stderr)
     accounted = run_slurm_tool(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
     if accounted is not None and accounted.returncode == 0 and accounted.stdout.strip():
-        return SlurmQueueEntry(accounted.stdout.splitlines()[-1].split()[0])  # "CANCELLED by 0" -> CANCELLED
-    if queued is not None and (queued.returncode == 0 or "Invalid job id" in queued.stderr):
+        state = accounted.stdout.splitlines()[-1].split()[0]  # "CANCELLED by 0" -> CANCELLED
+        if squeue_forgot and state in _SLURM_ALIVE:
+            return SlurmQueueEntry("GONE", reason=f"sacct still says {state}")
+        return SlurmQueueEntry(state)
+    if squeue_forgot:
         return SlurmQueueEntry("GONE")  # squeue answered and no longer knows the job
     return None
 
@@ -175,14 +185,24 @@ class LivenessProbe:
         return live
 
 
+def slurm_requeued_since_last_attempt(state: run_state.RunState | None, live: Liveness) -> bool:
+    """Whether SLURM restarted the run's job after its last attempt started (its restart count grew):
+    a preemption of a job that stopped on SIGTERM and waited, or a node failure; the relaunch has not
+    recorded itself yet."""
+    if state is None or state.executor != "slurm" or not live.alive or live.restarts is None:
+        return False
+    attempt = state.last_attempt
+    if attempt is None or attempt.job_id != state.job_id:
+        return False
+    restart = run_state.token_restart(attempt.token)
+    return restart is not None and live.restarts > restart
+
+
 def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None:
     """``state`` as it is once a job that is gone without recording its end is counted lost, and once SLURM
-    requeued a job that stopped on SIGTERM and waited (its restart count grew; pure)."""
-    if state is not None and state.executor == "slurm" and live.alive and live.restarts is not None:
-        attempt = state.last_attempt
-        restart = run_state.token_restart(attempt.token) if attempt is not None else None
-        if restart is not None and live.restarts > restart:
-            return run_state.requeued_by_slurm(state)  # stopped on SIGTERM, then SLURM requeued the job
+    requeued the job after its last attempt started (its restart count grew; pure)."""
+    if slurm_requeued_since_last_attempt(state, live):
+        return run_state.requeued_by_slurm(state)  # stopped on SIGTERM and waited, or its node failed
     if state is None or state.status in run_state.ENDED or state.status == "submitted" or live.alive is not False:
         return state
     return run_state.mark_lost(state, cancelled=cancel_requested(paths, state), error=describe_lost(paths, state))

@@ -302,9 +302,13 @@ def end_attempt(
 
 def requeued_by_slurm(state: RunState) -> RunState:
     """The run as it is once SLURM requeued a job whose last attempt stopped on SIGTERM and waited (a
-    preemption in PreemptMode=REQUEUE): that attempt "requeued", the run "requeued". For ``elfes status``,
-    which sees SLURM's restart count grow before the relaunch records itself; no-op otherwise."""
+    preemption in PreemptMode=REQUEUE): that attempt "requeued", the run "requeued". One whose last
+    attempt never recorded its end (its node failed) is "requeued" too; the relaunch closes that attempt
+    as "lost". For ``elfes status``, which sees SLURM's restart count grow before the relaunch records
+    itself; no-op otherwise."""
     attempt = state.last_attempt
+    if state.status in ("running", "stopping") and attempt is not None and not attempt.ended:
+        return _replace(state, status="requeued", stopping_signal=None)
     if state.status != "stopped" or attempt is None or attempt.outcome != "stopped":
         return state
     return _replace(state, status="requeued", attempts=(*state.attempts[:-1],

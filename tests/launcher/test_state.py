@@ -74,6 +74,17 @@ def test_an_attempt_stopped_by_sigterm_that_slurm_requeued_is_counted_requeued()
     assert other.attempts[0].outcome == "stopped"
 
 
+def test_a_running_attempt_whose_job_slurm_requeued_shows_the_run_requeued_until_the_relaunch_closes_it_lost():
+    """A node failure: SLURM requeued the job while attempt 1 ran, and attempt 1 recorded nothing. `elfes
+    status` sees the restart count grow: the run is "requeued" (its attempt still open, how it ended unknown);
+    the relaunch closes it as lost."""
+    for running in (begin(submitted(), "41:0/1"), S.mark_stopping(begin(submitted(), "41:0/1"), signal="SIGUSR2")):
+        seen = S.requeued_by_slurm(running)
+        assert (seen.status, seen.stopping_signal, [a.outcome for a in seen.attempts]) == ("requeued", None, [None])
+        relaunched = begin(running, "41:1/1", launch="requeue")
+        assert [(a.outcome, a.launch) for a in relaunched.attempts] == [("lost", "submit"), (None, "requeue")]
+
+
 def test_a_job_gone_without_an_outcome_ends_failed_or_cancelled():
     running = begin(submitted(), "41:0")
     failed = S.mark_lost(running, cancelled=False)

@@ -32,7 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -120,6 +121,22 @@ def process_is(pid: int, executable: str) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return process_alive(pid) and Path(command).name == executable
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of ``pid`` (0 once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return 0
+
+
+def command_line(pid: int) -> bytes:
+    """The raw command line of ``pid`` (b"" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
 
 
 @dataclass(frozen=True)
@@ -332,6 +349,35 @@ class SlurmCluster:
         )
         self._wait_nodes_idle(30)
         self._write_manifest()
+
+    @contextmanager
+    def node_failure(self, job_id: str, *, timeout_s: float = 60) -> Iterator[None]:
+        """The node running ``job_id`` fails as if it lost power, and comes back on leaving the block.
+
+        Every process of the job (``scontrol listpids``, and the slurmstepd above them) and the node's
+        slurmd are frozen, then killed, so the job records nothing; ``scontrol update state=down`` then
+        tells slurmctld, which requeues the job (Restarts grows, ``PENDING``). On exit slurmd starts again
+        and the node returns to service when it registers (``ReturnToService=2``). Single node only.
+        """
+        slurmd = self._daemon(f"slurmd {self.nodes[0].name}")
+        listed = self.run("scontrol", "listpids", job_id).stdout.splitlines()[1:]  # PID JOBID STEPID ...
+        pids = {int(line.split()[0]) for line in listed if line.split() and line.split()[0].isdigit()}
+        stepds = {parent for parent in map(parent_pid, pids) if command_line(parent).startswith(b"slurmstepd:")}
+        doomed = [pid for pid in (slurmd.pid(), *stepds, *pids) if pid is not None]
+        for signum in (signal.SIGSTOP, signal.SIGKILL):  # frozen first: nothing reports its end
+            for pid in doomed:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+        wait_for(lambda: not any(process_alive(pid) for pid in doomed), timeout_s=timeout_s,
+                 what="the failed node's processes to die")
+        self.run("scontrol", "update", f"nodename={self.nodes[0].name}", "state=down", "reason=elfes test: node failure")
+        try:
+            yield
+        finally:
+            self._start_slurmds(timeout_s)
+            self._wait_nodes_idle(timeout_s)
 
     # --------------------------------------------------------------------------------------- clients
     def run(self, *command: str, check: bool = True, timeout_s: float = 60, **kwargs) -> subprocess.CompletedProcess:
