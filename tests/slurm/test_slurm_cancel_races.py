@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from cluster import SlurmCluster, wait_for
 
-from elfes.launcher import state as run_state
 from elfes.launcher.commands.signalling import cancel, preempt
+from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.liveness import liveness, slurm_queue_entry
 from elfes.launcher.rundir.paths import RunPaths
 
