@@ -72,10 +72,19 @@ def test_an_unknown_config_key_is_refused_by_name(tmp_path: Path) -> None:
 
 
 # -- a real job, preempted and resumed ----------------------------------------------------------------------------
-def write_spec(folder: Path, name: str) -> Path:
-    """examples/charlm/job.yaml with the TINY config, its run directory ``folder/name``."""
+# Where the job trains: two gloo ranks on CPUs, or one GPU (bf16 autocast, fused AdamW).
+DEVICES = {
+    "cpu": {"tasks_per_node": 2, "gpus_per_node": 0},
+    "cuda": pytest.param({"tasks_per_node": 1, "gpus_per_node": 1}, marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+}
+
+
+def write_spec(folder: Path, name: str, devices: dict[str, int]) -> Path:
+    """examples/charlm/job.yaml with the TINY config on ``devices``, its run directory ``folder/name``."""
     spec = yaml.safe_load((REPOSITORY / "examples" / "charlm" / "job.yaml").read_text())
     spec.update(name=name, workdir=str(REPOSITORY), run_dir=str(folder / name), config=TINY)
+    spec["resources"].update(devices)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -126,11 +135,11 @@ def wait_ended(run_dir: Path) -> run_state.RunState:
     return state
 
 
-def training_in_attempt_1(run_dir: Path) -> bool:
-    """Rank 0 and 1 recorded their pids for attempt 1 and the run logged a train record."""
+def training_in_attempt_1(run_dir: Path, tasks: int) -> bool:
+    """Every rank recorded its pid for attempt 1 and the run logged a train record."""
     paths = RunPaths(run_dir)
     try:
-        pids = [json.loads(paths.pid_file(rank).read_text()) for rank in (0, 1)]
+        pids = [json.loads(paths.pid_file(rank).read_text()) for rank in range(tasks)]
     except (FileNotFoundError, ValueError):
         return False
     return all(pid["attempt"] == 1 for pid in pids) and any(event["event"] == "train" for event in events(run_dir))
@@ -150,22 +159,26 @@ def run_dirs(tmp_path: Path) -> Iterator[list[Path]]:
                 pass
 
 
-def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[Path]) -> None:
-    """Two gloo ranks, documents of different lengths: preempted after its first train record, the
-    job saves `last`, relaunches, resumes and ends tensor for tensor equal to a straight run."""
+@pytest.mark.parametrize("devices", DEVICES.values(), ids=DEVICES.keys())
+def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[Path], devices: dict[str, int]) -> None:
+    """Documents of different lengths, on two gloo ranks or one GPU: preempted after its first train
+    record, the job saves `last`, relaunches, resumes and ends tensor for tensor equal to a straight run."""
     for name in ("straight", "preempted"):
-        assert elfes(["submit", str(write_spec(tmp_path, name)), "--executor", "local"]) == 0
+        assert elfes(["submit", str(write_spec(tmp_path, name, devices)), "--executor", "local"]) == 0
         run_dirs.append(tmp_path / name)
     straight, preempted = run_dirs
 
-    wait_for(lambda: training_in_attempt_1(preempted), "attempt 1 to train", preempted)
+    wait_for(lambda: training_in_attempt_1(preempted, devices["tasks_per_node"]), "attempt 1 to train", preempted)
     assert elfes(["preempt", str(preempted)]) == 0
     state = wait_ended(preempted)
     assert state.status == "finished", diagnostics(preempted)
     assert [(a.outcome, a.signal) for a in state.attempts] == [("requeued", "SIGUSR2"), ("finished", None)]
     planned = state.attempts[-1].step
     assert 1 <= state.attempts[0].step < planned, "the preemption landed mid-run"
-    assert [e["event"] for e in events(preempted) if e["event"] in ("started", "resumed")] == ["started", "resumed"]
+    starts = [e for e in events(preempted) if e["event"] in ("started", "resumed")]
+    assert [e["event"] for e in starts] == ["started", "resumed"]
+    assert {(e["world_size"], e["precision"]) for e in starts} == {
+        (devices["tasks_per_node"], "bf16" if devices["gpus_per_node"] else "no")}
     assert wait_ended(straight).status == "finished", diagnostics(straight)
     assert state_of(straight).attempts[-1].step == planned
     assert_runs_bitwise_equal(preempted, straight)
