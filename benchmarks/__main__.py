@@ -23,6 +23,7 @@ from .table import markdown_table, print_table
 # name -> module; each module has run(rounds, progress, *, smoke) -> list[Row]
 BENCHMARKS = {
     "loop": "benchmarks.loop",
+    "loop-cuda": "benchmarks.loop_cuda",  # one GPU, bf16; measures nothing without CUDA
     "ddp": "benchmarks.loop_ddp",
     "checkpoint": "benchmarks.checkpoint",
     "stop": "benchmarks.stop",
