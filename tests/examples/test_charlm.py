@@ -71,6 +71,15 @@ def test_an_unknown_config_key_is_refused_by_name(tmp_path: Path) -> None:
     assert not job.run_dir.exists()
 
 
+@pytest.mark.parametrize("name", ["job.yaml", "slurm-gpu.yaml"])
+def test_the_specs_are_valid_and_set_only_keys_the_job_reads(name: str) -> None:
+    from elfes.launcher.spec import load_spec
+
+    spec = load_spec(REPOSITORY / "examples" / "charlm" / name)
+    assert spec.entrypoint == "examples.charlm.job:main" and spec.workdir == REPOSITORY
+    assert set(spec.config) <= set(charlm.DEFAULTS)
+
+
 # -- a real job, preempted and resumed ----------------------------------------------------------------------------
 # Where the job trains: two gloo ranks on CPUs, or one GPU (bf16 autocast, fused AdamW).
 DEVICES = {
