@@ -14,6 +14,7 @@ On CUDA the model trains under bf16 autocast with fused AdamW.
 from __future__ import annotations
 
 import math
+import platform
 from typing import Any
 
 import torch
@@ -48,9 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "width": 128, "depth": 4, "heads": 4, "dropout": 0.1,
     # optimization: documents per rank and microbatch, microbatches per update
     "epochs": 3, "batch_size": 16, "accumulation": 2, "lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 20,
-    "ema_decay": 0.99,
+    "ema_decay": 0.95,
     # bookkeeping, in optimizer steps
-    "evaluate_every": 25, "checkpoint_every": 25, "log_every": 5, "seed": 0,
+    "evaluate_every": 50, "checkpoint_every": 50, "log_every": 5, "seed": 0,
 }
 
 
@@ -103,7 +104,8 @@ def main(job: Any) -> TrainState:
         trainer.scheduler = LambdaLR(optimizer, WarmupDecay(
             total_steps=trainer.planned_steps(train_config), warmup_steps=config["warmup_steps"],
             start_factor=0.1, minimum_factor=0.1, decay="cosine"))
-        metadata = {"dataset": "Python standard library source", "train_documents": len(data["train"]),
+        metadata = {"dataset": f"Python {platform.python_version()} standard library source",
+                    "train_documents": len(data["train"]),
                     "validation_documents": len(data["validation"]), "seed": config["seed"]}
         state = trainer.train(train_config, checkpoint_dir=job.checkpoint_dir, resume_from=job.resume_from,
                               stop=job.stop, metadata=metadata)

@@ -23,6 +23,7 @@ from elfes.launcher.actions import local_processes
 from elfes.launcher.cli import main as elfes
 from elfes.launcher.paths import RunPaths
 from examples.charlm import job as charlm
+from examples.charlm import sample
 from examples.charlm.data import IGNORED, VOCABULARY, LibraryText, documents, encode, pad
 from examples.charlm.model import CharTransformer
 
@@ -169,7 +170,8 @@ def run_dirs(tmp_path: Path) -> Iterator[list[Path]]:
 
 
 @pytest.mark.parametrize("devices", DEVICES.values(), ids=DEVICES.keys())
-def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[Path], devices: dict[str, int]) -> None:
+def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[Path], devices: dict[str, int],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Documents of different lengths, on two gloo ranks or one GPU: preempted after its first train
     record, the job saves `last`, relaunches, resumes and ends tensor for tensor equal to a straight run."""
     for name in ("straight", "preempted"):
@@ -194,3 +196,13 @@ def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[P
 
     evaluation = [e for e in events(preempted) if e["event"] == "evaluation"][-1]["metrics"]["validation"]
     assert math.isclose(evaluation["bits_per_character"], evaluation["loss"] / math.log(2), rel_tol=1e-5)
+
+    capsys.readouterr()  # what the CLI printed so far
+    assert sample.main([str(preempted), "--prompt", "import ", "--characters", "40"]) == 0
+    written = capsys.readouterr().out
+    assert written.startswith("import ") and len(written) == len("import ") + 40 + 1  # and the newline
+
+
+def test_sampling_an_unfinished_run_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"model.pt is missing: .* holds no finished charlm run; `elfes status"):
+        sample.main([str(tmp_path)])
