@@ -2,8 +2,8 @@
 
 Every machine with Python has it offline. The ``.py`` files under the standard library folder are
 read in sorted order (installed packages left out); every tenth file is held out for evaluation.
-Files are taken until the training files hold ``train_chars`` characters and the held-out files a
-tenth of that. Each file is cut at blank lines into documents of at most
+Whole files are taken until the training files hold ``train_chars`` characters and the held-out
+files a tenth of that (each at least). Each file is cut at blank lines into documents of at most
 ``context + 1`` characters (consecutive paragraphs joined while they fit), so that a document is a
 whole class, function or docstring where one fits, and documents differ in length. A character is
 its ASCII code; the few characters outside ASCII become ``?``.
