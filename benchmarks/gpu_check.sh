@@ -33,7 +33,7 @@ mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 SUMMARY=$RESULTS/summary.txt
 # Each step's most seconds; together under 8 minutes.
-INSTALL_S=90 GPU_TESTS_S=150 CHARLM_S=120 LOOP_S=90
+INSTALL_S=60 GPU_TESTS_S=150 CHARLM_S=150 LOOP_S=90
 failed=0
 : >"$SUMMARY"
 
