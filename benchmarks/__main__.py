@@ -1,7 +1,8 @@
 """Run every ELFES benchmark, then print the table of ratios and write it as JSON.
 
-    python -m benchmarks                     # everything, 7 rounds (about 10 minutes on 2 cores)
+    python -m benchmarks                     # every CPU benchmark, 7 rounds (about 10 minutes on 2 cores)
     python -m benchmarks --only loop,stop    # some of them
+    python -m benchmarks --only loop-cuda    # the loop benchmark on one GPU, bf16 (not in the default set)
     python -m benchmarks --smoke             # tiny sizes, 1 round: checks that the command works (~1 minute)
     python -m benchmarks --record            # also write benchmarks/results/<date>.md and .json
 
@@ -23,6 +24,7 @@ from .table import markdown_table, print_table
 # name -> its modules; each module has run(rounds, progress, *, smoke) -> list[Row]
 BENCHMARKS = {
     "loop": ("benchmarks.loop",),
+    "loop-cuda": ("benchmarks.loop_cuda",),
     "ddp": ("benchmarks.loop_ddp",),
     "checkpoint": ("benchmarks.checkpoint", "benchmarks.checkpoint_blocking"),
     "stop": ("benchmarks.stop",),
@@ -30,13 +32,16 @@ BENCHMARKS = {
     "login": ("benchmarks.login",),
     "sweep_status": ("benchmarks.sweep_status",),
 }
+# What runs without --only: all but those that need a GPU (loop-cuda: one GPU, bf16; nothing measured without CUDA).
+DEFAULT = [name for name in BENCHMARKS if name != "loop-cuda"]
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per benchmark (default 7; 1 with --smoke)")
-    parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT),
+                        help=f"comma-separated subset of {','.join(BENCHMARKS)} (default: all but loop-cuda)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and one round: a check that every benchmark runs")
     parser.add_argument("--json", type=Path, default=None, help="where to write the results as JSON (default: a temporary file)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/<UTC date>.md and .json")

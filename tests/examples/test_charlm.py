@@ -1,0 +1,208 @@
+"""The charlm example: its data and loss, and a real job preempted through `elfes preempt` on the local
+executor that ends bitwise equal (torch.equal on every tensor) to a straight run on this machine."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from run_comparison import assert_runs_bitwise_equal
+
+from elfes.launcher import state as run_state
+from elfes.launcher.actions import local_processes
+from elfes.launcher.cli import main as elfes
+from elfes.launcher.paths import RunPaths
+from examples.charlm import job as charlm
+from examples.charlm import sample
+from examples.charlm.data import IGNORED, VOCABULARY, LibraryText, documents, encode, pad
+from examples.charlm.model import CharTransformer
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# A tiny model on 20 000 characters: 3 epochs of about 45 optimizer steps on two ranks, a train record each.
+TINY = {"train_chars": 20_000, "context": 32, "width": 32, "depth": 1, "heads": 2, "epochs": 3, "batch_size": 4,
+        "accumulation": 2, "warmup_steps": 5, "evaluate_every": 10, "checkpoint_every": 10, "log_every": 1}
+JOB_TIMEOUT_S = 300.0
+
+
+def test_documents_keep_the_text_and_fit_the_context() -> None:
+    text = "def a():\n pass\n\nclass B:\n x = 1\n\n" + "y" * 32 + "\n\nz = 2\n"
+    assert documents(text, 16) == ["def a():\n pass", "class B:\n x = 1", "y" * 16, "y" * 16, "z = 2\n"]
+    assert documents("a = 1\n\nb = 2\n", 16) == ["a = 1\n\nb = 2\n"]  # paragraphs join while they fit
+
+
+def test_held_out_files_are_not_trained_on_and_the_corpus_is_fixed() -> None:
+    train = LibraryText("train", train_chars=50_000, context=64)
+    validation = LibraryText("validation", train_chars=50_000, context=64)
+    assert len(train) and len(validation)
+    trained = {tuple(document.tolist()) for document in train.documents}
+    assert not any(tuple(document.tolist()) in trained for document in validation.documents if len(document) > 40)
+    again = LibraryText("train", train_chars=50_000, context=64)
+    assert all(torch.equal(a, b) for a, b in zip(train.documents, again.documents, strict=True))
+    assert max(int(document.max()) for document in train.documents) < VOCABULARY
+
+
+def test_the_step_weighs_the_mean_loss_by_the_real_characters() -> None:
+    """Padding adds no target; loss_weight counts the real ones, and padding changes no real logit."""
+    batch = [encode("import os\n"), encode("x = 1\n"), encode("pass")]
+    inputs, targets = pad(batch)
+    assert inputs.shape == (3, 9) and int((targets != IGNORED).sum()) == 9 + 5 + 3
+    torch.manual_seed(0)
+    model = CharTransformer(VOCABULARY, context=16, width=16, depth=1, heads=2, dropout=0.0).eval()
+    output = charlm.step(model, (inputs, targets))
+    assert int(output.loss_weight) == 17 and output.num_samples == 3
+    torch.testing.assert_close(model(inputs)[1, :5], model(encode("x = 1")[None])[0])
+    total, count = (float(statistic) for statistic in output.metrics["bits_per_character"].statistics)
+    assert count == 17 and math.isclose(total / count, float(output.loss.detach()) / math.log(2), rel_tol=1e-6)
+
+
+def test_an_unknown_config_key_is_refused_by_name(tmp_path: Path) -> None:
+    job = SimpleNamespace(config={"width": 8, "learning_rate": 0.1}, run_dir=tmp_path / "run")
+    with pytest.raises(ValueError, match=r"unknown keys \['learning_rate'\].*reads \["):
+        charlm.main(job)
+    assert not job.run_dir.exists()
+
+
+@pytest.mark.parametrize("name", ["job.yaml", "slurm-gpu.yaml"])
+def test_the_specs_are_valid_and_set_only_keys_the_job_reads(name: str) -> None:
+    from elfes.launcher.spec import load_spec
+
+    spec = load_spec(REPOSITORY / "examples" / "charlm" / name)
+    assert spec.entrypoint == "examples.charlm.job:main" and spec.workdir == REPOSITORY
+    assert set(spec.config) <= set(charlm.DEFAULTS)
+
+
+# -- a real job, preempted and resumed ----------------------------------------------------------------------------
+# Where the job trains: two gloo ranks on CPUs, or one GPU (bf16 autocast, fused AdamW).
+DEVICES = {
+    "cpu": {"tasks_per_node": 2, "gpus_per_node": 0},
+    "cuda": pytest.param({"tasks_per_node": 1, "gpus_per_node": 1}, marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+}
+
+
+def write_spec(folder: Path, name: str, devices: dict[str, int]) -> Path:
+    """examples/charlm/job.yaml with the TINY config on ``devices``, its run directory ``folder/name``."""
+    spec = yaml.safe_load((REPOSITORY / "examples" / "charlm" / "job.yaml").read_text())
+    spec.update(name=name, workdir=str(REPOSITORY), run_dir=str(folder / name), config=TINY)
+    spec["resources"].update(devices)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    file = RunPaths(run_dir).events
+    found = []
+    for line in file.read_text().splitlines() if file.exists() else []:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written
+    return found
+
+
+def state_of(run_dir: Path) -> run_state.RunState | None:
+    return run_state.load_state(RunPaths(run_dir))
+
+
+def job_gone(run_dir: Path) -> bool:
+    processes = local_processes(RunPaths(run_dir))
+    return not processes["controller"] and not processes["task"]
+
+
+def diagnostics(run_dir: Path) -> str:
+    paths = RunPaths(run_dir)
+    parts = [paths.state.read_text() if paths.state.exists() else "(no state.json)"]
+    for file in [*sorted(paths.logs.glob("attempt-*/rank-*.*")), paths.controller_log]:
+        if file.is_file():
+            parts += [f"--- {file} (tail) ---", file.read_text(errors="replace")[-3000:]]
+    return "\n".join(parts)
+
+
+def wait_for(condition: Callable[[], Any], what: str, run_dir: Path) -> Any:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {JOB_TIMEOUT_S:.0f} s waiting for {what}\n{diagnostics(run_dir)}")
+        time.sleep(0.05)  # polling interval of the condition
+    return value
+
+
+def wait_ended(run_dir: Path) -> run_state.RunState:
+    state = wait_for(lambda: (s := state_of(run_dir)) is not None and s.status in run_state.ENDED and s,
+                     "the run to end", run_dir)
+    wait_for(lambda: job_gone(run_dir), "the job's processes to exit", run_dir)
+    return state
+
+
+def training_in_attempt_1(run_dir: Path, tasks: int) -> bool:
+    """Every rank recorded its pid for attempt 1 and the run logged a train record."""
+    paths = RunPaths(run_dir)
+    try:
+        pids = [json.loads(paths.pid_file(rank).read_text()) for rank in range(tasks)]
+    except (FileNotFoundError, ValueError):
+        return False
+    return all(pid["attempt"] == 1 for pid in pids) and any(event["event"] == "train" for event in events(run_dir))
+
+
+@pytest.fixture
+def run_dirs(tmp_path: Path) -> Iterator[list[Path]]:
+    """Run directories whose jobs are SIGKILLed at teardown if still alive."""
+    submitted: list[Path] = []
+    yield submitted
+    for run_dir in submitted:
+        processes = local_processes(RunPaths(run_dir))
+        for pid in processes["controller"] + processes["task"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize("devices", DEVICES.values(), ids=DEVICES.keys())
+def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[Path], devices: dict[str, int],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Documents of different lengths, on two gloo ranks or one GPU: preempted after its first train
+    record, the job saves `last`, relaunches, resumes and ends tensor for tensor equal to a straight run."""
+    for name in ("straight", "preempted"):
+        assert elfes(["submit", str(write_spec(tmp_path, name, devices)), "--executor", "local"]) == 0
+        run_dirs.append(tmp_path / name)
+    straight, preempted = run_dirs
+
+    wait_for(lambda: training_in_attempt_1(preempted, devices["tasks_per_node"]), "attempt 1 to train", preempted)
+    assert elfes(["preempt", str(preempted)]) == 0
+    state = wait_ended(preempted)
+    assert state.status == "finished", diagnostics(preempted)
+    assert [(a.outcome, a.signal) for a in state.attempts] == [("requeued", "SIGUSR2"), ("finished", None)]
+    planned = state.attempts[-1].step
+    assert 1 <= state.attempts[0].step < planned, "the preemption landed mid-run"
+    starts = [e for e in events(preempted) if e["event"] in ("started", "resumed")]
+    assert [e["event"] for e in starts] == ["started", "resumed"]
+    assert {(e["world_size"], e["precision"]) for e in starts} == {
+        (devices["tasks_per_node"], "bf16" if devices["gpus_per_node"] else "no")}
+    assert wait_ended(straight).status == "finished", diagnostics(straight)
+    assert state_of(straight).attempts[-1].step == planned
+    assert_runs_bitwise_equal(preempted, straight)
+
+    evaluation = [e for e in events(preempted) if e["event"] == "evaluation"][-1]["metrics"]["validation"]
+    assert math.isclose(evaluation["bits_per_character"], evaluation["loss"] / math.log(2), rel_tol=1e-5)
+
+    capsys.readouterr()  # what the CLI printed so far
+    assert sample.main([str(preempted), "--prompt", "import ", "--characters", "40"]) == 0
+    written = capsys.readouterr().out
+    assert written.startswith("import ") and len(written) == len("import ") + 40 + 1  # and the newline
+
+
+def test_sampling_an_unfinished_run_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"model.pt is missing: .* holds no finished charlm run; `elfes status"):
+        sample.main([str(tmp_path)])
