@@ -3,7 +3,7 @@
     elfes submit examples/charlm/job.yaml --follow          # two CPU ranks, a few minutes
     elfes submit examples/charlm/slurm-gpu.yaml --follow    # four GPUs on a SLURM cluster
 
-Every task calls :func:`main` with a ``job`` (``elfes.launcher.runtime.Job``): ``job.config`` is the
+Every task calls :func:`main` with a ``job`` (``elfes.launcher.job.runtime.Job``): ``job.config`` is the
 spec's ``config`` (keys of :data:`DEFAULTS`), ``job.resume_from`` is the run's ``last`` after a
 preemption, and ``job.stop`` already catches the stop signals. The documents differ in length, so
 the loss of a batch is its mean over real (unpadded) characters, and ``loss_weight`` is their count:

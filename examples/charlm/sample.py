@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir.paths import RunPaths
 from examples.charlm.data import VOCABULARY, encode
 from examples.charlm.job import DEFAULTS
 from examples.charlm.model import CharTransformer

@@ -18,10 +18,10 @@ import torch
 import yaml
 from run_comparison import assert_runs_bitwise_equal
 
-from elfes.launcher import state as run_state
-from elfes.launcher.actions import local_processes
 from elfes.launcher.cli import main as elfes
-from elfes.launcher.paths import RunPaths
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.liveness import local_processes
+from elfes.launcher.rundir.paths import RunPaths
 from examples.charlm import job as charlm
 from examples.charlm import sample
 from examples.charlm.data import IGNORED, VOCABULARY, LibraryText, documents, encode, pad

@@ -17,8 +17,8 @@ from run_comparison import assert_runs_bitwise_equal
 from test_local_jobs import REPOSITORY, Runs, state_of, tasks_running, trained_to, wait_ended, wait_for
 
 from elfes.launcher.cli.main import main as elfes
-from elfes.launcher.commands.actions import local_processes
 from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.rundir.paths import RunPaths, SweepPaths
 from elfes.launcher.rundir.sweep_record import load_sweep
 
