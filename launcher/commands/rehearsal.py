@@ -84,6 +84,7 @@ class Interruption:
     moment: str  # e.g. "0.42 of an update after step 7", "during the checkpoint write of step 8"
     attempt: int | None  # the attempt it ended
     saved_step: int | None = None  # the step the attempt saved in `last` (requeue, stop), if recorded
+    landed: bool = True  # False when the run had already finished: the interruption changed nothing
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,7 +205,7 @@ class Rehearsal:
                                           self.options.seed)
                 interruptions = self._interrupted(plan, step_time_s=_update_time_s(events),
                                                   checkpoint_steps=_checkpoint_steps(events))
-                if not interruptions:
+                if not any(interruption.landed for interruption in interruptions):
                     raise RehearsalFailed(f"the interrupted run of {self.source} finished before any interruption "
                                           "could land; give it a longer budget (--set config.epochs=...)")
                 say("comparing the interrupted run with straight-1")
@@ -276,6 +277,8 @@ class Rehearsal:
             self.say(f"interruption {number}/{len(plan)}: {planned.kind} at step {progress.step} ({moment}), "
                      f"attempt {attempt}")
             getattr(self, f"_{planned.kind}")(paths, attempt, interruption)
+            if not interruption.landed:
+                self.say(f"interruption {number}/{len(plan)}: the run had finished before it landed")
             done.append(interruption)
         state = self._wait_until_ended(run_dir, "interrupted")
         self.say(f"interrupted: finished at step {state.last_attempt.step if state.last_attempt else '?'} after "
@@ -289,6 +292,7 @@ class Rehearsal:
                                                                            and s.status in ("running", "stopping")),
                            "the requeued run to start its next attempt")
         interruption.saved_step = state.attempts[attempt - 1].step
+        interruption.landed = state.attempts[attempt - 1].outcome != "finished"
         if state.status == "stopped":  # no requeue left (requeue.max_requeues): continue by hand
             self._resume_when_gone(paths)
 
@@ -301,7 +305,8 @@ class Rehearsal:
         state = self._wait(paths, lambda s: s.attempts[attempt - 1].ended and s.status in run_state.ENDED,
                            "the stopped run to save `last` and end")
         interruption.saved_step = state.attempts[attempt - 1].step
-        if state.executor == "slurm":
+        interruption.landed = state.attempts[attempt - 1].outcome != "finished"
+        if state.executor == "slurm" and interruption.landed:
             _slurm(["scancel", str(state.job_id)])  # it saved and waits for SLURM to end it
         self._resume_when_gone(paths)
 
@@ -311,10 +316,15 @@ class Rehearsal:
             _slurm(["scancel", "--full", "--signal=KILL", str(state.job_id)])
         else:
             _kill_process_tree(local_processes(paths)["controller"] + local_processes(paths)["task"])
-        self._resume_when_gone(paths)
+        self._resume_when_gone(paths, interruption)
 
-    def _resume_when_gone(self, paths: RunPaths) -> None:
-        self._wait(paths, lambda s: liveness(paths, s).alive is False, "the interrupted job to be gone", raw=True)
+    def _resume_when_gone(self, paths: RunPaths, interruption: Interruption | None = None) -> None:
+        state = self._wait(paths, lambda s: liveness(paths, s).alive is False, "the interrupted job to be gone",
+                           raw=True)
+        if state.status == "finished":  # it finished before the interruption reached it: nothing to resume
+            if interruption is not None:
+                interruption.landed = False
+            return
         submitted = resume(paths.run_dir)
         self.say(f"interrupted: resumed as {submitted.executor} job {submitted.job_id}")
 

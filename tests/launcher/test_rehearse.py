@@ -73,7 +73,7 @@ def test_the_quickstart_with_one_interruption_of_each_kind_is_exact(tmp_path, ca
     code, report = rehearse(write_spec(tmp_path), "--interruptions", "3", capsys=capsys)
     assert (code, report["verdict"]) == (0, "exact"), report
     assert sorted(i["kind"] for i in report["interruptions"]) == sorted(KINDS)
-    assert all(i["step"] is not None and i["attempt"] for i in report["interruptions"])
+    assert all(i["step"] is not None and i["attempt"] and i["landed"] for i in report["interruptions"])
     assert report["runs"]["interrupted"]["attempts"] == 4
     assert report["differences"]["tensors"] == [] and report["differences"]["first_diverging_step"] is None
     folder = tmp_path / "run.rehearsal"
