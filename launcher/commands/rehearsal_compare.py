@@ -21,6 +21,8 @@ from ..rundir.paths import RunPaths
 TIMING_METRICS = frozenset({"samples_per_second"})
 # Checkpoint entries that name the run rather than describe its training.
 RUN_IDENTITY_KEYS = frozenset({"run_id"})
+# Numbers in a checkpoint that measure the clock (a log interval's seconds): identical runs differ there.
+TIMING_KEYS = frozenset({"seconds", "samples_per_second"})
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,16 @@ def _compare_file(ours: Path, theirs: Path, relative: str) -> list[TensorDiffere
 
 
 def named_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Every tensor and number inside nested dicts, lists and tuples, named by its path; run ids skipped."""
+    """Every tensor and number inside nested dicts, lists and tuples, named by its path; run ids and
+    clock measurements (:data:`TIMING_KEYS`, names ending in ``_s``) skipped."""
     import torch
 
     if isinstance(value, torch.Tensor):
         yield prefix, value
     elif isinstance(value, dict):
         for key, item in value.items():
-            if key not in RUN_IDENTITY_KEYS:
+            timing = not isinstance(item, torch.Tensor) and (key in TIMING_KEYS or str(key).endswith("_s"))
+            if key not in RUN_IDENTITY_KEYS and not timing:
                 yield from named_leaves(item, f"{prefix}/{key}")
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):

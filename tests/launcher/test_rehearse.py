@@ -50,6 +50,16 @@ def test_interruptions_are_spread_over_the_run_and_every_kind_occurs():
     assert plan_interruptions(3, KINDS, logged, seed=0) == planned != plan_interruptions(3, KINDS, logged, seed=1)
 
 
+def test_run_ids_and_clock_measurements_are_not_compared_but_every_tensor_and_count_is():
+    import torch
+
+    from elfes.launcher.commands.rehearsal_compare import named_leaves
+
+    payload = {"run_id": "a1", "model": {"w": torch.ones(2)}, "ranks": [{"log_interval": {"seconds": 0.25,
+               "samples": 64, "wait_s": 1.5}}], "state": {"step": 7}}
+    assert sorted(dict(named_leaves(payload))) == ["/model/w", "/ranks[0]/log_interval/samples", "/state/step"]
+
+
 @pytest.mark.parametrize("arguments, says", [
     (["--interruptions", "0"], "--interruptions 0"),
     (["--kinds", "requeue,explode"], "'explode'"),
