@@ -26,7 +26,7 @@ from ..rundir.paths import RunPaths
 from ..rundir.task_files import command_records
 from ..spec import SpecError
 from ..spec.models import Resources
-from ..submit import executors
+from ..submit.scripts import requeue_signal
 
 DEFAULT_KILL_WAIT_S = Resources().kill_wait_s
 
@@ -75,7 +75,7 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
     """Rehearse a preemption: the job's tasks get the requeue signal, save ``last``, are requeued and resume."""
     paths = run_paths(run_dir)
     state = _live_state(paths)
-    signum = executors.requeue_signal()
+    signum = requeue_signal()
     if state.status not in ("running", "stopping"):
         raise ActionFailed(f"{run_dir}: the run is {state.status}, not running; preempt a running job "
                            "(`elfes status` shows when it runs)")
