@@ -1,0 +1,318 @@
+"""Every code block of the README and the guides is run (or, for text that is not a command, checked
+against what the code says) by a test here, as a reader would copy it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from blocks import REPOSITORY, all_blocks, block
+
+from elfes.records import event_reference, read_events
+
+
+def _tests_conftest():
+    """tests/conftest.py, loaded by path (tests/slurm has a conftest.py too)."""
+    spec = importlib.util.spec_from_file_location("tests_conftest", REPOSITORY / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+launch_environment = _tests_conftest().launch_environment
+ELFES = str(Path(sys.executable).with_name("elfes"))
+# Each block's name, and the test below that runs or checks it.
+TESTED = {
+    "readme/make-run": "test_make_run_sets_up_then_runs_the_example_job_which_finishes",
+    "readme/make-test": "test_make_test_is_what_ci_runs",
+    "readme/tour": "test_the_tour_runs_as_written",
+    "readme/install": "test_the_install_commands_set_up_a_venv_then_torch_then_the_package",
+    "first-job/my_job.py": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
+    "first-job/job.yaml": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
+    "first-job/commands": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
+    "spec/job.yaml": "test_the_spec_examples_validate",
+    "spec/set": "test_the_spec_examples_validate",
+    "run-directory/tree": "test_the_run_directory_tree_names_what_runpaths_names",
+    "run-directory/states": "test_the_state_diagram_names_every_status",
+    "slurm/cluster": "tests/slurm/test_cluster.py::test_the_cluster_commands_of_the_slurm_guide_start_and_stop_it",
+    "engine/plain-script": "test_the_plain_script_trains_continues_and_runs_on_two_processes",
+    "engine/pause.py": "test_the_engine_snippets_run_on_a_real_trainer",
+    "engine/weights.py": "test_the_engine_snippets_run_on_a_real_trainer",
+    "benchmarks/command": "test_the_benchmark_command_shows_progress_then_prints_its_table_and_writes_json",
+    "sweeps/job.yaml": "test_the_sweep_of_the_guide_runs_every_member",
+    "sweeps/commands": "test_the_sweep_of_the_guide_runs_every_member",
+    "sweeps/status-table": "test_the_sweep_of_the_guide_runs_every_member",
+    "rehearse/command": "test_the_tour_runs_as_written",
+    "rehearse/output": "test_the_tour_runs_as_written",
+    "charlm/run": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
+    "charlm/sample": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
+    "charlm/gpu": "tests/examples/test_charlm.py::test_the_gpu_spec_validates_and_dry_runs_for_slurm",
+}
+
+
+def run(commands: list[str], cwd: Path, timeout_s: float = 900) -> list[subprocess.CompletedProcess]:
+    """Run each command as a shell would, with this interpreter's `elfes` and `python`."""
+    done = []
+    for command in commands:
+        command = re.sub(r"^elfes\b", ELFES, command)
+        command = re.sub(r"^python\b", sys.executable, command)
+        completed = subprocess.run(command, shell=True, cwd=cwd, env=launch_environment(), capture_output=True,
+                                   text=True, timeout=timeout_s)
+        assert completed.returncode == 0, f"{command}: exit {completed.returncode}\n{completed.stdout[-3000:]}" \
+                                          f"\n{completed.stderr[-3000:]}"
+        done.append(completed)
+    return done
+
+
+def repository_copy(tmp_path: Path) -> Path:
+    """A folder in which the examples' relative paths resolve under tmp_path (runs/ is written there)."""
+    (tmp_path / "examples").symlink_to(REPOSITORY / "examples")
+    return tmp_path
+
+
+def test_every_code_block_is_named_and_tested():
+    blocks = all_blocks()
+    unnamed = [f"{b.document.relative_to(REPOSITORY)}: {b.text.splitlines()[0][:60]}" for b in blocks if not b.name]
+    assert unnamed == [], "give each code block a <!-- doc-test: NAME --> comment and a test"
+    names = [b.name for b in blocks]
+    assert sorted(set(names)) == sorted(TESTED), "every named block is in TESTED, once"
+    assert len(names) == len(set(names))
+    here = Path(__file__).read_text()
+    for test in set(TESTED.values()):
+        path, _, function = test.rpartition("::")
+        source = (REPOSITORY / path).read_text() if path else here
+        assert f"def {function}(" in source, test
+
+
+# -- the README ----------------------------------------------------------------------------------------------
+def test_make_run_sets_up_then_runs_the_example_job_which_finishes(tmp_path):
+    assert block("readme/make-run").commands() == ["make run"]
+    makefile = (REPOSITORY / "Makefile").read_text()
+    recipe = re.search(r"^run: setup\n\t(.+)$", makefile, flags=re.M)[1]
+    assert recipe == "$(VENV)/bin/elfes submit examples/quickstart/job.yaml --follow"  # tests/test_makefile.py: set-up
+    (completed,) = run([recipe.replace("$(VENV)/bin/elfes", "elfes")], repository_copy(tmp_path))
+    assert "submitted as local job" in completed.stdout and "elfes: run finished" in completed.stdout
+    run_dir = tmp_path / "runs" / "quickstart-job"
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
+    assert [event["event"] for event in read_events(run_dir)].count("finished") == 1
+
+
+def test_make_test_is_what_ci_runs():
+    assert block("readme/make-test").commands() == ["make test"]
+    ci = [line for line in (REPOSITORY / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == "make test" and "ELFES_REQUIRE_SLURM=1" in "\n".join(ci)
+    assert re.search(r"^test: setup\n\t\$\(VENV\)/bin/python -m pytest -q$", (REPOSITORY / "Makefile").read_text(),
+                     flags=re.M)
+
+
+def test_the_install_commands_set_up_a_venv_then_torch_then_the_package():
+    steps = block("readme/install").commands()
+    assert steps[0] == "python3 -m venv .venv && source .venv/bin/activate"
+    assert steps[1] == "python -m pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert steps[2] == 'python -m pip install -e ".[test]"'  # as the Makefile installs it, after torch
+    assert '$(PIP) install --quiet -e ".[test]"' in (REPOSITORY / "Makefile").read_text()
+    python = re.search(r'requires-python = ">=(\d+\.\d+)"', (REPOSITORY / "pyproject.toml").read_text())[1]
+    assert f"Python {python} or newer" in (REPOSITORY / "README.md").read_text()
+
+
+def test_the_tour_runs_as_written(tmp_path):
+    """The tour's commands in order, then the rehearsal's documented output: the same lines a real one prints."""
+    commands = block("readme/tour").commands()
+    assert block("rehearse/command").commands() == [commands[-1]]
+    done = run(commands, repository_copy(tmp_path))
+    run_dir = tmp_path / "runs" / "quickstart-job"
+    state = json.loads((run_dir / "state.json").read_text())
+    assert [(a["launch"], a["outcome"]) for a in state["attempts"]] == [
+        ("submit", "requeued"), ("requeue", "finished"), ("resume", "finished")]
+    assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 64
+    assert (run_dir / "plot.png").stat().st_size > 0
+    rehearsal = done[-1].stdout
+    assert "verdict: exact" in rehearsal
+    documented = block("rehearse/output").text
+    for kind in ("requeue", "stop", "kill"):
+        assert re.search(rf"interruption \d/3: {kind} at step \d+", rehearsal) and kind in documented
+    shape = [re.sub(r"\d+", "N", line.split(" (")[0]) for line in documented.splitlines() if line.startswith("straight")]
+    assert shape == [re.sub(r"\d+", "N", line.split(" (")[0]) for line in rehearsal.splitlines()
+                     if line.startswith("straight")]
+    report = json.loads((tmp_path / "runs" / "quickstart-job.rehearsal" / "report.json").read_text())
+    assert report["verdict"] == "exact" and len(report["interruptions"]) == 3
+
+
+# -- the guides --------------------------------------------------------------------------------------------------
+def test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact(tmp_path):
+    folder = tmp_path / "first-job"
+    folder.mkdir()
+    (folder / "my_job.py").write_text(block("first-job/my_job.py").text)
+    (folder / "job.yaml").write_text(block("first-job/job.yaml").text)
+    validated, submitted, rehearsed = run(block("first-job/commands").commands(), folder)
+    assert "valid job 'first-job'" in validated.stdout and "elfes: run finished" in submitted.stdout
+    assert "verdict: exact" in rehearsed.stdout
+    run_dir = folder / "runs" / "first-job"
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
+    assert (run_dir / "model.pt").exists()
+    kept = [p for p in (run_dir / "checkpoints").glob("step-*.pt")]
+    assert len(kept) <= 3  # keep_checkpoints=2, and best may name a third
+
+
+def test_the_spec_examples_validate(tmp_path):
+    folder = repository_copy(tmp_path)
+    spec = folder / "spec-example.yaml"  # the example's relative paths are those of examples/quickstart/job.yaml
+    real = tmp_path / "real" / "examples" / "quickstart"
+    real.parent.mkdir(parents=True)
+    (tmp_path / "real" / "examples" / "quickstart").symlink_to(REPOSITORY / "examples" / "quickstart")
+    spec = tmp_path / "real" / "examples" / "spec.yaml"
+    spec.write_text(block("spec/job.yaml").text.replace("../..", "..").replace("../../runs", "../runs"))
+    run([f"elfes validate {spec}"], tmp_path)
+    (tmp_path / "job.yaml").write_text(block("first-job/job.yaml").text)
+    (tmp_path / "my_job.py").write_text(block("first-job/my_job.py").text)
+    (validated,) = run(block("spec/set").commands(), tmp_path)
+    assert "120 min per attempt" in validated.stdout
+
+
+def test_the_run_directory_tree_names_what_runpaths_names():
+    from elfes.launcher.rundir.paths import RunPaths
+
+    tree = block("run-directory/tree").text
+    paths = RunPaths("RUN_DIR")
+    named = [paths.spec, paths.state, paths.events, paths.tensorboard, paths.plot, paths.checkpoints,
+             paths.rank_log(7, 3), paths.pid_file(3), paths.submitit, paths.cancel_marker]
+    listed = {line.split()[0].replace("<A>", "7").replace("<R>", "3").rstrip("/") for line in tree.splitlines()[1:]}
+    assert {str(path.relative_to(paths.run_dir)) for path in named} <= listed
+    assert "pids/command-3.json" in listed and "pids/command-" in (REPOSITORY / "launcher/rundir/paths.py").read_text()
+
+
+def test_the_state_diagram_names_every_status():
+    from elfes.launcher.rundir.state import STATUSES
+
+    diagram = block("run-directory/states").text
+    named = {word for line in diagram.splitlines() if "-->" in line
+             for word in re.findall(r"(\w+)\s*(?:-->|:|$)", line.split(":")[0])}
+    assert set(STATUSES) == named - {"*"}
+
+
+def test_the_plain_script_trains_continues_and_runs_on_two_processes(tmp_path):
+    single, double = block("engine/plain-script").commands()
+    folder = repository_copy(tmp_path)
+    first, second = run([single + " --epochs 3", single + " --epochs 6"], folder)
+    assert "finished at epoch 3" in first.stdout and "finished at epoch 6" in second.stdout
+    events = read_events(tmp_path / "runs" / "quickstart")
+    assert [event["event"] for event in events].count("started") == 1
+    assert next(event for event in events if event["event"] == "resumed")["state"]["epoch"] == 3
+    (two,) = run([double + " --epochs 2"], folder)
+    assert read_events(tmp_path / "runs" / "quickstart-2")[0]["world_size"] == 2
+    assert two.stdout.count("finished at epoch 2") == 1  # only the main process prints
+    prose = " ".join((REPOSITORY / "docs" / "engine.md").read_text().split())
+    assert "143 for SIGTERM, 130 for SIGINT or Ctrl-C, 140 for SIGUSR2" in prose  # tests/examples check them
+
+
+def test_the_engine_snippets_run_on_a_real_trainer(tmp_path):
+    """The snippets of the engine guide, executed with the names they assume bound to a quickstart trainer."""
+    import torch
+    from accelerate import Accelerator
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from elfes.engine import StopRequest, TrainConfig, Trainer, export_weights, load_weights
+    from examples.quickstart.train import make_data, step
+
+    model = nn.Linear(8, 1)
+    trainer = Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1),
+                      DataLoader(make_data(64, seed=1), batch_size=16), step, ema_decay=0.9)
+    names = {"trainer": trainer, "config": TrainConfig(epochs=2), "run_dir": tmp_path, "resuming": False,
+             "StopRequest": StopRequest, "load_weights": load_weights, "export_weights": export_weights,
+             "model": model}
+    exec(block("engine/pause.py").text, names)  # noqa: S102 - the guide's own code
+    assert names["state"].step == 8 and (tmp_path / "checkpoints" / "last").exists()
+    (tmp_path / "checkpoints" / "best").symlink_to(os.readlink(tmp_path / "checkpoints" / "last"))
+    exec(block("engine/weights.py").text, names)  # noqa: S102
+    exported = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert set(exported) == {"weight", "bias"}
+
+
+def test_the_event_table_matches_the_schema():
+    engine = (REPOSITORY / "docs" / "engine.md").read_text()
+    table = engine.split("<!-- events:begin -->\n", 1)[1].split("\n<!-- events:end -->", 1)[0]
+    assert table == event_reference()
+
+
+def test_the_spec_reference_matches_the_models():
+    from elfes.launcher.spec.reference import BEGIN, END, reference_table
+
+    document = (REPOSITORY / "docs" / "job-spec.md").read_text()
+    assert document.split(BEGIN + "\n", 1)[1].split("\n" + END, 1)[0] == reference_table()
+
+
+def test_the_sweep_of_the_guide_runs_every_member(tmp_path):
+    folder = repository_copy(tmp_path)
+    (folder / "job.yaml").write_text(block("sweeps/job.yaml").text.replace("../..", "."))
+    dry, submitted, shown = run(block("sweeps/commands").commands(), folder)
+    assert dry.stdout.count("lr=0.00") >= 4 and "submitted" in submitted.stdout.lower()
+    sweep = tmp_path / "runs" / "sweep-demo"
+    deadline = 600
+    run([f"{ELFES} status {sweep / name} --until ended --timeout-s {deadline}"
+         for name in ("lr=0.001,seed=0", "lr=0.001,seed=1", "lr=0.003,seed=0", "lr=0.003,seed=1")], folder)
+    (table,) = run([f"elfes status {sweep}"], folder)
+    documented = block("sweeps/status-table").text.splitlines()
+    header = [cell.strip() for cell in re.split(r"[┃│]", documented[0])]
+    assert [cell.strip() for cell in re.split(r"[┃│]", table.stdout.splitlines()[0])] == header
+    assert "4 member(s): finished 4" in table.stdout and re.match(r"\d member\(s\): ", documented[-1])
+
+
+def test_the_elfes_command_reports_its_version_without_importing_torch():
+    completed = subprocess.run([ELFES, "--version"], capture_output=True, text=True)
+    assert completed.returncode == 0 and completed.stdout.strip() == "elfes 0.1.0"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from elfes.launcher.cli.main import main; main(['schema']); "
+         "print('torch' in sys.modules)"], capture_output=True, text=True)
+    assert probe.returncode == 0 and probe.stdout.strip().endswith("False")
+
+
+def test_the_benchmark_command_shows_progress_then_prints_its_table_and_writes_json(tmp_path):
+    """`python -m benchmarks --smoke` runs every benchmark at tiny sizes. Nothing is timed here: only what
+    the command prints and writes is checked (and that a resume reads none of the skipped batches)."""
+    (command,) = block("benchmarks/command").commands()
+    written = tmp_path / "results.json"
+    benchmark = subprocess.Popen(
+        [sys.executable, *command.split()[1:], "--json", str(written)], cwd=REPOSITORY,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_environment(),
+    )
+    try:
+        plan = benchmark.stderr.readline()
+        first_round = benchmark.stderr.readline()
+        still_running = benchmark.poll() is None  # progress is reported as it goes, not all at the end
+        stdout, rest = benchmark.communicate(timeout=900)
+    finally:
+        benchmark.kill()
+    assert benchmark.returncode == 0, rest[-3000:]
+    assert re.search(r"\d+ benchmark\(s\) x 1 round\(s\) \(smoke sizes\)", plan)
+    assert re.search(r"loop tiny: round 1/1: hand wall [\d.]+ s cpu [\d.]+ s, elfes wall", first_round)
+    assert still_running
+    assert "ELFES benchmarks" in stdout and "SMOKE SIZES" in stdout
+    benchmarks = ("loop", "checkpoint", "stop", "resume", "login", "sweep_status")
+    for name in benchmarks:
+        assert re.search(rf"^│ {name} +│", stdout, flags=re.M), name
+    results = json.loads(written.read_text())
+    assert set(results) == {"machine", "settings", "results"}
+    rows = results["results"]
+    assert {row["benchmark"] for row in rows} == set(benchmarks)
+    assert any(row["case"] == "tiny, 2 ranks" for row in rows)
+    assert any("async" in row["measure"] for row in rows if row["benchmark"] == "checkpoint")
+    (skipped,) = [row for row in rows if row["measure"].startswith("samples of skipped batches")]
+    assert skipped["result"] == 0 and skipped["holds"] is True
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/writing-a-job.md"])
+def test_the_front_page_and_the_first_guide_stay_short_and_link_only_real_files(document):
+    text = (REPOSITORY / document).read_text()
+    if document == "README.md":
+        assert len(text.splitlines()) <= 150
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+        assert ((REPOSITORY / document).parent / target).exists(), target
+    assert shutil.which("make") or document != "README.md"
