@@ -1,22 +1,20 @@
-"""What the trainer writes to the run records: positions for people, and the statistics of a log interval."""
+"""What the trainer writes to the run records: positions for people, the run's setup and budget, and the
+statistics of a log interval."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
+from torch.optim import Optimizer
 
 from elfes.records import epoch_number as records_epoch_number
 
-from .config import TrainState
+from .config import TrainConfig, TrainState
 from .metrics import MetricAccumulator
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
-    from .trainer import Trainer
 
 
 def epoch_number(state: TrainState) -> int:
@@ -101,23 +99,47 @@ class PhaseClock:
         }
 
 
-def describe_run(trainer: Trainer, config: TrainConfig, metadata: Mapping[str, Any], *, run_id: str | None) -> dict[str, Any]:
-    """The fields of a ``started`` or ``resumed`` event: the run's setup, budget and optimizer groups."""
+@dataclass(frozen=True)
+class Budget:
+    """How far one ``train`` call may go: its config's limits, and what they mean for this trainer's data."""
+
+    epochs: int
+    max_steps: int | None
+    planned_steps: int  # the cumulative updates allowed (see Trainer.planned_steps)
+    updates_per_epoch: int
+    batches_per_epoch: int  # per rank
+
+    def spent(self, state: TrainState) -> bool:
+        """Whether ``state`` has trained all that this budget allows."""
+        return state.epoch >= self.epochs or (self.max_steps is not None and state.step >= self.max_steps)
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What ``started`` and ``resumed`` events record of the trainer's setup (fixed for one ``train`` call)."""
+
+    world_size: int
+    precision: str
+    device: str
+    gradient_accumulation_steps: int
+    ema_decay: float | None
+    objective: dict[str, float] | None  # the objective's coefficients (None: the scalar mean loss)
+
+
+def describe_run(
+    setup: RunSetup, config: TrainConfig, budget: Budget, optimizer: Optimizer, metadata: Mapping[str, Any], *, run_id: str | None
+) -> dict[str, Any]:
+    """The fields of a ``started`` or ``resumed`` event: the run's setup, budget and optimizer groups
+    (as they are now: a resumed run's are the checkpoint's)."""
     return dict(
-        world_size=trainer.accelerator.num_processes,
-        precision=str(trainer.accelerator.mixed_precision),
-        device=str(trainer.accelerator.device),
-        gradient_accumulation_steps=trainer.accumulation_steps,
+        world_size=setup.world_size,
+        precision=setup.precision,
+        device=setup.device,
+        gradient_accumulation_steps=setup.gradient_accumulation_steps,
         config=config.describe(),
-        budget={
-            "epochs": config.epochs,
-            "max_steps": config.max_steps,
-            "planned_steps": trainer.planned_steps(config),
-            "updates_per_epoch": trainer.updates_per_epoch,
-            "batches_per_epoch": trainer.batches_per_epoch,
-        },
+        budget=asdict(budget),
         optimizer={
-            "class": type(trainer.optimizer).__name__,
+            "class": type(optimizer).__name__,
             "groups": [
                 {
                     "name": group.get("name", str(index)),
@@ -125,11 +147,11 @@ def describe_run(trainer: Trainer, config: TrainConfig, metadata: Mapping[str, A
                     "weight_decay": float(group.get("weight_decay", 0.0)),
                     "num_parameters": sum(p.numel() for p in group["params"]),
                 }
-                for index, group in enumerate(trainer.optimizer.param_groups)
+                for index, group in enumerate(optimizer.param_groups)
             ],
         },
-        ema_decay=trainer.ema.decay if trainer.ema is not None else None,
-        objective=trainer.loss.describe(),
+        ema_decay=setup.ema_decay,
+        objective=setup.objective,
         metadata=dict(metadata),
         run_id=run_id,
     )

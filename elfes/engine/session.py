@@ -2,7 +2,8 @@
 
 The trainer's loop asks a :class:`TrainingSession` small questions (is the budget spent, is an
 evaluation due) and tells it what happened at each window boundary (close it, pause, finish). The
-session evaluates, updates the monitor, saves, restores and writes the run records.
+session evaluates, updates the monitor, saves, restores and writes the run records, through the
+parts of the trainer it is handed when the call begins.
 """
 
 from __future__ import annotations
@@ -11,43 +12,55 @@ import functools
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.distributed as dist
+from accelerate import Accelerator
+from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from elfes.files import check_writable_directory
+from elfes.records import RunLogger
 
-from .checkpoint import CheckpointDirectory, CheckpointName, resume_source
-from .config import TrainConfig, TrainState
-from .events import PhaseClock, describe_run, epoch_number
+from .checkpoint import CheckpointDirectory, Checkpointer, CheckpointName, Weights, resume_source
+from .collectives import every_rank_value, main_process_value, sum_over_ranks
+from .config import Progress, TrainConfig, TrainState
+from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epoch_number
+from .loss import LossPath
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
 from .publish import BackgroundWriter, HostBuffers, publish
 from .schedule import WarmupDecay
 from .stop import StopRequest, decisive_reason
-from .window import UpdateRule, WindowResult
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .window import Scheduler, UpdateRule, WindowResult
 
 
 class TrainingSession:
-    """What belongs to one ``train`` call; the trainer keeps what survives it (state, progress, weights)."""
+    """What belongs to one ``train`` call; the trainer keeps what survives it (state, progress, weights).
 
-    def __init__(self, trainer: Trainer, config: TrainConfig, checkpoint_dir: Path | None, stop: StopRequest | None) -> None:
-        self.trainer = trainer
-        self.state: TrainState = trainer.state
-        self.progress = trainer.progress
-        self.config = config
+    ``state``, ``progress`` and ``log_interval`` are the trainer's own, changed in place. ``evaluate`` is
+    None without an evaluator; it is called with ``weights=evaluation_weights``.
+    """
+
+    def __init__(
+        self, config: TrainConfig, budget: Budget, setup: RunSetup, *,
+        state: TrainState, progress: Progress, log_interval: LogInterval,
+        accelerator: Accelerator, optimizer: Optimizer, scheduler: Scheduler | None, loss: LossPath, checkpointer: Checkpointer,
+        logger: RunLogger | None, evaluate: Callable[..., dict[str, dict[str, float]]] | None, evaluation_weights: Weights,
+        checkpoint_dir: Path | None, stop: StopRequest | None,
+    ) -> None:
+        self.config, self.budget, self.setup = config, budget, setup
+        self.state, self.progress, self.log_interval = state, progress, log_interval
+        self.accelerator, self.optimizer, self.scheduler, self.loss = accelerator, optimizer, scheduler, loss
+        self.checkpointer, self.logger = checkpointer, logger
+        self.evaluate, self.evaluation_weights = evaluate, evaluation_weights
         self.directory = CheckpointDirectory(Path(checkpoint_dir)) if checkpoint_dir is not None else None
         self.stop = stop if stop is not None else StopRequest()
         self.clock = PhaseClock()
         self.rule = UpdateRule(
             max_grad_norm=config.max_grad_norm,
-            step_scheduler=config.scheduler_interval == "step" and not isinstance(trainer.scheduler, ReduceLROnPlateau),
+            step_scheduler=config.scheduler_interval == "step" and not isinstance(scheduler, ReduceLROnPlateau),
         )
         self.saved: CheckpointName | None = None  # the position this call last published
         self.restored: tuple[Path, dict[str, Any], dict[str, Any]] | None = None  # file, state, progress
@@ -67,14 +80,13 @@ class TrainingSession:
             resumed_from = self._restore(Path(resume_from))
         elif self.progress.data_seed is None:
             seed = [int(torch.randint(0, 2**62, ()).item()), uuid.uuid4().hex]
-            if self.trainer.accelerator.num_processes > 1:
-                dist.broadcast_object_list(seed, src=0)
-            self.progress.data_seed, self.progress.run_id = seed
-        past_budget = self.state.step > self.planned_steps or self.state.epoch > self.config.epochs
+            self.progress.data_seed, self.progress.run_id = main_process_value(seed, self.accelerator)
+        budget = self.budget
+        past_budget = self.state.step > budget.planned_steps or self.state.epoch > budget.epochs
         if past_budget:
             warnings.warn(
                 f"The run is already at step {self.state.step} (epoch {self.state.epoch}), past the "
-                f"{self.planned_steps} steps ({self.config.epochs} epochs) this TrainConfig allows: nothing is trained. "
+                f"{budget.planned_steps} steps ({budget.epochs} epochs) this TrainConfig allows: nothing is trained. "
                 "Raise epochs or max_steps to continue it.",
                 stacklevel=4,
             )
@@ -84,7 +96,7 @@ class TrainingSession:
             self._forget_unscheduled_final_evaluation()
 
     def _checkpoint_dir_problem(self, *, fresh: bool) -> str | None:
-        if not self.trainer.accelerator.is_main_process:
+        if not self.accelerator.is_main_process:
             return None
         try:
             check_writable_directory(self.directory.path, what="checkpoint_dir")
@@ -100,10 +112,7 @@ class TrainingSession:
 
     def _agree_on_error(self, message: str | None) -> None:
         """Raise ``message`` (the main process's finding) on every rank, so that no rank waits alone."""
-        if self.trainer.accelerator.num_processes > 1:
-            shared = [message]
-            dist.broadcast_object_list(shared, src=0)
-            message = shared[0]
+        message = main_process_value(message, self.accelerator)
         if message is not None:
             raise ValueError(message)
 
@@ -111,15 +120,15 @@ class TrainingSession:
         source, fallback = resume_source(source)
         if fallback is not None:
             warnings.warn(fallback, stacklevel=4)
-        payload = self.trainer.checkpointer.restore(source)
+        payload = self.checkpointer.restore(source)
         resolved = source.resolve()
         self.restored = (resolved, payload["state"], payload["progress"])
         self._repair_pointers(resolved)
-        for schedule in getattr(self.trainer.scheduler, "lr_lambdas", []):
-            if isinstance(schedule, WarmupDecay) and schedule.total_steps != self.planned_steps:
+        for schedule in getattr(self.scheduler, "lr_lambdas", []):
+            if isinstance(schedule, WarmupDecay) and schedule.total_steps != self.budget.planned_steps:
                 warnings.warn(
                     f"The learning-rate schedule restored from {resolved} decays until step {schedule.total_steps}, "
-                    f"but this run now plans {self.planned_steps} steps. The checkpoint's schedule is kept, as exact "
+                    f"but this run now plans {self.budget.planned_steps} steps. The checkpoint's schedule is kept, as exact "
                     "continuation requires; to decay over the new budget, start a new run from its weights.",
                     stacklevel=4,
                 )
@@ -128,7 +137,7 @@ class TrainingSession:
     def _repair_pointers(self, restored: Path) -> None:
         """Point ``best`` at the state's best checkpoint and ``last`` at the restored one when a kill
         between two pointer updates left them stale (no file is touched when they are right)."""
-        if self.directory is None or not self.trainer.accelerator.is_main_process:
+        if self.directory is None or not self.accelerator.is_main_process:
             return
         best = self._best_file()
         if best is not None and best.exists():
@@ -143,23 +152,18 @@ class TrainingSession:
 
     def stop_already_requested(self) -> bool:
         """Whether any rank's stop was requested before training began (one small collective)."""
-        flag = torch.tensor(1.0 if self.stop.reason is not None else 0.0, dtype=torch.float64, device=self.trainer.accelerator.device)
-        return bool(self.trainer.runner.sum_over_ranks(flag) > 0)
+        flag = torch.tensor(1.0 if self.stop.reason is not None else 0.0, dtype=torch.float64, device=self.accelerator.device)
+        return bool(sum_over_ranks(flag, self.accelerator) > 0)
 
     # ----------------------------------------------------------------------------------------
     # Policy
 
-    @property
-    def planned_steps(self) -> int:
-        return self.trainer.planned_steps(self.config)
-
     def budget_spent(self) -> bool:
-        config = self.config
-        return self.state.epoch >= config.epochs or (config.max_steps is not None and self.state.step >= config.max_steps)
+        return self.budget.spent(self.state)
 
     def evaluation_due(self, result: WindowResult, epoch_ended: bool) -> bool:
         every = self.config.evaluate_every
-        return self.trainer.evaluator is not None and every is not None and self._due(every, result, epoch_ended)
+        return self.evaluate is not None and every is not None and self._due(every, result, epoch_ended)
 
     def checkpoint_due(self, result: WindowResult, epoch_ended: bool) -> bool:
         every = self.config.checkpoint_every
@@ -189,24 +193,24 @@ class TrainingSession:
 
     def advance(self, result: WindowResult, seconds: float) -> bool:
         """Move the data position past the window and record it; returns whether the epoch ended."""
-        trainer, state = self.trainer, self.state
+        state, scheduler = self.state, self.scheduler
         self.clock.train_s += seconds
         if result.weight_total > 0:
             self.progress.weight_reference = result.weight_total
-        state.next_batch += result.batches // trainer.accelerator.num_processes
+        state.next_batch += result.batches // self.accelerator.num_processes
         state.batches += result.batches
         state.samples += result.samples
         if result.stepped:
             state.step += 1
         else:
             self.log("skipped", reason=result.skip_reason, **self._where())
-        epoch_ended = state.next_batch >= trainer.batches_per_epoch
+        epoch_ended = state.next_batch >= self.budget.batches_per_epoch
         if epoch_ended:
             state.epoch += 1
             state.next_batch = 0
-            if trainer.scheduler is not None and self.config.scheduler_interval == "epoch" and not isinstance(trainer.scheduler, ReduceLROnPlateau):
-                trainer.scheduler.step()
-        self._record_interval(result, seconds, epoch_ended)
+            if scheduler is not None and self.config.scheduler_interval == "epoch" and not isinstance(scheduler, ReduceLROnPlateau):
+                scheduler.step()
+        self._record_interval(result, seconds)
         return epoch_ended
 
     def close_boundary(self, *, evaluate: bool, checkpoint: bool) -> bool:
@@ -231,11 +235,7 @@ class TrainingSession:
         """Save ``last`` at once and return. An evaluation due here runs first thing after the resume,
         so a job within its preemption grace period is not killed while evaluating."""
         self.announce_stop()
-        reason, signal_name = self.stop.reason, self.stop.signal
-        if self.trainer.accelerator.num_processes > 1:
-            gathered: list[Any] = [None] * self.trainer.accelerator.num_processes
-            dist.all_gather_object(gathered, (reason, signal_name))
-            reason, signal_name = decisive_reason(gathered)
+        reason, signal_name = decisive_reason(every_rank_value((self.stop.reason, self.stop.signal), self.accelerator))
         self.stop.request(reason)
         self.state.stop_reason = reason
         self.log("stop_requested", reason=reason, signal=signal_name, **self._where())
@@ -253,8 +253,8 @@ class TrainingSession:
         scheduler is remembered so that raising the budget later continues like the straight run.
         """
         improved = None
-        if self.trainer.evaluator is not None and self.progress.last_evaluation != self.position():
-            self.progress.before_final_evaluation = snapshot_monitor(self.state, self.progress, self.trainer.scheduler, self.trainer.optimizer)
+        if self.evaluate is not None and self.progress.last_evaluation != self.position():
+            self.progress.before_final_evaluation = snapshot_monitor(self.state, self.progress, self.scheduler, self.optimizer)
             _, improved = self._evaluate_and_monitor(checkpoint_due=False)
         if self.directory is not None:
             self.save(reason="final", best=bool(improved), final=True)
@@ -273,10 +273,9 @@ class TrainingSession:
 
         Returns whether to stop early and whether the monitored metric improved (None without a monitor).
         """
-        trainer, state = self.trainer, self.state
+        state, weights = self.state, self.evaluation_weights
         started = time.perf_counter()
-        weights = "ema" if trainer.ema is not None else "raw"
-        results = trainer.evaluate(weights=weights)
+        results = self.evaluate(weights=weights)
         duration = time.perf_counter() - started
         self.clock.evaluation_s += duration
         self.progress.last_evaluation = self.position()
@@ -288,7 +287,7 @@ class TrainingSession:
                 if checkpoint_due and self.directory is not None:
                     self.save(reason="interval")  # keep the work of this boundary before refusing
                 raise ValueError(missing_metric_message(results, monitor))
-            improved, stop_early = update_monitor(monitor, value, state, self.progress, trainer.scheduler)
+            improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler)
         self.log(
             "evaluation",
             **self._where(),
@@ -308,9 +307,9 @@ class TrainingSession:
         snapshot, self.progress.before_final_evaluation = self.progress.before_final_evaluation, None
         if snapshot is None:
             return
-        restore_monitor(snapshot, self.state, self.progress, self.trainer.scheduler, self.trainer.optimizer)
+        restore_monitor(snapshot, self.state, self.progress, self.scheduler, self.optimizer)
         best = self._best_file()
-        if self.trainer.accelerator.is_main_process and best is not None and best.exists():
+        if self.accelerator.is_main_process and best is not None and best.exists():
             self.directory.point("best", best)
 
     # ----------------------------------------------------------------------------------------
@@ -319,13 +318,13 @@ class TrainingSession:
     def save(self, *, reason: str, best: bool = False, final: bool = False) -> None:
         """Publish this position's checkpoint: in the background for interval and best checkpoints when
         ``async_checkpoints`` (the loop waits only for the previous write and the snapshot), else now."""
-        trainer, state, directory = self.trainer, self.state, self.directory
+        state, directory = self.state, self.directory
         started = time.perf_counter()
         waited = self.collect_write(wait=True)
         name = CheckpointName(state.step, state.batches)
         asynchronous = self.config.async_checkpoints and reason in ("interval", "best")
         snapshot = self.host_buffers.snapshot() if asynchronous else None
-        pending = trainer.checkpointer.snapshot(
+        pending = self.checkpointer.snapshot(
             directory, name, reuse=self._already_published(name), run_id=self.progress.run_id, copy=snapshot
         )
         best_file = self._best_file()
@@ -343,7 +342,7 @@ class TrainingSession:
         else:
             writing = time.perf_counter()
             _, size = publication()
-            trainer.accelerator.wait_for_everyone()
+            self.accelerator.wait_for_everyone()
             blocked = time.perf_counter() - started
             self.log("checkpoint", **record, bytes=size, duration_s=time.perf_counter() - writing, blocked_s=blocked)
         self.clock.checkpoint_s += blocked
@@ -373,25 +372,25 @@ class TrainingSession:
     # Run records
 
     def log(self, event: str, **fields: Any) -> None:
-        if self.trainer.logger is not None:
-            self.trainer.logger.log({"event": event, **fields})
+        if self.logger is not None:
+            self.logger.log({"event": event, **fields})
 
     def _where(self) -> dict[str, int]:
         return {"epoch": epoch_number(self.state), "step": self.state.step}
 
-    def _record_interval(self, result: WindowResult, seconds: float, epoch_ended: bool) -> None:
-        trainer, interval = self.trainer, self.trainer.log_interval
+    def _record_interval(self, result: WindowResult, seconds: float) -> None:
+        interval = self.log_interval
         interval.add(result.metrics, result.samples, seconds, result.grad_norm if result.stepped else None, result.learning_rates)
         if not (result.stepped and self.state.step % self.config.log_every == 0):
             return
-        metrics = trainer.loss.finish(interval.metrics.compute(trainer.accelerator))
-        metrics.update(interval.summary(trainer.optimizer.param_groups))
+        metrics = self.loss.finish(interval.metrics.compute(self.accelerator))
+        metrics.update(interval.summary(self.optimizer.param_groups))
         metrics["last_update_samples"] = float(result.samples)
-        self.log("train", **self._where(), planned_steps=self.planned_steps, samples=self.state.samples, metrics=metrics)
+        self.log("train", **self._where(), planned_steps=self.budget.planned_steps, samples=self.state.samples, metrics=metrics)
         interval.reset()
 
     def _log_start(self, metadata: Mapping[str, Any], resumed_from: str | None, past_budget: bool) -> None:
-        fields = describe_run(self.trainer, self.config, metadata, run_id=self.progress.run_id)
+        fields = describe_run(self.setup, self.config, self.budget, self.optimizer, metadata, run_id=self.progress.run_id)
         fields.update(epoch=epoch_number(self.state), state=self.state.state_dict())
         if resumed_from is None and self.state.batches == 0:
             self.log("started", **fields)

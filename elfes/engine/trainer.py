@@ -34,7 +34,7 @@ from .data import (
 )
 from .ema import ExponentialMovingAverage
 from .evaluator import Evaluator
-from .events import LogInterval
+from .events import Budget, LogInterval, RunSetup
 from .loss import loss_path
 from .objective import Objective, Step
 from .rng import RandomState
@@ -156,7 +156,7 @@ class Trainer:
         ``failed`` event, then raised. Call on every rank.
         """
         self._check_setup(config)
-        run = TrainingSession(self, config, checkpoint_dir, stop)
+        run = self._session(config, checkpoint_dir, stop)
         try:
             run.start(resume_from, metadata or {})
             return self._loop(run)  # its stop and final saves collect any write in flight
@@ -169,6 +169,28 @@ class Trainer:
             if isinstance(error, (Exception, KeyboardInterrupt)):
                 run.log_failure(error)
             raise
+
+    def _session(self, config: TrainConfig, checkpoint_dir: Path | None, stop: StopRequest | None) -> TrainingSession:
+        """One call's session, handed the parts of the trainer it drives as they are now (the user may
+        have replaced the scheduler or logger since construction)."""
+        budget = Budget(config.epochs, config.max_steps, self.planned_steps(config), self.updates_per_epoch, self.batches_per_epoch)
+        setup = RunSetup(
+            world_size=self.accelerator.num_processes,
+            precision=str(self.accelerator.mixed_precision),
+            device=str(self.accelerator.device),
+            gradient_accumulation_steps=self.accumulation_steps,
+            ema_decay=self.ema.decay if self.ema is not None else None,
+            objective=self.loss.describe(),
+        )
+        return TrainingSession(
+            config, budget, setup,
+            state=self.state, progress=self.progress, log_interval=self.log_interval,
+            accelerator=self.accelerator, optimizer=self.optimizer, scheduler=self.scheduler, loss=self.loss,
+            checkpointer=self.checkpointer, logger=self.logger,
+            evaluate=self.evaluate if self.evaluator is not None else None,
+            evaluation_weights="ema" if self.ema is not None else "raw",
+            checkpoint_dir=checkpoint_dir, stop=stop,
+        )
 
     def _loop(self, run: TrainingSession) -> TrainState:
         if run.stop_already_requested():

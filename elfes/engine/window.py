@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+from .collectives import sum_over_ranks
 from .config import TrainState
 from .ema import ExponentialMovingAverage
 from .loss import LossPath, WindowLoss
@@ -169,10 +169,7 @@ class WindowRunner:
         return weight_total, int(samples), stop_flag > 0, nonfinite_flag > 0
 
     def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
-        if self.accelerator.num_processes > 1:
-            values = values.clone()
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        return values
+        return sum_over_ranks(values, self.accelerator)
 
     def _update(self, factor: float, size: int, state: TrainState, rule: UpdateRule) -> tuple[float | None, list[float]]:
         """Unscale once, rescale to the window mean, clip, step. Returns (pre-clip norm or None if skipped, lrs)."""

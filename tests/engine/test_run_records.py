@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 from workloads import RunSpec, build, fresh_accelerate, mse_step
 
@@ -83,6 +84,12 @@ def test_events_of_a_paused_and_resumed_run(tmp_path):
     assert resumed["resumed_from"] == events[stop_index + 1]["path"]
     assert resumed["state"] == {**stopped["state"], "stop_reason": "maintenance"}
     assert resumed["state"]["next_batch"] == 3 * SPEC.accumulation and resumed["state"]["step"] == 3
+    # Its optimizer groups are described after the restore: the checkpoint's learning rates, not the new trainer's.
+    restored = torch.load(resumed["resumed_from"], map_location="cpu", weights_only=True)["optimizer"]["param_groups"]
+    resumed_rates = [group["lr"] for group in resumed["optimizer"]["groups"]]
+    assert resumed_rates == [group["lr"] for group in restored]
+    assert resumed_rates != [group["lr"] for group in started["optimizer"]["groups"]]
+    assert set(resumed) - set(started) == {"resumed_from", "past_budget"} and set(started) <= set(resumed)
 
     trains = [event for event in events if event["event"] == "train"]
     for event in trains:
