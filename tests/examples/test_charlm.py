@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ import torch
 import yaml
 from run_comparison import assert_runs_bitwise_equal
 
-from elfes.launcher.cli import main as elfes
+from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.rundir.paths import RunPaths
@@ -206,3 +209,53 @@ def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[P
 def test_sampling_an_unfinished_run_says_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"model.pt is missing: .* holds no finished charlm run; `elfes status"):
         sample.main([str(tmp_path)])
+
+
+def _readme_block(name: str) -> list[str]:
+    text = (REPOSITORY / "examples" / "charlm" / "README.md").read_text()
+    block = text.split(f"<!-- doc-test: {name} -->\n```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def _shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = command.replace("elfes ", f"{Path(sys.executable).with_name('elfes')} ", 1) if command.startswith(
+        "elfes ") else command.replace("python ", f"{sys.executable} ", 1)
+    completed = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                               env={**os.environ, "PYTHONPATH": str(cwd)})
+    assert completed.returncode == 0, f"{command}: {completed.stdout[-2000:]}{completed.stderr[-2000:]}"
+    return completed
+
+
+def test_the_commands_of_its_readme_run(tmp_path: Path, run_dirs: list[Path]) -> None:
+    """The README's run, preempt, logs, plot and sample lines, in a copy whose job.yaml holds the TINY
+    config (the real one trains for minutes); the preemption waits until attempt 1 trains, as the
+    README's "any time while it trains" says."""
+    shutil.copytree(REPOSITORY / "examples", tmp_path / "examples")
+    spec_file = tmp_path / "examples" / "charlm" / "job.yaml"
+    spec = yaml.safe_load(spec_file.read_text())
+    spec_file.write_text(yaml.safe_dump({**spec, "config": TINY}, sort_keys=False))
+    submit, preempt, follow, plot = _readme_block("charlm/run")
+    run_dir = tmp_path / "runs" / "charlm"
+    run_dirs.append(run_dir)
+    _shell(submit, tmp_path)
+    wait_for(lambda: training_in_attempt_1(run_dir, 2), "attempt 1 to train", run_dir)
+    _shell(preempt, tmp_path)
+    followed = _shell(follow, tmp_path).stdout
+    assert "attempt 2 (requeue)" in followed
+    assert [a.outcome for a in wait_ended(run_dir).attempts] == ["requeued", "finished"]
+    _shell(plot, tmp_path)
+    assert (tmp_path / "examples" / "charlm" / "plot.png").stat().st_size > 0
+    (prompt,) = _readme_block("charlm/sample")
+    assert _shell(prompt, tmp_path).stdout.startswith("class Parser:\n    def ")
+
+
+def test_the_gpu_spec_validates_and_dry_runs_for_slurm(tmp_path: Path) -> None:
+    """The GPU section's dry run, for SLURM (here no cluster answers, so the cluster's own checks are
+    skipped and sbatch would decide); its submission needs a GPU cluster."""
+    dry_run, follow = _readme_block("charlm/gpu")
+    assert follow == "elfes submit examples/charlm/slurm-gpu.yaml --follow"
+    environment = {key: value for key, value in os.environ.items() if key != "SLURM_CONF"}
+    completed = subprocess.run([str(Path(sys.executable).with_name("elfes")), *dry_run.split()[1:], "--executor",
+                                "slurm"], cwd=REPOSITORY, capture_output=True, text=True, timeout=120, env=environment)
+    assert completed.returncode == 0, completed.stderr
+    assert "#SBATCH --gpus-per-node=4" in completed.stdout and "#SBATCH --requeue" in completed.stdout

@@ -258,3 +258,21 @@ def test_submitit_job_runs_and_its_state_comes_from_sacct(slurm_env: SlurmCluste
     wait_for(lambda: job.state == "COMPLETED", timeout_s=30, what="submitit's job.state (sacct) to say COMPLETED")
     assert accounted_state(slurm_env, int(job.job_id)) == "COMPLETED"
     print(f"sacct said COMPLETED {time.monotonic() - finished_at:.1f} s after submitit had the result")
+
+
+def test_the_cluster_commands_of_the_slurm_guide_start_and_stop_it(open_folder: Path, slurm_cluster: SlurmCluster):
+    """docs/slurm.md's two lines, as written, with a folder of our own (--dir) beside the session's cluster."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "slurm.md").read_text()
+    lines = text.split("<!-- doc-test: slurm/cluster -->\n```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    start, stop = (line.split("  #", 1)[0].strip().replace("python ", f"{sys.executable} ", 1) for line in lines)
+    assert start.endswith("tests/slurm/cluster.py start") and stop.endswith("tests/slurm/cluster.py stop")
+    repository = Path(__file__).resolve().parents[2]
+    started = subprocess.run(f"{start} --dir {open_folder}", shell=True, cwd=repository, capture_output=True,
+                             text=True, timeout=120)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.startswith("export SLURM_CONF=")
+    finally:
+        stopped = subprocess.run(f"{stop} --dir {open_folder}", shell=True, cwd=repository, capture_output=True,
+                                 text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
