@@ -131,7 +131,7 @@ def test_the_tour_runs_as_written(tmp_path):
     state = json.loads((run_dir / "state.json").read_text())
     assert [(a["launch"], a["outcome"]) for a in state["attempts"]] == [
         ("submit", "requeued"), ("requeue", "finished"), ("resume", "finished")]
-    assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 64
+    assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 8 * 128  # 8 epochs of 128 updates
     assert (run_dir / "plot.png").stat().st_size > 0
     rehearsal = done[-1].stdout
     assert "verdict: exact" in rehearsal
@@ -251,18 +251,20 @@ def test_the_spec_reference_matches_the_models():
 
 def test_the_sweep_of_the_guide_runs_every_member(tmp_path):
     folder = repository_copy(tmp_path)
-    (folder / "job.yaml").write_text(block("sweeps/job.yaml").text.replace("../..", "."))
+    (folder / "sweep.yaml").write_text(block("sweeps/job.yaml").text)
     dry, submitted, shown = run(block("sweeps/commands").commands(), folder)
-    assert dry.stdout.count("lr=0.00") >= 4 and "submitted" in submitted.stdout.lower()
+    assert dry.stdout.count("lr=0.00") >= 4 and "sweep of 4 member(s), at most 2 at once" in submitted.stdout
     sweep = tmp_path / "runs" / "sweep-demo"
     deadline = 600
     run([f"{ELFES} status {sweep / name} --until ended --timeout-s {deadline}"
          for name in ("lr=0.001,seed=0", "lr=0.001,seed=1", "lr=0.003,seed=0", "lr=0.003,seed=1")], folder)
     (table,) = run([f"elfes status {sweep}"], folder)
-    documented = block("sweeps/status-table").text.splitlines()
-    header = [cell.strip() for cell in re.split(r"[┃│]", documented[0])]
-    assert [cell.strip() for cell in re.split(r"[┃│]", table.stdout.splitlines()[0])] == header
-    assert "4 member(s): finished 4" in table.stdout and re.match(r"\d member\(s\): ", documented[-1])
+    documented, shown = block("sweeps/status-table").text.splitlines(), table.stdout.splitlines()
+    assert documented[0].startswith("sweep sweep-demo (runs/sweep-demo), local, at most 2 at once")
+    assert shown[0].startswith(f"sweep sweep-demo ({sweep}), local, at most 2 at once")
+    assert [cell.strip() for cell in documented[1].split("┃")] == [cell.strip() for cell in shown[1].split("┃")]
+    assert sorted(line.split()[0] for line in documented[3:7]) == sorted(line.split()[0] for line in shown[3:7])
+    assert documented[-1] == "4 member(s): finished 4" and shown[-1].strip() == documented[-1]
 
 
 def test_the_elfes_command_reports_its_version_without_importing_torch():
