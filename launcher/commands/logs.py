@@ -59,8 +59,13 @@ def log_files(run_dir: str | os.PathLike[str], *, rank: int = 0, attempt: int | 
     attempt ended when it ended with an error. Reads files (and, for an attempt still open, its liveness)."""
     paths = run_paths(run_dir)
     state, unreadable = _readable_state(paths)
+    latest = _latest_attempt(paths, state)
+    if attempt is not None and (attempt < 1 or latest is None or attempt > latest):
+        known = "no attempt yet" if not latest else "attempt 1 only" if latest == 1 else f"attempts 1-{latest}"
+        raise UsageError(f"--attempt {attempt}: {paths.run_dir} has {known}; give one of them, or leave out "
+                         "--attempt for the latest")
     if attempt is None:
-        attempt = _latest_attempt(paths, state)
+        attempt = latest
     if rank < 0 or (state is not None and state.attempts and rank >= max(a.world_size for a in state.attempts)):
         size = max(a.world_size for a in state.attempts) if state is not None and state.attempts else 1
         raise UsageError(f"--rank {rank}: the job has ranks 0-{size - 1}; give one of them")
