@@ -79,11 +79,13 @@ def _zombie(pid: str) -> bool:
 
 
 def needs_liveness(state: run_state.RunState | None) -> bool:
-    """Whether the run's job may still be queued or alive: not for a run that ended, except a SLURM run
-    that stopped (it waits for SLURM to end it, which may requeue it)."""
+    """Whether the run's job may still be queued or alive: not for a run that ended, except a SLURM run that
+    stopped (it waits for SLURM to end it, which may requeue it) or was cancelled (a cancel can race SLURM's
+    requeue of the job: ``squeue`` and ``sacct`` tell whether it is gone)."""
     if state is None or state.job_id is None:
         return False
-    return state.status not in run_state.ENDED or (state.executor == "slurm" and state.status == "stopped")
+    return state.status not in run_state.ENDED or (state.executor == "slurm" and state.status in ("stopped",
+                                                                                                   "cancelled"))
 
 
 def run_liveness(paths: RunPaths, state: run_state.RunState | None, processes: ProcessTable | None) -> Liveness:
