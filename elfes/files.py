@@ -12,6 +12,7 @@ old complete file or the new complete file, never a torn one. Symlinks are repla
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -136,3 +137,15 @@ def check_writable_directory(path: Path, *, what: str) -> None:
             f"{what} {path} cannot be written ({error.strerror or error}); give a folder this process can create "
             "files in (not read-only, with free space), or fix its permissions."
         ) from None
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing) for the block; released when the
+    block ends or the process dies, so a killed holder never leaves it taken."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)

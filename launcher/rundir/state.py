@@ -34,16 +34,14 @@ or a resubmission past submitit's local start limit). ``elfes submit``/``resume`
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from elfes.files import write_text_atomically
+from elfes.files import exclusive_lock, write_text_atomically
 
 from .json_fields import FieldError, read_record
 from .paths import RunPaths
@@ -391,12 +389,8 @@ def save_state(paths: RunPaths, state: RunState) -> None:
 @contextmanager
 def _locked(paths: RunPaths) -> Iterator[None]:
     paths.run_dir.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(paths.state_lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    with exclusive_lock(paths.state_lock):
         yield
-    finally:
-        os.close(descriptor)  # releases the lock
 
 
 def update_state(paths: RunPaths, change: Callable[[RunState | None], RunState]) -> RunState:

@@ -8,16 +8,15 @@ Each member's own state stays in its run directory (``state.json``): this file n
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elfes.files import write_text_atomically
+from elfes.files import exclusive_lock, write_text_atomically
 
 from .paths import RunPaths, SweepPaths
 from .state import StateError, now
@@ -97,15 +96,9 @@ def save_sweep(paths: SweepPaths, record: SweepRecord) -> None:
     write_text_atomically(paths.record, json.dumps(record.to_json(), indent=2) + "\n")
 
 
-@contextmanager
-def sweep_lock(paths: SweepPaths) -> Iterator[None]:
+def sweep_lock(paths: SweepPaths) -> AbstractContextManager[None]:
     """Serialises writers of ``sweep.json`` (and a member's hand-over by the local scheduler)."""
-    descriptor = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)
+    return exclusive_lock(paths.lock)
 
 
 def update_sweep(paths: SweepPaths, change: Callable[[SweepRecord], SweepRecord]) -> SweepRecord:

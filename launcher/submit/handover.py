@@ -13,17 +13,18 @@ it is recorded as abandoned. Torch-free.
 
 from __future__ import annotations
 
-import fcntl
 import getpass
 import os
 import shutil
 import signal
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from elfes.files import exclusive_lock
 
 from ..rundir import state as run_state
 from ..rundir.liveness import local_processes, run_slurm_tool
@@ -184,15 +185,9 @@ def _age_s(at: str) -> float:
         return float("inf")
 
 
-@contextmanager
-def submission_lock(paths: RunPaths) -> Iterator[None]:
-    """Held (``fcntl.flock`` on ``RunPaths.submit_lock``) while a submission writes the run directory."""
-    descriptor = os.open(paths.submit_lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)
+def submission_lock(paths: RunPaths) -> AbstractContextManager[None]:
+    """Held while a submission writes the run directory (``RunPaths.submit_lock``)."""
+    return exclusive_lock(paths.submit_lock)
 
 
 def record_ahead(spec: JobSpec, paths: RunPaths, executor: str, kind: str) -> None:

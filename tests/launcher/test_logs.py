@@ -15,11 +15,11 @@ def a_run_with_two_attempts(run_dir: Path) -> RunPaths:
                                                                           max_requeues=3))
     run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id="11"))
     for number, token in enumerate(("11:0/1", "11:1/1"), start=1):
-        run_state.update_state(paths, lambda s, token=token: run_state.begin_attempt(
+        run_state.update_state(paths, lambda s, token=token, number=number: run_state.begin_attempt(
             s, token=token, job_id="11", launch="submit" if number == 1 else "requeue", hosts=["here"], world_size=1))
         paths.attempt_logs(number).mkdir(parents=True)
         paths.rank_log(number, 0).write_text(f"attempt {number} says hello\n")
-        run_state.update_state(paths, lambda s, token=token: run_state.end_attempt(
+        run_state.update_state(paths, lambda s, token=token, number=number: run_state.end_attempt(
             s, token=token, outcome="requeued" if number == 1 else "finished"))
     return paths
 
