@@ -98,8 +98,8 @@ def test_logs_print_a_rank_of_the_latest_attempt(tmp_path: Path, capsys):
     assert "warning from rank 1" in out and "rank 0" not in out
     assert main(["logs", str(paths.run_dir), "--rank", "2"]) == 2
     assert "the job has ranks 0-1" in capsys.readouterr().err
-    assert main(["logs", str(paths.run_dir), "--attempt", "7"]) == 0
-    assert "no logs yet for rank 0 in attempt 7" in capsys.readouterr().out
+    assert main(["logs", str(paths.run_dir), "--attempt", "7"]) == 2  # issue 16: it printed nothing, exit 0
+    assert "--attempt 7" in capsys.readouterr().err
 
 
 def test_preempt_refuses_a_run_that_is_not_running(tmp_path: Path, capsys):
