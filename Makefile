@@ -22,7 +22,8 @@ TORCH_INDEX ?=
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 PIP := $(VENV)/bin/python -m pip
-export PIP_DISABLE_PIP_VERSION_CHECK := 1  # a fresh venv's pip is older than the index's; that is fine here
+# A fresh venv's pip is older than the index's; that is fine here.
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test setup clean
 
