@@ -1,5 +1,5 @@
 """``python -m elfes``: the ``elfes`` command line (login-node commands never import torch)."""
 
-from elfes.launcher.cli.main import main
+from elfes.launcher.cli.main import run
 
-raise SystemExit(main())
+run()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -307,5 +308,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK  # `elfes logs RUN | head`
 
 
+def run() -> None:
+    """The ``elfes`` console script: :func:`main`, then exit with its code. A Ctrl-C that comes once the
+    verb is done (while the interpreter shuts down) has nothing left to interrupt and is ignored, so the
+    exit code is the verb's, never a bare death by SIGINT."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # on the way out of main, after the verb's own handling
+        code = EXIT_INTERRUPTED
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -142,6 +142,7 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
         try:
             paths.run_dir.mkdir(parents=True, exist_ok=True)
             with submission_lock(paths):
+                undo.take()
                 changed = _changes(spec, source, paths)
                 adopted = _settle_interrupted_handover(paths, changed or ())
                 if adopted is not None:

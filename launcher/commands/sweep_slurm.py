@@ -11,6 +11,8 @@ gets its job id; when sbatch refuses, every member's run directory is restored a
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -78,7 +80,8 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                     launch = "submit" if run_state.load_state(member) is None else "resume"
                     member.cancel_marker.unlink(missing_ok=True)
                     run_state.update_state(member, lambda s, spec=spec, launch=launch: run_state.record_submission(
-                        s, executor="slurm", kind=launch, max_requeues=spec.requeue.max_requeues))
+                        s, executor="slurm", kind=launch, max_requeues=spec.requeue.max_requeues,
+                        host=socket.gethostname(), pid=os.getpid()))
                 job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(member.run_dir)) for member in member_paths], paths,
                                                  record.max_parallel)
             except BaseException:

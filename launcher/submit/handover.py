@@ -64,9 +64,13 @@ def signals_deferred() -> Iterator[list[int]]:
 
 
 class RunDirUndo:
-    """What a submission may change in a run directory, taken before it writes: :meth:`restore` puts
-    it back byte for byte (the recorded spec, state and cancel marker, the lock files, the folders it
-    created). The executors undo their own files in submitit's folder (launcher/submit/executors.py)."""
+    """What a submission may change in a run directory, taken before it writes: :meth:`restore` undoes
+    what this submission wrote and nothing that another process wrote meanwhile (a job it did not start
+    records its attempts in ``state.json``; ``elfes cancel`` leaves its marker; another submission may
+    have created the folder). The recorded spec and the cancel marker are put back byte for byte,
+    ``state.json`` when its latest submission is still this process's own, and a folder this
+    submission created is removed only when what it holds is this submission's alone. The executors
+    undo their own files in submitit's folder (launcher/submit/executors.py)."""
 
     def __init__(self, paths: RunPaths) -> None:
         self.paths = paths
@@ -75,11 +79,35 @@ class RunDirUndo:
         while not folder.exists():
             self.created.append(folder)
             folder = folder.parent
+        self.files: dict[Path, bytes | None] = {}
+        self.take()
+
+    def take(self) -> None:
+        """Read what may be restored; again once the submission holds the run's submission lock, since
+        another submission may have written while this one waited for it."""
+        locks = (self.paths.submit_lock, self.paths.state_lock)  # as before this submission created them
         self.files = {path: path.read_bytes() if path.is_file() else None
-                      for path in (paths.spec, paths.state, paths.cancel_marker, paths.submit_lock, paths.state_lock)}
+                      for path in (self.paths.spec, self.paths.state, self.paths.cancel_marker)} | {
+                      lock: self.files[lock] if lock in self.files else (lock.read_bytes() if lock.is_file() else None)
+                      for lock in locks}
+
+    def _state_is_ours(self) -> bool:
+        """Whether ``state.json`` holds nothing since this process's own record of its submission."""
+        try:
+            state = run_state.load_state(self.paths)
+        except run_state.StateError:
+            return False
+        if state is None:
+            return True
+        latest = state.submissions[-1] if state.submissions else None
+        return (latest is not None and latest.pid == os.getpid() and latest.host in (None, socket.gethostname())
+                and state.status == "submitted")
 
     def restore(self) -> None:
-        if self.created:  # the run directory is new: nothing of it stays
+        from elfes.files import write_bytes_atomically
+
+        ours = self._state_is_ours()
+        if self.created and ours:  # the run directory is new and only this submission wrote in it
             shutil.rmtree(self.created[0], ignore_errors=True)
             for folder in self.created[1:]:
                 try:
@@ -87,13 +115,19 @@ class RunDirUndo:
                 except OSError:
                     break
             return
-        from elfes.files import write_text_atomically
-
-        for path, content in self.files.items():
-            if content is None:
-                path.unlink(missing_ok=True)
-            elif not path.is_file() or path.read_bytes() != content:
-                write_text_atomically(path, content.decode("utf-8"))
+        marker = self.paths.cancel_marker
+        for lock in (self.paths.submit_lock, self.paths.state_lock):  # a run directory that had none keeps none
+            if self.files[lock] is None:
+                lock.unlink(missing_ok=True)
+        if ours:
+            for path in (self.paths.spec, self.paths.state):
+                content = self.files[path]
+                if content is None:
+                    path.unlink(missing_ok=True)
+                elif not path.is_file() or path.read_bytes() != content:
+                    write_bytes_atomically(path, content)
+        if self.files[marker] is not None and not marker.exists():  # this submission removed it
+            write_bytes_atomically(marker, self.files[marker])
 
 
 # -- an interrupted hand-over ---------------------------------------------------------------------------

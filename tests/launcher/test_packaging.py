@@ -28,7 +28,7 @@ def test_every_package_folder_is_listed_in_pyproject():
     found.add("elfes.launcher.templates")
     assert listed == found, "list new package folders in pyproject.toml [tool.setuptools] packages"
     assert setuptools["package-dir"] == {"elfes.launcher": "launcher", "elfes.launcher.templates": "templates"}
-    assert pyproject()["project"]["scripts"] == {"elfes": "elfes.launcher.cli.main:main"}
+    assert pyproject()["project"]["scripts"] == {"elfes": "elfes.launcher.cli.main:run"}
 
 
 @pytest.mark.parametrize("where", ["repository_root", "elsewhere"])
@@ -68,4 +68,4 @@ def test_the_wheel_holds_elfes_launcher_and_its_templates(tmp_path: Path):
         assert name in names, name
     assert not any(name.startswith("launcher/") for name in names)  # no top-level `launcher` package
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
-    assert "elfes = elfes.launcher.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "elfes = elfes.launcher.cli.main:run" in zipfile.ZipFile(wheel).read(entry_points).decode()
