@@ -36,7 +36,9 @@ def slow_to_stop(job: Any) -> Any:
     job.config = config
 
     def step(model, batch):
-        time.sleep(30.0 if job.stop.reason is not None else delay)
+        time.sleep(delay)
+        if job.stop.reason is not None:  # asked during this step's delay too: the window takes 30 s more
+            time.sleep(30.0)
         return quickstart.step(model, batch)
 
     return quickstart.run(job, step)
