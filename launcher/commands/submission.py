@@ -76,7 +76,7 @@ def _changes(spec: JobSpec, source: str, paths: RunPaths) -> tuple[str, ...] | N
     return tuple(recorded.differences(spec))
 
 
-def _close_lost_job(paths: RunPaths) -> run_state.RunState | None:
+def close_lost_job(paths: RunPaths) -> run_state.RunState | None:
     """Record a job that is gone without an outcome as lost (submitter side, before a new submission).
     Refuses (StateError) while a SLURM job of a stopped run is still queued or alive."""
     state = run_state.load_state(paths)
@@ -101,7 +101,7 @@ def _close_lost_job(paths: RunPaths) -> run_state.RunState | None:
     )
 
 
-def _settle_interrupted_handover(paths: RunPaths, changed: tuple[str, ...]) -> run_state.RunState | None:
+def settle_interrupted_handover(paths: RunPaths, changed: tuple[str, ...]) -> run_state.RunState | None:
     """A run left "submitted" by a submitter killed mid-hand-over: adopt the job it started (returned
     as a "pending" state), refuse while it may still be starting one, or record it abandoned (None)."""
     state = run_state.load_state(paths)
@@ -144,12 +144,12 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
             with submission_lock(paths):
                 undo.take()
                 changed = _changes(spec, source, paths)
-                adopted = _settle_interrupted_handover(paths, changed or ())
+                adopted = settle_interrupted_handover(paths, changed or ())
                 if adopted is not None:
                     handed_over = True
                     return _finish(arrived, Submitted(paths.run_dir, spec.name, adopted.executor, adopted.job_id,
                                                       adopted.status, True, adopted=True))
-                state = _close_lost_job(paths)
+                state = close_lost_job(paths)
                 _refuse_finished(paths, state, _recorded(paths), spec)
                 if changed is None or changed:
                     write_text_atomically(paths.spec, spec.to_yaml())

@@ -128,7 +128,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
             from .sweep_slurm import submit_array
 
             with sweep_lock(SweepPaths(plan.sweep_dir)):
-                job_ids = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit")
+                job_ids = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit").array_ids
         else:
             start_scheduler(SweepPaths(plan.sweep_dir))
             job_ids = ()
@@ -166,8 +166,8 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             now_status = status[member.name].status
             if now_status in ("finished",):
                 skipped[member.name] = "finished"
-            elif now_status in run_state.ENDED or now_status == NOT_STARTED:
-                due.append(member)
+            elif now_status in run_state.ENDED or now_status in (NOT_STARTED, "submitted"):
+                due.append(member)  # "submitted": a hand-over cut short; settled (its job adopted) under the lock
             else:
                 skipped[member.name] = now_status  # live, or already waiting for a slot
         if not due:
@@ -175,8 +175,11 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
         if chosen == "slurm":
             from .sweep_slurm import submit_array
 
-            job_ids = submit_array(paths, record, due, kind="resume")
+            submitted = submit_array(paths, record, due, kind="resume")
             change_sweep(paths, lambda r: replace(r, executor="slurm"))
+            skipped |= submitted.left
+            due = [member for member in due if member.name not in submitted.left]
+            job_ids = submitted.array_ids
         else:
             at = run_state.now()
             change_sweep(paths, lambda r: replace(

@@ -11,10 +11,9 @@ gets its job id; when sbatch refuses, every member's run directory is restored a
 from __future__ import annotations
 
 import json
-import os
-import socket
 from collections.abc import Sequence
-from dataclasses import replace
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..job.runtime import JobRuntime
@@ -24,7 +23,8 @@ from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sw
 from ..spec import JobSpec, load_spec
 from ..spec.sweep import SweepPlan
 from ..submit import arrays, executors
-from ..submit.handover import RunDirUndo, signals_deferred
+from ..submit.handover import RunDirUndo, record_ahead, record_job, signals_deferred, submission_lock
+from .submission import close_lost_job, settle_interrupted_handover
 
 
 def _options_key(spec: JobSpec) -> str:
@@ -66,36 +66,72 @@ def array_scripts(plan: SweepPlan) -> str:
     return "\n".join(parts)
 
 
-def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[MemberRecord], *, kind: str) -> list[str]:
+@dataclass(frozen=True)
+class ArraysSubmitted:
+    array_ids: list[str]  # the job arrays submitted now
+    left: dict[str, str]  # member -> why it was not handed over (it has a job, or one may still be starting)
+
+
+def _settle(member: RunPaths) -> str | None:
+    """Under the member's submission lock: why it is left out of this hand-over (a job an interrupted
+    hand-over started, now adopted; or one that may still be starting), or None when it is due. A job that
+    is gone without an outcome is recorded lost first, as a single run's submission does."""
+    try:
+        adopted = settle_interrupted_handover(member, ())
+    except run_state.StateError as error:
+        return str(error)
+    if adopted is not None:
+        return f"adopted SLURM job {adopted.job_id}, which an interrupted hand-over had started"
+    try:
+        state = close_lost_job(member)
+    except run_state.StateError as error:
+        return str(error)
+    if state is not None and state.status not in run_state.ENDED:
+        return f"{state.status} (job {state.job_id})"  # handed over meanwhile, e.g. by `elfes resume` of the member
+    return None
+
+
+def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[MemberRecord], *,
+                 kind: str) -> ArraysSubmitted:
     """Hand ``members`` over as job array(s) (``kind``: "submit" or "resume"); record each member's job id in
-    its ``state.json`` and each array in ``sweep.json``. Returns the array job ids."""
-    specs = [(member.name, load_spec(RunPaths(Path(member.run_dir)).spec)) for member in members]
-    array_ids = []
-    for group in _groups(specs):
-        member_paths = [RunPaths(spec.run_dir) for _, spec in group]
-        with signals_deferred():
-            undo = [RunDirUndo(member) for member in member_paths]
+    its ``state.json`` and each array in ``sweep.json``. The caller holds the sweep's lock; each member's
+    submission lock is held for the whole hand-over, so that a single-run ``elfes resume`` of a member
+    cannot hand it over a second time."""
+    left: dict[str, str] = {}
+    array_ids: list[str] = []
+    member_paths = {member.name: RunPaths(Path(member.run_dir)) for member in members}
+    with signals_deferred(), ExitStack() as held:
+        undo = {}
+        for member in members:
+            held.enter_context(submission_lock(member_paths[member.name]))
+            undo[member.name] = RunDirUndo(member_paths[member.name])  # its snapshot, taken under the lock
+            why = _settle(member_paths[member.name])
+            if why is not None:
+                left[member.name] = why
+        due = [(member.name, load_spec(member_paths[member.name].spec)) for member in members
+               if member.name not in left]
+        for group in _groups(due):
+            group_paths = [member_paths[name] for name, _ in group]
             try:
-                for member, (_, spec) in zip(member_paths, group):
+                for task, (member, (_, spec)) in enumerate(zip(group_paths, group)):
                     launch = "submit" if run_state.load_state(member) is None else "resume"
                     member.cancel_marker.unlink(missing_ok=True)
-                    run_state.update_state(member, lambda s, spec=spec, launch=launch: run_state.record_submission(
-                        s, executor="slurm", kind=launch, max_requeues=spec.requeue.max_requeues,
-                        host=socket.gethostname(), pid=os.getpid()))
-                job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(member.run_dir)) for member in member_paths], paths,
-                                                 record.max_parallel)
+                    record_ahead(spec, member, "slurm", launch, submitit_folder=paths.submitit,
+                                 array_task=task if len(group) > 1 else None)
+                job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(member.run_dir)) for member in group_paths],
+                                              paths, record.max_parallel)
             except BaseException:
-                for each in undo:
-                    each.restore()
+                for name, _ in group:
+                    undo[name].restore()
                 raise
-            for member, job_id in zip(member_paths, job_ids):
-                run_state.update_state(member, lambda s, job_id=job_id: run_state.mark_pending(s, job_id=job_id))
+            for member, job_id in zip(group_paths, job_ids):
+                record_job(member, job_id)
             array_id = job_ids[0].partition("_")[0]
             array_ids.append(array_id)
             job = SweepJob(job_id=array_id, kind=kind, members=tuple(name for name, _ in group), at=run_state.now(),
                            max_parallel=record.max_parallel)
             change_sweep(paths, lambda r, job=job: replace(r, jobs=(*r.jobs, job)))
-    return array_ids
+    return ArraysSubmitted(array_ids, left)
 
 
 def array_findings(spec_file: str, config: dict[str, str]) -> list[tuple[str, str, str | None]]:

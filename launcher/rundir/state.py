@@ -91,6 +91,10 @@ class Submission:
     host: str | None = None  # the submitter's host and pid: what traces a hand-over a kill cut short
     pid: int | None = None
     error: str | None = None  # why it never got a job
+    # A sweep member handed over in a job array: the submitit folder its job's output goes to (the
+    # sweep's), and its task in the array (None for a plain job): what finds a job a kill left unrecorded.
+    submitit_folder: str | None = None
+    array_task: int | None = None
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,8 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
 
 
 def record_submission(state: RunState | None, *, executor: str, kind: str, max_requeues: int,
-                      job_id: str | None = None, host: str | None = None, pid: int | None = None) -> RunState:
+                      job_id: str | None = None, host: str | None = None, pid: int | None = None,
+                      submitit_folder: str | None = None, array_task: int | None = None) -> RunState:
     """The submitter (``host``, ``pid``) hands the run to ``executor``: "submitted" ("pending" with ``job_id``).
     ``kind``: "submit", "resume", or "requeue" (a local job's rank 0 past submitit's start limit).
     Refused unless the run ended (:data:`ENDED`), or for "requeue" is requeued; a "submitted" run (a hand-over
@@ -195,7 +200,8 @@ def record_submission(state: RunState | None, *, executor: str, kind: str, max_r
     _check(kind, LAUNCHES, "the submission kind")
     if max_requeues < 0:
         raise StateError(f"max_requeues must be >= 0; got {max_requeues}.")
-    submission = Submission(at=now(), executor=executor, kind=kind, job_id=job_id, host=host, pid=pid)
+    submission = Submission(at=now(), executor=executor, kind=kind, job_id=job_id, host=host, pid=pid,
+                            submitit_folder=submitit_folder, array_task=array_task)
     status = "submitted" if job_id is None else "pending"
     if state is None:
         if kind != "submit":

@@ -6,9 +6,11 @@ directory (:class:`RunDirUndo`), Ctrl-C and SIGTERM wait until the hand-over is 
 The hand-over is written ahead: ``state.json`` says "submitted" (with the submitter's host and pid)
 before the executor is asked, and gets the job id once it answered. A "submitted" run found under
 the submission lock was therefore interrupted between the two: its job (a local controller of the run
-directory in /proc, a SLURM job whose output goes to its submitit folder) is adopted; while a process
-of it may still be handing the run over, the new submission is refused; when nothing of it is left,
-it is recorded as abandoned. Torch-free.
+directory in /proc, a SLURM job whose output goes to its submitit folder: for a sweep member, its task
+of an array the sweep has not recorded, in the sweep's folder) is adopted; while a process of it may
+still be handing the run over, the new submission is refused; when nothing of it is left, it is
+recorded as abandoned. A SLURM job killed before submitit named its pickle after it could never run
+its task: it is cancelled, and the run is handed over anew. Torch-free.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from elfes.files import exclusive_lock
 
 from ..rundir import state as run_state
 from ..rundir.liveness import local_processes, run_slurm_tool
-from ..rundir.paths import RunPaths
+from ..rundir.paths import RunPaths, SweepPaths
 from ..spec import JobSpec
 
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -166,18 +168,45 @@ def _processes_naming(folder: Path) -> list[int]:
     return found
 
 
-def _slurm_jobs_of(paths: RunPaths) -> list[str] | None:
-    """Queued or running SLURM jobs of this user whose standard output goes to the run's submitit
-    folder; None where squeue does not answer."""
-    queued = run_slurm_tool(["squeue", "-h", "-u", getpass.getuser(), "-O", "JobID:|,StdOut:4096"])
+def _output_folder(paths: RunPaths, submission: run_state.Submission) -> Path:
+    """Where the job of ``submission`` writes its output: the run's submitit folder, or for a sweep member
+    handed over in a job array, the sweep's."""
+    return Path(submission.submitit_folder) if submission.submitit_folder else paths.submitit
+
+
+def _recorded_arrays(folder: Path) -> set[str]:
+    """The job arrays a sweep recorded (``sweep.json`` beside its submitit ``folder``): they belong to
+    hand-overs that completed, so none of them is the job of an interrupted one."""
+    from ..rundir.sweep_record import load_sweep
+
+    try:
+        return {job.job_id for job in load_sweep(SweepPaths(folder.parent)).jobs}
+    except run_state.StateError:
+        return set()
+
+
+def _slurm_jobs_of(paths: RunPaths, submission: run_state.Submission) -> list[str] | None:
+    """Queued or running SLURM jobs of this user whose standard output goes to the submission's folder
+    (for an array member, its task of an array the sweep has not recorded); None where squeue does not answer."""
+    queued = run_slurm_tool(["squeue", "-h", "-r", "-u", getpass.getuser(),
+                             "-O", "JobID:|,ArrayJobID:|,ArrayTaskID:|,StdOut:4096"])
     if queued is None or queued.returncode != 0:
         return None
-    folder = os.path.realpath(paths.submitit)
+    folder = os.path.realpath(_output_folder(paths, submission))
+    in_array = submission.submitit_folder is not None
+    recorded = _recorded_arrays(Path(folder)) if in_array else set()
     jobs = []
     for line in queued.stdout.splitlines():
-        job_id, _, output = line.partition("|")
-        if output.strip() and os.path.realpath(os.path.dirname(output.strip())) == folder:
-            jobs.append(job_id.strip())
+        fields = [field.strip() for field in line.split("|", 3)]
+        if len(fields) != 4 or not fields[3] or os.path.realpath(os.path.dirname(fields[3])) != folder:
+            continue
+        job_id, array_job, array_task, _ = fields
+        if in_array:
+            base = array_job if array_job.isdigit() else job_id
+            if base in recorded or (submission.array_task is not None and array_task != str(submission.array_task)):
+                continue
+            job_id = f"{base}_{array_task}" if submission.array_task is not None else base
+        jobs.append(job_id)
     return jobs
 
 
@@ -198,13 +227,21 @@ def interrupted_handover(paths: RunPaths, state: run_state.RunState) -> Found:
             return Found(busy=f"tasks of the run are alive without their controller (pids {processes['task']})")
     else:
         known = {item.job_id for item in state.submissions if item.job_id}
-        jobs = _slurm_jobs_of(paths)
+        jobs = _slurm_jobs_of(paths, submission)
         if jobs is None:
             return Found(busy="squeue does not answer, so a job it may have queued cannot be ruled out")
         new = [job for job in jobs if job not in known]
         if new:
-            return Found(job_id=new[-1])
-    in_flight = _processes_naming(paths.submitit)
+            job_id = new[-1]
+            if (_output_folder(paths, submission) / f"{job_id}_submitted.pkl").is_file():
+                return Found(job_id=job_id)
+            # Killed before submitit named the job's pickle after it: the job can never run its task
+            # (submitit waits 60 s for the pickle, then fails). Cancelled here, it cannot start either.
+            cancelled = run_slurm_tool(["scancel", job_id])
+            if cancelled is None or cancelled.returncode != 0:
+                return Found(busy=f"its SLURM job {job_id} has no task to run and could not be cancelled "
+                                  f"(`scancel {job_id}`: {cancelled.stderr.strip() if cancelled else 'no answer'})")
+    in_flight = _processes_naming(_output_folder(paths, submission))
     if in_flight:
         return Found(busy=f"processes of it are still running (pids {in_flight}; sbatch?)")
     if not here and _age_s(submission.at) < REMOTE_SUBMITTER_GRACE_S:
@@ -224,11 +261,14 @@ def submission_lock(paths: RunPaths) -> AbstractContextManager[None]:
     return exclusive_lock(paths.submit_lock)
 
 
-def record_ahead(spec: JobSpec, paths: RunPaths, executor: str, kind: str) -> None:
-    """Record a submission of ``kind`` before the executor is asked, naming this submitter."""
+def record_ahead(spec: JobSpec, paths: RunPaths, executor: str, kind: str, *, submitit_folder: Path | None = None,
+                 array_task: int | None = None) -> None:
+    """Record a submission of ``kind`` before the executor is asked, naming this submitter (and, for a sweep
+    member, the sweep's submitit folder and the member's task in the array)."""
     run_state.update_state(paths, lambda s: run_state.record_submission(
         s, executor=executor, kind=kind, max_requeues=spec.requeue.max_requeues,
-        host=socket.gethostname(), pid=os.getpid()))
+        host=socket.gethostname(), pid=os.getpid(),
+        submitit_folder=str(submitit_folder) if submitit_folder is not None else None, array_task=array_task))
 
 
 def record_job(paths: RunPaths, job_id: str) -> run_state.RunState:

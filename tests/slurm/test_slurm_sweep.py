@@ -14,6 +14,8 @@ import pytest
 from cluster import SlurmCluster
 from run_comparison import assert_runs_bitwise_equal
 from test_slurm_preemption import (
+    ELFES,
+    diagnostics,
     elfes,
     preempt_with_a_high_job,
     state_of,
@@ -101,3 +103,77 @@ def test_an_array_member_preempted_requeues_alone_and_all_end_bitwise(
     for run_dir, lr in zip(members, LRS):
         wait_ended(twins(lr), "finished")
         assert_runs_bitwise_equal(run_dir, twins(lr))
+
+
+# -- a hand-over of the array cut short by a SIGKILL -----------------------------------------------------------
+KILL_SUBMITTER = """#!/bin/bash
+# sbatch, then the submitter (its parent, `elfes submit`) is SIGKILLed {when}: between sbatch's answer and
+# elfes recording the job ids in the members' state.json.
+answer=$({sbatch} "$@") || {{ code=$?; echo "$answer"; exit $code; }}
+job=$(echo "$answer" | grep -o '[0-9][0-9]*' | tail -n 1)
+echo "$job" > {record}
+submitter=$PPID
+{kill}
+echo "$answer"
+"""
+KILL_AT = {
+    # submitit has not yet named the tasks' pickles after the array: its tasks can never run
+    "before-the-pickles": "kill -9 $submitter",
+    # submitit named all three pickles: the array's tasks will run, each its member's one trainer. The
+    # members' state locks are taken first (flock, as elfes does), so elfes cannot record a job id before it dies.
+    "after-the-pickles": """locked={locked}
+( exec 3>>{members}/lr=0.01/.state.lock 4>>{members}/lr=0.02/.state.lock 5>>{members}/lr=0.03/.state.lock
+  flock 3 && flock 4 && flock 5 && touch $locked
+  while [ "$(ls {folder}/${{job}}_*_submitted.pkl 2>/dev/null | wc -l)" -lt 3 ]; do sleep 0.01; done
+  kill -9 $submitter ) </dev/null >/dev/null 2>&1 &
+while [ ! -e $locked ]; do sleep 0.01; done""",
+}
+
+
+@pytest.mark.parametrize("kill_at", list(KILL_AT))
+def test_a_sweep_submitter_killed_mid_hand_over_leaves_each_member_one_trainer(
+    slurm: SlurmCluster, tmp_path: Path, kill_at: str
+) -> None:
+    """The members say "submitted" and the array is queued but unrecorded. ``elfes resume`` of one member and
+    of the sweep adopt each member's task (its pickle is there) or cancel it (it could never run) and hand
+    the member over anew: every member ends finished after exactly one attempt, so no member ran twice."""
+    import shutil
+    import subprocess
+
+    spec = sweep_spec(tmp_path, "sweep", step_delay_s=0.0)
+    sweep_dir = tmp_path / "sweep"
+    record = tmp_path / "array-job-id"
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(KILL_SUBMITTER.format(
+        when=kill_at, sbatch=shutil.which("sbatch"), record=record,
+        kill=KILL_AT[kill_at].format(folder=SweepPaths(sweep_dir).submitit, members=sweep_dir,
+                                     locked=tmp_path / "locked")))
+    wrapper.chmod(0o755)
+    # Both CPUs held by another job: the array's tasks wait while the hand-over is settled.
+    blocker = slurm.run("sbatch", "--parsable", "--partition=low", "--ntasks=1", "--cpus-per-task=2", "--mem=100M",
+                        f"--output={tmp_path / 'blocker.out'}", "--wrap", "sleep 600").stdout.strip()
+    killed = subprocess.run([ELFES, "submit", str(spec), "--executor", "slurm"], capture_output=True, text=True,
+                            timeout=180, env={**slurm.env, "PATH": f"{wrapper.parent}:{os.environ['PATH']}"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    array = record.read_text().strip()
+    members = [Path(member.run_dir) for member in load_sweep(SweepPaths(sweep_dir)).members]
+    assert {state_of(m).status for m in members} == {"submitted"}
+
+    one = elfes(slurm, "resume", str(members[0]))
+    everyone = elfes(slurm, "resume", str(sweep_dir))
+    if kill_at == "after-the-pickles":
+        assert "an interrupted submission had started it" in one.stdout
+    assert "submitted" not in {state_of(m).status for m in members}, everyone.stdout
+    slurm.run("scancel", blocker)
+
+    for run_dir in members:
+        state = wait_ended(run_dir, "finished")
+        assert [a.outcome for a in state.attempts] == ["finished"], diagnostics(run_dir)
+        if kill_at == "after-the-pickles":
+            assert state.job_id.partition("_")[0] == array  # the interrupted hand-over's task, adopted
+        else:
+            assert not state.job_id.startswith(f"{array}_")  # its task was cancelled, the member handed over anew
+    if kill_at == "before-the-pickles":
+        tasks = slurm.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", array).stdout.splitlines()
+        assert tasks and {task.split()[0] for task in tasks} == {"CANCELLED"}, tasks  # "CANCELLED by 0"
