@@ -3,8 +3,11 @@
     python -m benchmarks                     # every CPU benchmark, 7 rounds (about 10 minutes on 2 cores)
     python -m benchmarks --only loop,stop    # some of them
     python -m benchmarks --only loop-cuda    # the loop benchmark on one GPU, bf16 (not in the default set)
+    python -m benchmarks --only slurm-array  # 100 sweep members as one job array on a private SLURM cluster
+                                             # (root and the SLURM packages; not in the default set)
     python -m benchmarks --smoke             # tiny sizes, 1 round: checks that the command works (~1 minute)
     python -m benchmarks --record            # also write benchmarks/results/<date>.md and .json
+                                             # (<date>-<names>.md for a subset given with --only)
 
 Progress goes to stderr, one line per round; the table goes to stdout at the end.
 """
@@ -31,9 +34,11 @@ BENCHMARKS = {
     "resume": ("benchmarks.resume",),
     "login": ("benchmarks.login",),
     "sweep_status": ("benchmarks.sweep_status",),
+    "slurm-array": ("benchmarks.slurm_array",),
 }
-# What runs without --only: all but those that need a GPU (loop-cuda: one GPU, bf16; nothing measured without CUDA).
-DEFAULT = [name for name in BENCHMARKS if name != "loop-cuda"]
+# What runs without --only: all but those that need a GPU (loop-cuda: one GPU, bf16; nothing measured without
+# CUDA) or root and SLURM (slurm-array: a private cluster, about 5 minutes).
+DEFAULT = [name for name in BENCHMARKS if name not in ("loop-cuda", "slurm-array")]
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -77,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     write_json(path, info, settings, rows)
     progress(f"results written to {path}")
     if arguments.record:
-        stem = REPOSITORY / "benchmarks" / "results" / datetime.now(timezone.utc).strftime("%Y-%m-%d")
+        # The default set is the day's record; a chosen subset is recorded beside it, named after it.
+        day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+        subset = "" if set(arguments.only) == set(DEFAULT) else "-" + "-".join(arguments.only)
+        stem = REPOSITORY / "benchmarks" / "results" / f"{day}{subset}"
         write_json(stem.with_suffix(".json"), info, settings, rows)
         stem.with_suffix(".md").write_text(markdown_table(rows, info, settings))
         progress(f"recorded as {stem.with_suffix('.md').relative_to(REPOSITORY)} and .json")

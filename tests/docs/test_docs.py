@@ -49,6 +49,7 @@ TESTED = {
     "sweeps/job.yaml": "test_the_sweep_of_the_guide_runs_every_member",
     "sweeps/commands": "test_the_sweep_of_the_guide_runs_every_member",
     "sweeps/status-table": "test_the_sweep_of_the_guide_runs_every_member",
+    "readme/sweep-status": "test_the_sweep_of_the_guide_runs_every_member",
     "rehearse/command": "test_the_tour_runs_as_written",
     "rehearse/output": "test_the_tour_runs_as_written",
     "charlm/run": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
@@ -265,6 +266,7 @@ def test_the_sweep_of_the_guide_runs_every_member(tmp_path):
     assert [cell.strip() for cell in documented[1].split("┃")] == [cell.strip() for cell in shown[1].split("┃")]
     assert sorted(line.split()[0] for line in documented[3:7]) == sorted(line.split()[0] for line in shown[3:7])
     assert documented[-1] == "4 member(s): finished 4" and shown[-1].strip() == documented[-1]
+    assert block("readme/sweep-status").text == block("sweeps/status-table").text  # the README shows the same
 
 
 def test_the_elfes_command_reports_its_version_without_importing_torch():

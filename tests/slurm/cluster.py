@@ -171,7 +171,8 @@ class SlurmCluster:
     ``user_signal``: ``SlurmctldParameters=preempt_send_user_signal`` (a preempted job submitted with
     ``--signal=USR2@N`` gets USR2; without it, SIGTERM). ``accounting``: slurmdbd + MariaDB (``sacct``).
     ``grace_time_s``: GraceTime of the ``low`` partition; ``kill_wait_s``: KillWait (the save budget of
-    a cancelled job); ``cred_expire_s``: a requeued job may start again only after this.
+    a cancelled job); ``cred_expire_s``: a requeued job may start again only after this. ``node_cpus``: the
+    CPUs the node offers (default: what ``slurmd -C`` reports; more oversubscribes the machine, for many tiny jobs).
     """
 
     # slurmd, slurmdbd and clients bind only the address the host name resolves to (CommunicationParameters=
@@ -187,6 +188,7 @@ class SlurmCluster:
         grace_time_s: int = 20,
         kill_wait_s: int = 10,
         cred_expire_s: int = 10,
+        node_cpus: int | None = None,
     ) -> None:
         # Default: a new folder in the temporary folder (munged wants every folder above its socket
         # searchable by all users: pytest's tmp_path is not).
@@ -199,6 +201,7 @@ class SlurmCluster:
         self.grace_time_s = grace_time_s
         self.kill_wait_s = kill_wait_s
         self.cred_expire_s = cred_expire_s
+        self.node_cpus = node_cpus
         self.hostname = socket.gethostname().split(".")[0]
         self.ports: dict[str, int] = {}
         self.created: list[str] = []  # top-level entries of directory this cluster made
@@ -711,6 +714,8 @@ class SlurmCluster:
         ]
         if self.user_signal:
             lines.append("SlurmctldParameters=preempt_send_user_signal")
+        if self.node_cpus is not None:
+            lines.append("SlurmdParameters=config_overrides")  # slurmd takes the configured CPUs, not the machine's
         if self.accounting:
             lines += [
                 "AccountingStorageType=accounting_storage/slurmdbd",
@@ -742,6 +747,9 @@ class SlurmCluster:
             if "=" in field
         )
         memory_mb = int(reported["RealMemory"])
+        if self.node_cpus is not None:
+            reported |= {"CPUs": str(self.node_cpus), "Boards": "1", "SocketsPerBoard": "1",
+                         "CoresPerSocket": str(self.node_cpus), "ThreadsPerCore": "1"}
         fields = ["CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore"]
         return (
             " ".join(f"{name}={reported[name]}" for name in fields)
@@ -766,6 +774,7 @@ class SlurmCluster:
                 "grace_time_s": self.grace_time_s,
                 "kill_wait_s": self.kill_wait_s,
                 "cred_expire_s": self.cred_expire_s,
+                "node_cpus": self.node_cpus,
             },
             **self._manifest_extra(),
         }
