@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from .login import elfes_command
 from .measure import REPOSITORY, Progress, Row
 
 TIMEOUT_S = 1800
+ENDED = ("finished", "failed", "cancelled", "stopped", "lost")
 
 
 def _cluster_module() -> Any:
@@ -88,15 +90,22 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
         progress("slurm_array: skipped: it needs root and SLURM, munge and MariaDB "
                  f"({cluster_module.INSTALL_COMMAND})")
         return []
-    with tempfile.TemporaryDirectory(prefix="elfes-array-bench-") as folder:
-        # A SIGTERM (a timeout, Ctrl-C's cousin) ends the benchmark through the finally, so the daemons stop.
-        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-        cluster = cluster_module.SlurmCluster(node_cpus=max_parallel).start()
-        try:
-            return _measure(cluster, Path(folder), members, max_parallel, progress)
-        finally:
-            cluster.stop()
-            signal.signal(signal.SIGTERM, previous)
+    folder = tempfile.mkdtemp(prefix="elfes-array-bench-")
+    # A SIGTERM (a timeout, Ctrl-C's cousin) ends the benchmark through the finally, so the daemons stop.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    cluster = cluster_module.SlurmCluster(node_cpus=max_parallel).start()
+    try:
+        rows = _measure(cluster, Path(folder), members, max_parallel, progress)
+    finally:
+        cluster.stop(remove=False)
+        signal.signal(signal.SIGTERM, previous)
+    if all(row.holds is not False for row in rows):
+        shutil.rmtree(folder, ignore_errors=True)
+        cluster.remove()
+    else:
+        progress(f"slurm_array: a target was missed; the sweep is kept in {folder}, the cluster's logs in "
+                 f"{cluster.directory}")
+    return rows
 
 
 def _measure(cluster: Any, folder: Path, members: int, max_parallel: int, progress: Progress) -> list[Row]:
@@ -115,8 +124,7 @@ def _measure(cluster: Any, folder: Path, members: int, max_parallel: int, progre
         before = time.perf_counter()
         counts = json.loads(_elfes(environment, "status", str(sweep_dir), "--json").stdout)["counts"]
         status_walls.append(time.perf_counter() - before)
-        if counts.get("finished", 0) == members or set(counts) - {"finished", "total", "running", "pending",
-                                                                   "submitted", "stopping"}:
+        if sum(counts.get(status, 0) for status in ENDED) == members:
             break
         progress(f"slurm_array: {counts}")
         time.sleep(5)

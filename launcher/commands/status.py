@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..rundir import state as run_state
-from ..rundir.liveness import effective_state
+from ..rundir.liveness import SlurmQueue, effective_state
 from ..rundir.lookup import run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.status_reading import ProcessTable, recorded_name, run_liveness, summary_from_ends
@@ -72,9 +72,10 @@ def _pointer_notes(paths: RunPaths) -> list[str]:
     return []
 
 
-def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None = None) -> Status:
+def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None = None,
+               queue: SlurmQueue | None = None) -> Status:
     """The status of one run directory. Reads files (and asks SLURM); writes nothing. Liveness is asked only
-    of a run that has not ended (``processes``: one /proc scan shared by many runs); the run records are
+    of a run that has not ended (``processes``: one /proc scan, ``queue``: one squeue, shared by many runs); the run records are
     read from the head and tail of ``events.jsonl`` only (launcher/rundir/status_reading.py)."""
     paths = run_paths(run_dir)
     notes = _pointer_notes(paths)
@@ -87,7 +88,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         recorded = run_state.load_state(paths)
     except run_state.StateError as error:
         return _unreadable(paths, name, str(error), notes)
-    live = run_liveness(paths, recorded, processes)
+    live = run_liveness(paths, recorded, processes, queue)
     state = effective_state(paths, recorded, live)
     if state is not recorded and state is not None and state.status == "requeued":
         attempt = state.last_attempt
@@ -146,4 +147,5 @@ def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str])
 def status(run_dirs: Sequence[str | os.PathLike[str]]) -> list[Status]:
     """The status of each run directory, in order."""
     processes = ProcessTable.snapshot()  # scanned once, on the first run that needs it
-    return [run_status(run_dir, processes) for run_dir in run_dirs]
+    queue = SlurmQueue()  # asked once, on the first SLURM run that needs it
+    return [run_status(run_dir, processes, queue) for run_dir in run_dirs]

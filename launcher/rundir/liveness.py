@@ -7,6 +7,7 @@ Torch-free; reads files and asks SLURM, writes nothing. Every verb that looks at
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -128,6 +129,41 @@ def slurm_queue_entry(job_id: str) -> SlurmQueueEntry | None:
     return None
 
 
+class SlurmQueue:
+    """One ``squeue`` for many runs: this user's queued and live jobs by id (an array task as
+    ``<array>_<task>``), asked once at the first lookup, so that ``elfes status`` of a sweep asks the
+    controller once, not once per member."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, SlurmQueueEntry] | None = None
+        self._asked = False
+
+    def _snapshot(self) -> dict[str, SlurmQueueEntry] | None:
+        queued = run_slurm_tool(["squeue", "-h", "-r", "-u", getpass.getuser(),
+                                 "-O", "JobID:|,ArrayJobID:|,ArrayTaskID:|,State:|,Reason:|,RestartCnt:"])
+        if queued is None or queued.returncode != 0:
+            return None
+        entries = {}
+        for line in queued.stdout.splitlines():
+            fields = [field.strip() for field in line.split("|")]
+            if len(fields) != 6:
+                continue
+            job_id, array_job, array_task, state, reason, restarts = fields
+            if array_task.isdigit() and array_job.isdigit():
+                job_id = f"{array_job}_{array_task}"
+            entries[job_id] = SlurmQueueEntry(state, None if reason in ("", "None") else reason,
+                                              int(restarts) if restarts.isdigit() else None)
+        return entries
+
+    def entry(self, job_id: str) -> SlurmQueueEntry | None:
+        """SLURM's view of ``job_id``: from the queue, else (a job that left it, or squeue did not answer)
+        as :func:`slurm_queue_entry` tells it."""
+        if not self._asked:
+            self._entries, self._asked = self._snapshot(), True
+        found = self._entries.get(job_id) if self._entries is not None else None
+        return found if found is not None else slurm_queue_entry(job_id)
+
+
 def slurm_queue_state(job_id: str) -> str | None:
     """SLURM's state of ``job_id`` (``squeue``, else ``sacct``), or None where neither answers."""
     entry = slurm_queue_entry(job_id)
@@ -144,8 +180,9 @@ class Liveness:
     notes: tuple[str, ...] = ()  # what the tasks say of their command now (a stop signal held, and why)
 
 
-def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
-    """Whether the run's job is still queued or alive, as far as this machine can tell."""
+def liveness(paths: RunPaths, state: run_state.RunState | None, queue: SlurmQueue | None = None) -> Liveness:
+    """Whether the run's job is still queued or alive, as far as this machine can tell (a SLURM job
+    looked up in ``queue`` when given)."""
     if state is None or state.job_id is None:
         return Liveness(None, None)
     if state.executor == "local":
@@ -157,7 +194,7 @@ def liveness(paths: RunPaths, state: run_state.RunState | None) -> Liveness:
         if state.status in run_state.ENDED:
             return Liveness(alive, "EXITING" if alive else None, command=command, notes=notes)
         return Liveness(alive, "RUNNING" if alive else "GONE", command=command, notes=notes)
-    entry = slurm_queue_entry(state.job_id)
+    entry = queue.entry(state.job_id) if queue is not None else slurm_queue_entry(state.job_id)
     if entry is None:
         return Liveness(None, None)
     return Liveness(entry.state in _SLURM_ALIVE, entry.state, entry.reason, entry.restarts)

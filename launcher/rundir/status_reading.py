@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import state as run_state
-from .liveness import Liveness, liveness
+from .liveness import Liveness, SlurmQueue, liveness
 from .paths import RunPaths
 from .task_files import command_records
 
@@ -88,9 +88,10 @@ def needs_liveness(state: run_state.RunState | None) -> bool:
                                                                                                    "cancelled"))
 
 
-def run_liveness(paths: RunPaths, state: run_state.RunState | None, processes: ProcessTable | None) -> Liveness:
-    """:func:`launcher.liveness.liveness`, but nothing asked for a run that ended, and a local run looked up
-    in ``processes`` (one /proc scan for many runs) when given."""
+def run_liveness(paths: RunPaths, state: run_state.RunState | None, processes: ProcessTable | None,
+                 queue: SlurmQueue | None = None) -> Liveness:
+    """:func:`launcher.liveness.liveness`, but nothing asked for a run that ended, a local run looked up
+    in ``processes`` (one /proc scan for many runs) and a SLURM run in ``queue`` (one squeue) when given."""
     commands = state is not None and state.executor == "local" and bool(command_records(paths, host=socket.gethostname()))
     if commands:
         return liveness(paths, state)  # a command's process group may outlive its task: look for its members
@@ -99,7 +100,7 @@ def run_liveness(paths: RunPaths, state: run_state.RunState | None, processes: P
     if state.executor == "local" and processes is not None:
         alive = processes.alive(paths)
         return Liveness(alive, "RUNNING" if alive else "GONE")
-    return liveness(paths, state)
+    return liveness(paths, state, queue if state.executor == "slurm" else None)
 
 
 def _lines(data: bytes, *, drop_first: bool, drop_last: bool) -> list[dict[str, Any]]:

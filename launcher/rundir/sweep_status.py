@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import state as run_state
-from .liveness import effective_state
+from .liveness import SlurmQueue, effective_state
 from .paths import RunPaths, SweepPaths
 from .status_reading import ProcessTable, needs_liveness, run_liveness, summary_from_ends
 from .sweep_record import MemberRecord, SweepRecord, load_sweep
@@ -87,7 +87,8 @@ def _last_checkpoint(paths: RunPaths) -> str | None:
         return None
 
 
-def member_status(member: MemberRecord, queued: set[str], processes: ProcessTable | None) -> MemberStatus:
+def member_status(member: MemberRecord, queued: set[str], processes: ProcessTable | None,
+                  queue: SlurmQueue | None = None) -> MemberStatus:
     paths = RunPaths(Path(member.run_dir))
     try:
         recorded = run_state.load_state(paths)
@@ -96,7 +97,7 @@ def member_status(member: MemberRecord, queued: set[str], processes: ProcessTabl
         recorded, error = None, str(problem)
     state = recorded
     if needs_liveness(recorded):
-        state = effective_state(paths, recorded, run_liveness(paths, recorded, processes))
+        state = effective_state(paths, recorded, run_liveness(paths, recorded, processes, queue))
     summary = summary_from_ends(paths) if recorded is not None else None
     if state is None:
         status = WAITING if member.name in queued else NOT_STARTED
@@ -132,7 +133,8 @@ def sweep_status(sweep_dir: str | os.PathLike[str], record: SweepRecord | None =
     record = load_sweep(paths) if record is None else record
     queued = {entry["name"] for entry in record.queue}
     processes = ProcessTable.snapshot() if record.executor == "local" else None
-    members = [member_status(member, queued, processes) for member in record.members]
+    queue = SlurmQueue()  # one squeue for every SLURM member, asked at the first that may be live
+    members = [member_status(member, queued, processes, queue) for member in record.members]
     counts = dict(Counter(member.status for member in members))
     counts["total"] = len(members)
     return SweepStatus(
