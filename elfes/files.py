@@ -142,10 +142,25 @@ def check_writable_directory(path: Path, *, what: str) -> None:
 @contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing) for the block; released when the
-    block ends or the process dies, so a killed holder never leaves it taken."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    block ends or the process dies, so a killed holder never leaves it taken. The lock file may be removed
+    (a refused submission removes the ones it created): a lock taken on a file no longer at ``path`` is
+    dropped and taken again on the file there now, so two holders never hold two different files."""
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            held = os.fstat(descriptor)
+            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except BaseException:
+            os.close(descriptor)
+            raise
+        os.close(descriptor)
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield
     finally:
         os.close(descriptor)

@@ -51,3 +51,46 @@ def test_a_folder_that_is_a_file_is_refused_with_its_role(tmp_path):
         check_writable_directory(target, what="run_dir")
     check_writable_directory(tmp_path / "new" / "nested", what="run_dir")
     assert (tmp_path / "new" / "nested").is_dir() and not list((tmp_path / "new" / "nested").iterdir())
+
+
+def test_a_lock_whose_file_was_removed_while_waited_for_is_taken_on_the_file_there_now(tmp_path):
+    """A waiter that gets the flock of a lock file removed meanwhile (a refused submission removes the lock
+    files it created) takes the lock again on the file now at the path, so that it and a newcomer, who
+    locks that file, never hold the lock at the same time."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    from elfes.files import exclusive_lock
+
+    path = tmp_path / ".submit.lock"
+    waiter_holds, release_waiter = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        with exclusive_lock(path):
+            waiter_holds.set()
+            release_waiter.wait(30)
+
+    with exclusive_lock(path):
+        inode = os.stat(path).st_ino
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while f":{inode} " not in "".join(line for line in open("/proc/locks") if "->" in line):
+            assert time.monotonic() < deadline, "the waiter never blocked on the lock"
+            time.sleep(0.01)
+        path.unlink()
+    assert waiter_holds.wait(30)
+    newcomer = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        try:
+            fcntl.flock(newcomer, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            took_it = True
+        except BlockingIOError:
+            took_it = False
+        assert not took_it, "a newcomer locked the file at the path while the waiter held the lock"
+    finally:
+        os.close(newcomer)
+        release_waiter.set()
+        thread.join()
