@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 import elfes.engine  # noqa: F401  before the process group forms: it imports torch.distributed.nn early (see there)
+from elfes.engine.process_group import release_process_groups
 
 from .loop import ACCUMULATION, LEARNING_RATE, MAX_GRAD_NORM, LoopCase, make_data, make_model, step
 from .measure import REPOSITORY, Progress, Row, child_environment, median_difference, median_of, median_ratio
@@ -171,6 +172,8 @@ if __name__ == "__main__":
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true")
     worker(parser.parse_args())
-    # The accelerator and its DDP wrappers reference the destroyed group; freeing them now joins gloo's
-    # threads, which at interpreter shutdown could abort the rank (see launcher.runtime.release_process_group).
+    # The accelerator and its DDP wrappers reference the destroyed group, and the engine holds the Trainer's
+    # past its wrapper; freeing them now joins gloo's threads, which at interpreter shutdown could abort
+    # the rank (see launcher.runtime.release_process_group and elfes/engine/process_group.py).
     gc.collect()
+    release_process_groups()

@@ -37,6 +37,7 @@ from .evaluator import Evaluator
 from .events import Budget, LogInterval, RunSetup
 from .loss import loss_path
 from .objective import Objective, Step
+from .process_group import hold_process_group, release_process_groups
 from .rng import RandomState
 from .session import TrainingSession
 from .stop import StopRequest
@@ -80,6 +81,9 @@ class Trainer:
         self.loss = loss_path(objective, accelerator.device)
         self.logger = logger
         self.model = accelerator.prepare_model(model)
+        # Python, not the DDP wrapper's Reducer, frees the process group (see .process_group).
+        release_process_groups()
+        hold_process_group(self.model)
         # The plain module owns the parameter names used in checkpoints and exports.
         self.module = accelerator.unwrap_model(self.model, keep_fp32_wrapper=True, keep_torch_compile=False)
         total_batches = len(train_dataloader)

@@ -332,8 +332,11 @@ def release_process_group() -> None:
 
     Freed only at interpreter shutdown, a gloo worker thread that releases a collective's tensors then
     aborts the process (SIGABRT), which would turn a finished or requeued attempt into a failed one.
-    ``accelerator.end_training()`` destroys the group, but the DDP wrappers the accelerator keeps still
-    reference it; collecting them joins gloo's threads (torch releases the GIL in that destructor).
+    ``accelerator.end_training()`` destroys the group, but the DDP wrappers the accelerator keeps may
+    still reference it (collected here), and the engine holds it past its wrapper, so that the
+    wrapper's Reducer, which would free it with the GIL held while a gloo worker waits for the GIL, is
+    never the last to let go (elfes/engine/process_group.py). Dropped here, it is freed with the GIL
+    released, and gloo's threads are joined.
     """
     distributed = sys.modules.get("torch.distributed")
     if distributed is None or not distributed.is_available():
@@ -341,6 +344,10 @@ def release_process_group() -> None:
     if distributed.is_initialized():
         distributed.destroy_process_group()
     gc.collect()
+    if "elfes.engine.process_group" in sys.modules:  # the engine trained in this process
+        from elfes.engine.process_group import release_process_groups
+
+        release_process_groups()
 
 
 def _load_spec(paths: RunPaths) -> Any:

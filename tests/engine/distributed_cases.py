@@ -45,6 +45,7 @@ from elfes.engine import (
     TrainConfig,
     Trainer,
 )
+from elfes.engine.process_group import release_process_groups
 
 RANK = int(os.environ.get("RANK", "0"))  # set by torchrun; pytest imports the specs only
 CASES: dict[str, Callable[[Path], None]] = {}
@@ -475,10 +476,13 @@ def release_process_group() -> None:
     it drops the last reference to the group; torch.distributed.nn keeps group.WORLD as the default
     argument of its functions when it is first imported after the group formed (DDP imports it through
     torch._dynamo), hence its import at the top of this file. The check turns any other reference that
-    keeps the group alive into a failed launch every time, not an abort now and then.
+    keeps the group alive into a failed launch every time, not an abort now and then. The engine holds
+    the group of each trainer's DDP wrapper past the wrapper (elfes/engine/process_group.py), and lets
+    go of it here.
     """
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    release_process_groups()
     left = gloo_threads() if Path("/proc/self/task").is_dir() else []  # Linux lists threads there
     if left:
         raise SystemExit(
