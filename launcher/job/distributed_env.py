@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from elfes.files import write_text_atomically
@@ -77,8 +78,43 @@ def count_local_start(paths: RunPaths, *, rank: int, job: str) -> int:
     return starts
 
 
-def export_distributed_environment(*, gpus_per_node: int) -> None:
-    """Export the torch distributed variables of this task (every rank, before the entrypoint)."""
+LOCAL_PORT_WAIT_S = 300.0  # how long the other ranks of a local job wait for rank 0's port
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def local_master_port(paths: RunPaths, start: Start, token: str) -> int:
+    """The port of torch's rendezvous for this start of a local job: one that is free now, chosen by rank 0
+    and read by the others from ``RunPaths.master_port``. (submitit derives it from the job id, a process
+    id here, which lands in the ephemeral range that other processes' connections take ports from: two
+    such jobs, or one and a busy machine, then clash with EADDRINUSE.)"""
+    if start.rank == 0:
+        port = _free_port()
+        if start.world_size > 1:
+            paths.pids.mkdir(parents=True, exist_ok=True)
+            write_text_atomically(paths.master_port, json.dumps({"start": token, "port": port}) + "\n")
+        return port
+    deadline = time.monotonic() + LOCAL_PORT_WAIT_S
+    while True:
+        try:
+            recorded = json.loads(paths.master_port.read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            recorded = {}
+        if recorded.get("start") == token and isinstance(recorded.get("port"), int):
+            return recorded["port"]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 of local job {start.job_id} did not publish its rendezvous port in "
+                               f"{paths.master_port} within {LOCAL_PORT_WAIT_S:.0f} s; see rank 0's log")
+        time.sleep(0.05)
+
+
+def export_distributed_environment(*, gpus_per_node: int, master_port: int | None = None) -> None:
+    """Export the torch distributed variables of this task (every rank, before the entrypoint);
+    ``master_port`` replaces the one submitit derives from the job id (local jobs: :func:`local_master_port`)."""
     if gpus_per_node == 0:
         os.environ["ACCELERATE_USE_CPU"] = "1"  # without it Accelerate forms no group on a CPU-only machine
     from submitit.helpers import TorchDistributedEnvironment
@@ -89,3 +125,5 @@ def export_distributed_environment(*, gpus_per_node: int) -> None:
     # first host is the same would then both listen on it).
     os.environ.pop("MASTER_PORT", None)
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    if master_port is not None:
+        os.environ["MASTER_PORT"] = str(master_port)

@@ -20,6 +20,7 @@ RUN_DIR/
   .submit.lock                  held while a submission or resume writes the run directory
   .state.lock                   held while state.json is read, changed and rewritten (launcher/rundir/state.py)
   pids/rank-<R>.starts          starts of rank R in the current local job (submitit sets no restart count)
+  pids/master-port.json         a local job's rendezvous port, chosen free by rank 0 for this start
   pids/command-<R>.json         the process group of rank R's `command:` while it runs (pgid, host, notice)
 ```
 
@@ -133,6 +134,12 @@ class RunPaths:
     def pid_file(self, rank: int) -> Path:
         """JSON ``{"pid", "host", "attempt", "rank"}`` of the task of ``rank`` (replaced each attempt)."""
         return self.pids / f"rank-{int(rank)}.json"
+
+    @property
+    def master_port(self) -> Path:
+        """JSON ``{"start", "port"}``: the free port rank 0 of a local job chose for torch's rendezvous in
+        that start (its token); the other ranks read it (written atomically, replaced each start)."""
+        return self.pids / "master-port.json"
 
     def start_count(self, rank: int) -> Path:
         """JSON ``{"job", "starts"}``: how often rank R started in that local job ("<job id>/<submission>";
