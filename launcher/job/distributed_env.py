@@ -78,7 +78,7 @@ def count_local_start(paths: RunPaths, *, rank: int, job: str) -> int:
     return starts
 
 
-LOCAL_PORT_WAIT_S = 300.0  # how long the other ranks of a local job wait for rank 0's port
+PORT_WAIT_S = 300.0  # how long the other ranks wait for rank 0's port (a shared file system may show it late)
 
 
 def _free_port() -> int:
@@ -87,18 +87,19 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def local_master_port(paths: RunPaths, start: Start, token: str) -> int:
-    """The port of torch's rendezvous for this start of a local job: one that is free now, chosen by rank 0
-    and read by the others from ``RunPaths.master_port``. (submitit derives it from the job id, a process
-    id here, which lands in the ephemeral range that other processes' connections take ports from: two
-    such jobs, or one and a busy machine, then clash with EADDRINUSE.)"""
+def rendezvous_port(paths: RunPaths, start: Start, token: str) -> int:
+    """The port of torch's rendezvous for this start of the job: one that is free now on rank 0's host (the
+    first host, MASTER_ADDR), chosen by rank 0 and read by the others from ``RunPaths.master_port`` (the run
+    directory is shared by every host of a job). submitit derives it from the job id instead, which can be
+    a port in use: a local job's id is a process id, and ports in the ephemeral range are taken by other
+    processes' connections; two jobs or a busy host then clash with EADDRINUSE."""
     if start.rank == 0:
         port = _free_port()
         if start.world_size > 1:
             paths.pids.mkdir(parents=True, exist_ok=True)
             write_text_atomically(paths.master_port, json.dumps({"start": token, "port": port}) + "\n")
         return port
-    deadline = time.monotonic() + LOCAL_PORT_WAIT_S
+    deadline = time.monotonic() + PORT_WAIT_S
     while True:
         try:
             recorded = json.loads(paths.master_port.read_text(encoding="utf-8"))
@@ -107,14 +108,14 @@ def local_master_port(paths: RunPaths, start: Start, token: str) -> int:
         if recorded.get("start") == token and isinstance(recorded.get("port"), int):
             return recorded["port"]
         if time.monotonic() > deadline:
-            raise RuntimeError(f"rank 0 of local job {start.job_id} did not publish its rendezvous port in "
-                               f"{paths.master_port} within {LOCAL_PORT_WAIT_S:.0f} s; see rank 0's log")
+            raise RuntimeError(f"rank 0 of {start.executor} job {start.job_id} did not publish its rendezvous port in "
+                               f"{paths.master_port} within {PORT_WAIT_S:.0f} s; see rank 0's log")
         time.sleep(0.05)
 
 
 def export_distributed_environment(*, gpus_per_node: int, master_port: int | None = None) -> None:
     """Export the torch distributed variables of this task (every rank, before the entrypoint);
-    ``master_port`` replaces the one submitit derives from the job id (local jobs: :func:`local_master_port`)."""
+    ``master_port`` replaces the one submitit derives from the job id (:func:`rendezvous_port`)."""
     if gpus_per_node == 0:
         os.environ["ACCELERATE_USE_CPU"] = "1"  # without it Accelerate forms no group on a CPU-only machine
     from submitit.helpers import TorchDistributedEnvironment

@@ -57,7 +57,7 @@ from ..rundir import state as run_state
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from .command import run_command
-from .distributed_env import detect_start, export_distributed_environment, local_master_port
+from .distributed_env import detect_start, export_distributed_environment, rendezvous_port
 from .outcome import Decision, decide
 from .requeue import (
     LOCAL_MAX_STARTS,
@@ -204,8 +204,8 @@ class _Attempt:
         os.chdir(workdir)
         if workdir not in sys.path:
             sys.path.insert(0, workdir)
-        port = local_master_port(self.paths, self.start, self.token) if self.start.executor == "local" else None
-        export_distributed_environment(gpus_per_node=self.spec.resources.gpus_per_node, master_port=port)
+        export_distributed_environment(gpus_per_node=self.spec.resources.gpus_per_node,
+                                       master_port=rendezvous_port(self.paths, self.start, self.token))
 
     # -- entrypoint jobs ----------------------------------------------------------------------------------------
     def _run_entrypoint(self) -> tuple[str | None, int | None]:

@@ -20,7 +20,7 @@ RUN_DIR/
   .submit.lock                  held while a submission or resume writes the run directory
   .state.lock                   held while state.json is read, changed and rewritten (launcher/rundir/state.py)
   pids/rank-<R>.starts          starts of rank R in the current local job (submitit sets no restart count)
-  pids/master-port.json         a local job's rendezvous port, chosen free by rank 0 for this start
+  pids/master-port.json         the job's rendezvous port, chosen free by rank 0 for this start
   pids/command-<R>.json         the process group of rank R's `command:` while it runs (pgid, host, notice)
 ```
 
@@ -137,7 +137,7 @@ class RunPaths:
 
     @property
     def master_port(self) -> Path:
-        """JSON ``{"start", "port"}``: the free port rank 0 of a local job chose for torch's rendezvous in
+        """JSON ``{"start", "port"}``: the free port rank 0 chose for torch's rendezvous in
         that start (its token); the other ranks read it (written atomically, replaced each start)."""
         return self.pids / "master-port.json"
 

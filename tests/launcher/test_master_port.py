@@ -1,5 +1,5 @@
-"""The rendezvous port of a local job: rank 0 takes one that is free and publishes it for this start; the
-other ranks read it (submitit's port, derived from the job id, a process id, can be in use: EADDRINUSE)."""
+"""The rendezvous port of a job: rank 0 takes one that is free and publishes it for this start; the other
+ranks read it (submitit's port, derived from the job id, can be in use: EADDRINUSE)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from elfes.launcher.job import distributed_env
-from elfes.launcher.job.distributed_env import Start, local_master_port
+from elfes.launcher.job.distributed_env import Start, rendezvous_port
 from elfes.launcher.rundir.paths import RunPaths
 
 
@@ -21,9 +21,9 @@ def start(rank: int, world_size: int = 2) -> Start:
 def test_every_rank_of_a_start_gets_the_free_port_rank_0_chose(tmp_path):
     paths = RunPaths(tmp_path / "run")
     found: dict[int, int] = {}
-    rank1 = threading.Thread(target=lambda: found.__setitem__(1, local_master_port(paths, start(1), "4242:0/1")))
+    rank1 = threading.Thread(target=lambda: found.__setitem__(1, rendezvous_port(paths, start(1), "4242:0/1")))
     rank1.start()  # waits for rank 0's file
-    found[0] = local_master_port(paths, start(0), "4242:0/1")
+    found[0] = rendezvous_port(paths, start(0), "4242:0/1")
     rank1.join(30)
     assert found[0] == found[1]
     with socket.socket() as server:
@@ -32,13 +32,13 @@ def test_every_rank_of_a_start_gets_the_free_port_rank_0_chose(tmp_path):
 
 def test_a_port_published_for_another_start_is_not_taken(tmp_path, monkeypatch):
     paths = RunPaths(tmp_path / "run")
-    local_master_port(paths, start(0), "4242:0/1")
-    monkeypatch.setattr(distributed_env, "LOCAL_PORT_WAIT_S", 0.3)
+    rendezvous_port(paths, start(0), "4242:0/1")
+    monkeypatch.setattr(distributed_env, "PORT_WAIT_S", 0.3)
     with pytest.raises(RuntimeError, match="did not publish its rendezvous port"):
-        local_master_port(paths, start(1), "4242:1/1")  # the relaunch: rank 0 has not written yet
+        rendezvous_port(paths, start(1), "4242:1/1")  # the relaunch: rank 0 has not written yet
 
 
 def test_a_single_rank_writes_no_file(tmp_path):
     paths = RunPaths(tmp_path / "run")
-    assert local_master_port(paths, start(0, world_size=1), "4242:0/1") > 0
+    assert rendezvous_port(paths, start(0, world_size=1), "4242:0/1") > 0
     assert not paths.master_port.exists()
