@@ -84,7 +84,7 @@ class Interruption:
     moment: str  # e.g. "0.42 of an update after step 7", "during the checkpoint write of step 8"
     attempt: int | None  # the attempt it ended
     saved_step: int | None = None  # the step the attempt saved in `last` (requeue, stop), if recorded
-    landed: bool = True  # False when the run had already finished: the interruption changed nothing
+    landed: bool = True  # False when the run had finished, or saved its last update: nothing was resumed
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,7 +207,8 @@ class Rehearsal:
                                                   checkpoint_steps=_checkpoint_steps(events))
                 if not any(interruption.landed for interruption in interruptions):
                     raise RehearsalFailed(f"the interrupted run of {self.source} finished before any interruption "
-                                          "could land; give it a longer budget (--set config.epochs=...)")
+                                          "landed ahead of its last update, so no resume was tried; give it a "
+                                          "longer budget (--set config.epochs=...)")
                 say("comparing the interrupted run with straight-1")
                 resumed = compare_runs(self.folder / "interrupted", straight_1)
             else:
@@ -281,8 +282,12 @@ class Rehearsal:
                 self.say(f"interruption {number}/{len(plan)}: the run had finished before it landed")
             done.append(interruption)
         state = self._wait_until_ended(run_dir, "interrupted")
-        self.say(f"interrupted: finished at step {state.last_attempt.step if state.last_attempt else '?'} after "
+        final_step = state.last_attempt.step if state.last_attempt else None
+        self.say(f"interrupted: finished at step {final_step if final_step is not None else '?'} after "
                  f"{len(state.attempts)} attempts")
+        for interruption in after_the_last_update(done, final_step):
+            self.say(f"interruption {done.index(interruption) + 1}/{len(plan)}: it saved the run's last update "
+                     f"(step {final_step}), so nothing was resumed; it does not count as landed")
         return done
 
     # -- the three kinds ----------------------------------------------------------------------------------------
@@ -414,6 +419,16 @@ class _Progress:
             if event.get("event") == "checkpoint":
                 self.checkpoints += 1
         return self.step
+
+
+def after_the_last_update(interruptions: list[Interruption], final_step: int | None) -> list[Interruption]:
+    """Mark as not landed each interruption whose attempt saved the run's final step (its signal arrived in
+    the last update): the relaunch had nothing left to train, so it proves nothing about resume."""
+    late = [i for i in interruptions if i.landed and final_step is not None and i.saved_step is not None
+            and i.saved_step >= final_step]
+    for interruption in late:
+        interruption.landed = False
+    return late
 
 
 # -- helpers --------------------------------------------------------------------------------------------------

@@ -81,24 +81,43 @@ def count_local_start(paths: RunPaths, *, rank: int, job: str) -> int:
 PORT_WAIT_S = 300.0  # how long the other ranks wait for rank 0's port (a shared file system may show it late)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+@dataclass
+class RendezvousPort:
+    """The port of torch's rendezvous for this start, and on rank 0 the socket that holds it: bound with
+    SO_REUSEADDR and never listening, it keeps the kernel from handing the port to another process's bind
+    or outgoing connection, while the TCPStore that torch creates later (also SO_REUSEADDR) can still
+    listen on it. Keep the object for as long as the job runs."""
+
+    port: int
+    holder: socket.socket | None = None
+
+    def release(self) -> None:
+        if self.holder is not None:
+            self.holder.close()
+            self.holder = None
 
 
-def rendezvous_port(paths: RunPaths, start: Start, token: str) -> int:
-    """The port of torch's rendezvous for this start of the job: one that is free now on rank 0's host (the
-    first host, MASTER_ADDR), chosen by rank 0 and read by the others from ``RunPaths.master_port`` (the run
-    directory is shared by every host of a job). submitit derives it from the job id instead, which can be
-    a port in use: a local job's id is a process id, and ports in the ephemeral range are taken by other
-    processes' connections; two jobs or a busy host then clash with EADDRINUSE."""
+def _held_free_port() -> socket.socket:
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("", 0))
+    return holder
+
+
+def reserve_rendezvous_port(paths: RunPaths, start: Start, token: str) -> RendezvousPort:
+    """The rendezvous port of this start of the job: rank 0 (on the first host, MASTER_ADDR) takes a free
+    one and holds it, and publishes it in ``RunPaths.master_port`` (the run directory is shared by every
+    host of a job); the other ranks read it from there. submitit derives the port from the job id instead,
+    which can be in use: a local job's id is a process id, and ports in the ephemeral range are taken by
+    other processes' connections; two jobs or a busy host then clash with EADDRINUSE. A port found free
+    and let go again can be taken the same way before torch binds it, hence the holder."""
     if start.rank == 0:
-        port = _free_port()
+        holder = _held_free_port()
+        port = holder.getsockname()[1]
         if start.world_size > 1:
             paths.pids.mkdir(parents=True, exist_ok=True)
             write_text_atomically(paths.master_port, json.dumps({"start": token, "port": port}) + "\n")
-        return port
+        return RendezvousPort(port, holder)
     deadline = time.monotonic() + PORT_WAIT_S
     while True:
         try:
@@ -106,7 +125,7 @@ def rendezvous_port(paths: RunPaths, start: Start, token: str) -> int:
         except (FileNotFoundError, ValueError):
             recorded = {}
         if recorded.get("start") == token and isinstance(recorded.get("port"), int):
-            return recorded["port"]
+            return RendezvousPort(recorded["port"])
         if time.monotonic() > deadline:
             raise RuntimeError(f"rank 0 of {start.executor} job {start.job_id} did not publish its rendezvous port in "
                                f"{paths.master_port} within {PORT_WAIT_S:.0f} s; see rank 0's log")
@@ -115,7 +134,7 @@ def rendezvous_port(paths: RunPaths, start: Start, token: str) -> int:
 
 def export_distributed_environment(*, gpus_per_node: int, master_port: int | None = None) -> None:
     """Export the torch distributed variables of this task (every rank, before the entrypoint);
-    ``master_port`` replaces the one submitit derives from the job id (:func:`rendezvous_port`)."""
+    ``master_port`` replaces the one submitit derives from the job id (:func:`reserve_rendezvous_port`)."""
     if gpus_per_node == 0:
         os.environ["ACCELERATE_USE_CPU"] = "1"  # without it Accelerate forms no group on a CPU-only machine
     from submitit.helpers import TorchDistributedEnvironment

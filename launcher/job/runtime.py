@@ -57,7 +57,7 @@ from ..rundir import state as run_state
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from .command import run_command
-from .distributed_env import detect_start, export_distributed_environment, rendezvous_port
+from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
 from .outcome import Decision, decide
 from .requeue import (
     LOCAL_MAX_STARTS,
@@ -153,6 +153,7 @@ class _Attempt:
         self.is_main = self.start.rank == 0
         self.token = self.start.token(submissions)
         self.command_note: str | None = None  # a command job's note on how its stop ended (launcher/job/command.py)
+        self.rendezvous: RendezvousPort | None = None  # rank 0 holds the port until the task exits
         self.attempt = run_state.attempt_number(self.before, self.token)
         self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
         self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
@@ -204,8 +205,9 @@ class _Attempt:
         os.chdir(workdir)
         if workdir not in sys.path:
             sys.path.insert(0, workdir)
+        self.rendezvous = reserve_rendezvous_port(self.paths, self.start, self.token)
         export_distributed_environment(gpus_per_node=self.spec.resources.gpus_per_node,
-                                       master_port=rendezvous_port(self.paths, self.start, self.token))
+                                       master_port=self.rendezvous.port)
 
     # -- entrypoint jobs ----------------------------------------------------------------------------------------
     def _run_entrypoint(self) -> tuple[str | None, int | None]:
