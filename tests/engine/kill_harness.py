@@ -22,6 +22,7 @@ import torch
 from workloads import WRITER_THREAD, RunSpec, build, mse_step, snapshot
 
 from elfes.engine import Interval, Trainer
+from elfes.engine.checkpoint import CheckpointDirectory
 from elfes.engine.publish import BackgroundWriter
 
 SPEC = RunSpec(checkpoint_every=Interval(1, "step"), keep_checkpoints=3)
@@ -128,5 +129,8 @@ def launch(directory: str, kill: tuple | None, output: str, asynchronous: bool =
             return mse_step(model, batch)
 
         run.trainer.step = step
-    run.trainer.train(run.config, checkpoint_dir=directory_path, resume_from=last if last.exists() else None)
+    # As a user should: resume from `last` once anything was published. A kill between renaming a checkpoint
+    # into place and pointing `last` at it leaves no `last`; the engine then resumes from the newest file.
+    published = last.is_symlink() or bool(CheckpointDirectory(directory_path).checkpoints())
+    run.trainer.train(run.config, checkpoint_dir=directory_path, resume_from=last if published else None)
     torch.save(snapshot(run.trainer), output)

@@ -107,3 +107,18 @@ def test_sigkill_with_background_writes_in_flight_always_resumes_bitwise_like_th
         assert not list(directory.glob(".tmp-*")), "a finished run leaves no temporary files"
     assert kinds_that_landed == {"call", "write", "replace", "overlap"}, f"seed {SEED + 1} exercised only {kinds_that_landed}"
     assert list(tmp_path.glob("trial-*.overlapped")), "no kill landed while training and a background write overlapped"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["synchronous", "asynchronous"])
+def test_a_kill_between_publishing_the_first_file_and_pointing_last_resumes_from_that_file(forkserver, tmp_path, asynchronous):
+    reference_output = tmp_path / "reference.pt"
+    assert run_launch(forkserver, tmp_path / "reference", None, reference_output) == 0
+    directory = tmp_path / "run"
+    # os.replace calls: the directory's write probe, then the first checkpoint file, then `last`.
+    assert run_launch(forkserver, directory, ("replace", 2, "after"), tmp_path / "unused.pt", asynchronous) == -9
+    published = sorted(path.name for path in directory.glob("step-*.pt"))
+    assert len(published) == 1 and not (directory / "last").is_symlink(), "killed after the file, before `last`"
+    output = tmp_path / "resumed.pt"
+    assert run_launch(forkserver, directory, None, output, asynchronous) == 0
+    assert_bitwise_equal(torch.load(reference_output, weights_only=True), torch.load(output, weights_only=True), "resumed")
+    assert (directory / "last").resolve().name != published[0]  # the run went on and re-pointed `last`
