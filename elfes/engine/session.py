@@ -105,8 +105,9 @@ class TrainingSession:
         if fresh and self.directory.checkpoints():
             path = self.directory.path
             return (
-                f"checkpoint_dir {path} already holds checkpoints of another run. Continue it with "
-                f"resume_from={path / 'last'}, or give this run an empty directory."
+                f"checkpoint_dir {path} already holds checkpoints, so this fresh start would mix two runs. Continue "
+                f"the run they belong to with resume_from={path / 'last'} (which falls back to the newest complete "
+                "checkpoint when a kill left `last` missing), or give this run an empty directory."
             )
         return None
 
