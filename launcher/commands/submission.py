@@ -125,13 +125,18 @@ def settle_interrupted_handover(paths: RunPaths, changed: tuple[str, ...]) -> ru
     return None
 
 
-def _refuse_finished(paths: RunPaths, state: run_state.RunState | None, recorded: JobSpec | None,
-                     spec: JobSpec) -> None:
-    if state is None or state.status != "finished" or recorded is None or budget_raised(recorded, spec):
-        return
-    raise run_state.StateError(
-        f"{paths.run_dir}: the run is finished; submitting it again would train nothing. To train further, raise "
-        f"its budget: {extend_hint(paths, spec)}")
+def _finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) -> str | None:
+    """Why submitting ``spec`` would be refused if the run is (or meanwhile becomes) finished; None when
+    it raises the budget."""
+    if recorded is None or budget_raised(recorded, spec):
+        return None
+    return (f"{paths.run_dir}: the run is finished; submitting it again would train nothing. To train further, "
+            f"raise its budget: {extend_hint(paths, spec)}")
+
+
+def _refuse_finished(paths: RunPaths, state: run_state.RunState | None, refusal: str | None) -> None:
+    if state is not None and state.status == "finished" and refusal is not None:
+        raise run_state.StateError(refusal)
 
 
 def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str) -> Submitted:
@@ -150,11 +155,12 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                     return _finish(arrived, Submitted(paths.run_dir, spec.name, adopted.executor, adopted.job_id,
                                                       adopted.status, True, adopted=True))
                 state = close_lost_job(paths)
-                _refuse_finished(paths, state, _recorded(paths), spec)
+                refusal = _finished_refusal(paths, _recorded(paths), spec)
+                _refuse_finished(paths, state, refusal)
                 if changed is None or changed:
                     write_text_atomically(paths.spec, spec.to_yaml())
                 paths.cancel_marker.unlink(missing_ok=True)
-                record_ahead(spec, paths, executor, kind)
+                record_ahead(spec, paths, executor, kind, refuse_finished=refusal)  # its job may end meanwhile
                 job_id = executors.submit(spec, paths, executor, JobRuntime(str(paths.run_dir)))
                 handed_over = True
                 state = record_job(paths, job_id)

@@ -192,11 +192,13 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
 
 def record_submission(state: RunState | None, *, executor: str, kind: str, max_requeues: int,
                       job_id: str | None = None, host: str | None = None, pid: int | None = None,
-                      submitit_folder: str | None = None, array_task: int | None = None) -> RunState:
+                      submitit_folder: str | None = None, array_task: int | None = None,
+                      refuse_finished: str | None = None) -> RunState:
     """The submitter (``host``, ``pid``) hands the run to ``executor``: "submitted" ("pending" with ``job_id``).
     ``kind``: "submit", "resume", or "requeue" (a local job's rank 0 past submitit's start limit).
     Refused unless the run ended (:data:`ENDED`), or for "requeue" is requeued; a "submitted" run (a hand-over
-    that never recorded its job) is settled first: :func:`mark_pending` or :func:`mark_submission_abandoned`."""
+    that never recorded its job) is settled first: :func:`mark_pending` or :func:`mark_submission_abandoned`.
+    With ``refuse_finished``, a finished run is refused with that message."""
     _check(kind, LAUNCHES, "the submission kind")
     if max_requeues < 0:
         raise StateError(f"max_requeues must be >= 0; got {max_requeues}.")
@@ -208,6 +210,8 @@ def record_submission(state: RunState | None, *, executor: str, kind: str, max_r
             raise StateError(f"a {kind} needs an existing run; this run directory has no state.json yet (use elfes submit).")
         return RunState(status=status, executor=executor, max_requeues=max_requeues, job_id=job_id,
                         submissions=(submission,))
+    if refuse_finished is not None and state.status == "finished":
+        raise StateError(refuse_finished)  # decided here, under the state lock: the job may have just finished
     allowed = {"submit": ENDED, "resume": ENDED, "requeue": {"requeued"}}[kind]
     if state.status not in allowed:
         raise StateError(

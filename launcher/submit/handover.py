@@ -262,13 +262,14 @@ def submission_lock(paths: RunPaths) -> AbstractContextManager[None]:
 
 
 def record_ahead(spec: JobSpec, paths: RunPaths, executor: str, kind: str, *, submitit_folder: Path | None = None,
-                 array_task: int | None = None) -> None:
+                 array_task: int | None = None, refuse_finished: str | None = None) -> None:
     """Record a submission of ``kind`` before the executor is asked, naming this submitter (and, for a sweep
     member, the sweep's submitit folder and the member's task in the array)."""
     run_state.update_state(paths, lambda s: run_state.record_submission(
         s, executor=executor, kind=kind, max_requeues=spec.requeue.max_requeues,
         host=socket.gethostname(), pid=os.getpid(),
-        submitit_folder=str(submitit_folder) if submitit_folder is not None else None, array_task=array_task))
+        submitit_folder=str(submitit_folder) if submitit_folder is not None else None, array_task=array_task,
+        refuse_finished=refuse_finished))
 
 
 def record_job(paths: RunPaths, job_id: str) -> run_state.RunState:

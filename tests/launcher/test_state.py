@@ -151,3 +151,14 @@ def test_concurrent_writers_lose_no_update(tmp_path: Path):
         thread.join()
     state = S.load_state(paths)
     assert len(state.attempts) == 60 and [a.number for a in state.attempts] == list(range(1, 61))
+
+
+def test_a_submission_recorded_after_its_run_finished_meanwhile_is_refused_with_the_submitters_reason():
+    # The submitter read the run as running; its job finished before the submission was recorded, under
+    # the state lock. The refusal is decided there, so no second job starts for a finished run.
+    finished = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="finished", step=20)
+    reason = "the run is finished; submitting it again would train nothing"
+    with pytest.raises(S.StateError, match=reason):
+        S.record_submission(finished, executor="local", kind="submit", max_requeues=2, refuse_finished=reason)
+    again = S.record_submission(finished, executor="local", kind="submit", max_requeues=2)  # a raised budget
+    assert again.status == "submitted" and len(again.submissions) == 2
