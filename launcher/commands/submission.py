@@ -126,17 +126,12 @@ def settle_interrupted_handover(paths: RunPaths, changed: tuple[str, ...]) -> ru
 
 
 def _finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) -> str | None:
-    """Why submitting ``spec`` would be refused if the run is (or meanwhile becomes) finished; None when
-    it raises the budget."""
+    """Why submitting ``spec`` is refused if the run is finished when the submission is recorded (its job
+    may finish while this submitter decides); None when it raises the budget."""
     if recorded is None or budget_raised(recorded, spec):
         return None
     return (f"{paths.run_dir}: the run is finished; submitting it again would train nothing. To train further, "
             f"raise its budget: {extend_hint(paths, spec)}")
-
-
-def _refuse_finished(paths: RunPaths, state: run_state.RunState | None, refusal: str | None) -> None:
-    if state is not None and state.status == "finished" and refusal is not None:
-        raise run_state.StateError(refusal)
 
 
 def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str) -> Submitted:
@@ -154,13 +149,13 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                     handed_over = True
                     return _finish(arrived, Submitted(paths.run_dir, spec.name, adopted.executor, adopted.job_id,
                                                       adopted.status, True, adopted=True))
-                state = close_lost_job(paths)
-                refusal = _finished_refusal(paths, _recorded(paths), spec)
-                _refuse_finished(paths, state, refusal)
+                close_lost_job(paths)
+                # Recorded before anything else is written: a refusal (a run that is, or just became, finished)
+                # leaves the folder as it was, and from here on undo knows the run's files are this submission's.
+                record_ahead(spec, paths, executor, kind, refuse_finished=_finished_refusal(paths, _recorded(paths), spec))
                 if changed is None or changed:
                     write_text_atomically(paths.spec, spec.to_yaml())
                 paths.cancel_marker.unlink(missing_ok=True)
-                record_ahead(spec, paths, executor, kind, refuse_finished=refusal)  # its job may end meanwhile
                 job_id = executors.submit(spec, paths, executor, JobRuntime(str(paths.run_dir)))
                 handed_over = True
                 state = record_job(paths, job_id)

@@ -4,6 +4,7 @@ distributed environment it exports for the entrypoint.
 - :func:`detect_start`: job id, restart number, rank, local rank, world size and hosts of this task's
   start (the same job id and restart on every rank), from submitit's ``JobEnvironment`` (which reads
   ``SLURM_*`` or ``SUBMITIT_LOCAL_*``).
+- :func:`reserve_rendezvous_port`: the ``MASTER_PORT`` of this start, held by rank 0, read by the others.
 - :func:`export_distributed_environment`: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
   ``LOCAL_RANK`` (submitit's ``TorchDistributedEnvironment``) and, without GPUs, ``ACCELERATE_USE_CPU``,
   so that a plain ``Accelerator()`` in the entrypoint forms one process group of all the tasks.
@@ -132,18 +133,16 @@ def reserve_rendezvous_port(paths: RunPaths, start: Start, token: str) -> Rendez
         time.sleep(0.05)
 
 
-def export_distributed_environment(*, gpus_per_node: int, master_port: int | None = None) -> None:
-    """Export the torch distributed variables of this task (every rank, before the entrypoint);
-    ``master_port`` replaces the one submitit derives from the job id (:func:`reserve_rendezvous_port`)."""
+def export_distributed_environment(*, gpus_per_node: int, master_port: int) -> None:
+    """Export the torch distributed variables of this task (every rank, before the entrypoint), with
+    ``master_port`` from :func:`reserve_rendezvous_port`."""
     if gpus_per_node == 0:
         os.environ["ACCELERATE_USE_CPU"] = "1"  # without it Accelerate forms no group on a CPU-only machine
     from submitit.helpers import TorchDistributedEnvironment
 
     # A job submitted from inside another distributed job (or from a shell that sets them) inherits its
-    # variables: sbatch exports the submitter's environment. overwrite replaces them; MASTER_PORT must go
-    # first, as submitit would keep an inherited one instead of deriving it from the job id (two jobs whose
-    # first host is the same would then both listen on it).
-    os.environ.pop("MASTER_PORT", None)
+    # variables: sbatch exports the submitter's environment. overwrite replaces them, except that submitit
+    # keeps an inherited MASTER_PORT (or derives one from the job id, which may be in use): rank 0's
+    # reserved port replaces it.
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    if master_port is not None:
-        os.environ["MASTER_PORT"] = str(master_port)
+    os.environ["MASTER_PORT"] = str(master_port)

@@ -139,6 +139,25 @@ def test_resume_or_submit_of_a_finished_run_is_refused_with_the_line_that_extend
     assert {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()} == recorded
 
 
+def test_a_run_that_finishes_while_a_submission_decides_is_refused_and_left_as_it_was(tmp_path: Path, capsys,
+                                                                                      monkeypatch):
+    import dataclasses
+
+    from elfes.launcher.commands import submission
+
+    paths = make_run(tmp_path, outcome="finished")
+    recorded = {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()}
+    closed = submission.close_lost_job
+
+    def read_while_running(run_paths):  # what the submitter saw a moment before the job recorded its end
+        return dataclasses.replace(closed(run_paths), status="running")
+
+    monkeypatch.setattr(submission, "close_lost_job", read_while_running)
+    assert main(["submit", str(tmp_path / "demo.yaml"), "--executor", "local", "--set", "resources.timeout_min=20"]) == 3
+    assert "the run is finished; submitting it again would train nothing" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()} == recorded
+
+
 def test_validate_refuses_a_spec_the_chosen_executor_cannot_run(tmp_path: Path, capsys):
     spec = write_project(tmp_path)
     spec.write_text(spec.read_text().replace("tasks_per_node: 2", "nodes: 2, tasks_per_node: 2"))
