@@ -82,15 +82,19 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
     if state.executor == "slurm":
         _scancel([f"--signal={signum.name.removeprefix('SIG')}", str(state.job_id)], "preempt")
         return Signalled(paths.run_dir, "slurm", state.job_id, signum.name, [f"SLURM job {state.job_id}"])
+    # What the command does with the signal is read before it is sent: once the task forwards it, the
+    # command may be saving and exiting, and a Python process on its way out has reset its handlers.
+    note = _command_takes(paths, signum)
     targets = _signal_pids(recorded_tasks(paths), signum)
     if not targets:
         raise ActionFailed(f"{run_dir}: no task of job {state.job_id} has recorded its pid on this machine yet (it "
                            "installs its signal handlers first, a few seconds after it starts); try again shortly")
-    return Signalled(paths.run_dir, "local", state.job_id, signum.name, targets, note=_command_takes(paths, signum))
+    return Signalled(paths.run_dir, "local", state.job_id, signum.name, targets, note=note)
 
 
 def _command_takes(paths: RunPaths, requeue: signal.Signals) -> str | None:
-    """What a command job's processes do with the requeue signal, when it is not what a preemption needs."""
+    """What a command job's processes do with the requeue signal (read before it is sent), when it is
+    not what a preemption needs."""
     notes = []
     for record in command_records(paths, host=socket.gethostname()):
         members = group_members(record["pgid"])

@@ -5,6 +5,9 @@ every --unit-s, keeping the count in RUN_DIR/count.txt and its pid in RUN_DIR/tr
 
     python -m tests.launcher.protocol_command --run-dir RUN_DIR --units 400 --catch SIGINT,SIGTERM --on-stop save
 
+--finish-when FILE: count to the end at once and finish as soon as FILE exists (a command that ends by
+itself when the test says so, not after a time that a loaded machine stretches).
+
 --on-stop: save (exit 128 + the signal's number: the protocol), exit-zero (exit 0 without finishing),
 finish (count to the end at once, record `finished`, exit 0), carry-on (keep counting: a stop never ends it).
 """
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ignore", type=_signals, default=[])
     parser.add_argument("--on-stop", choices=("save", "exit-zero", "finish", "carry-on"), default="save")
     parser.add_argument("--records", action="store_true")
+    parser.add_argument("--finish-when", type=Path)
     args = parser.parse_args(argv)
     received: list[int] = []
     for signum in args.catch:
@@ -47,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     count = int(file.read_text()) if file.exists() else 0
     print(f"counting from {count} to {args.units}", flush=True)
     while count < args.units:
+        if args.finish_when is not None and args.finish_when.exists():
+            count = args.units
+            break
         if received and args.on_stop != "carry-on":
             name = signal.Signals(received[0]).name
             print(f"stopping at {count} on {name} ({args.on_stop})", flush=True)

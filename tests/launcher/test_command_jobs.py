@@ -38,6 +38,7 @@ from test_local_jobs import (
 )
 
 from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.commands import signalling
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.command_group import process_stat
 from elfes.launcher.rundir.paths import RunPaths
@@ -208,11 +209,38 @@ def test_a_command_catching_only_sigterm_is_preempted_through_it(
     assert (run_dir / "count.txt").read_text() == "400"
 
 
+def test_preempt_says_what_the_command_did_with_the_signal_when_it_was_sent(
+    runs: CommandRuns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The note of `elfes preempt` describes the command as the signal found it. Here the preempt is
+    held, after signalling, until the task has sent SIGTERM on and the command has saved and exited
+    (as on a loaded machine): the note still says the command catches SIGTERM but not SIGUSR2."""
+    run_dir = runs.submit_command("note-before-signal", protocol_command("--catch", "SIGINT,SIGTERM", units=400,
+                                                                         unit_s=0.02))
+    trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 1),
+                       what="the command to count", run_dir=run_dir)
+    send = signalling._signal_pids
+
+    def send_then_let_the_command_exit(records: list[dict[str, Any]], signum: int) -> list[str]:
+        targets = send(records, signum)
+        wait_for(lambda: "sent SIGTERM for SIGUSR2" in run_log(run_dir) and not alive(trainer),
+                 what="the task to send SIGTERM on and the command to exit", run_dir=run_dir, may_end=True)
+        return targets
+
+    monkeypatch.setattr(signalling, "_signal_pids", send_then_let_the_command_exit)
+    code, output = cli("preempt", str(run_dir))
+    assert code == 0 and f"pids [{trainer}]) catches SIGTERM but not SIGUSR2" in output, output
+    state = ended_with_nothing_left(run_dir, "finished")
+    assert outcomes(state)[:2] == [("requeued", "SIGUSR2", "submit"), ("finished", None, "requeue")], outcomes(state)
+
+
 def test_a_command_catching_nothing_says_so_at_once(runs: CommandRuns) -> None:
     """A command that catches neither SIGUSR2 nor SIGTERM: preempt's output, the run's log and
     `elfes status` say at once that the signal is held and why; when the command then ends by itself,
     the run is finished and its record says the preemption was never delivered."""
-    run_dir = runs.submit_command("catches-nothing", protocol_command("--catch", "", units=120))
+    finish_now = runs.folder / "catches-nothing-finishes"
+    run_dir = runs.submit_command("catches-nothing", protocol_command("--catch", "", "--finish-when", str(finish_now),
+                                                                      units=100_000))
     wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 1), what="the command to count",
              run_dir=run_dir)
     code, output = cli("preempt", str(run_dir))
@@ -223,6 +251,7 @@ def test_a_command_catching_nothing_says_so_at_once(runs: CommandRuns) -> None:
                      what="`elfes status` to say the signal is held", run_dir=run_dir)
     assert "catches SIGUSR2 nor SIGTERM" in notes[0]
 
+    finish_now.touch()  # the command ends by itself, well inside the hold
     state = ended_with_nothing_left(run_dir, "finished")
     assert outcomes(state) == [("finished", None, "submit")]
     assert "SIGUSR2 was never delivered" in state.error
