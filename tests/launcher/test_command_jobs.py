@@ -153,7 +153,9 @@ def test_a_trainer_whose_task_was_killed_keeps_the_run_alive(runs: CommandRuns) 
     """The task is SIGKILLed: the wrapper goes with it, its trainer (re-parented to pid 1) trains on. The
     run is alive for status, resume and submit while it does; `elfes cancel` ends it, after which the run
     resumes with one trainer."""
-    spec_fields = {"entrypoint": None, "command": protocol_command(wrapped=True, units=200), "config": {}}
+    finish_now = runs.folder / "task-killed-finishes"  # counting never ends before the test says so
+    spec_fields = {"entrypoint": None, "config": {},
+                   "command": protocol_command("--finish-when", str(finish_now), wrapped=True, units=100_000)}
     run_dir = runs.submit("task-killed", **spec_fields)
     trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 2),
                        what="the trainer to count", run_dir=run_dir)
@@ -178,9 +180,10 @@ def test_a_trainer_whose_task_was_killed_keeps_the_run_alive(runs: CommandRuns) 
     wait_for(lambda: not alive(trainer), what="the trainer to stop on SIGTERM", run_dir=run_dir, may_end=True)
     wait_for(lambda: status_json(run_dir)["status"] == "cancelled", what="the run to read cancelled",
              run_dir=run_dir, may_end=True)
+    finish_now.touch()
     assert cli("resume", str(run_dir))[0] == 0
     ended_with_nothing_left(run_dir, "finished")
-    assert (run_dir / "count.txt").read_text() == "200"
+    assert (run_dir / "count.txt").read_text() == "100000"
 
 
 # -- 3: a command that catches SIGINT and SIGTERM only -------------------------------------------------------------

@@ -187,7 +187,7 @@ def wait_ended(run_dir: Path, status: str) -> run_state.RunState:
     state = wait_for(lambda: (s := state_of(run_dir)) is not None and s.status in run_state.ENDED and s,
                      what=f"the run to end {status}", run_dir=run_dir, may_end=True)
     assert state.status == status, f"the run ended {state.status}, not {status}\n{diagnostics(run_dir)}"
-    wait_for(lambda: job_gone(run_dir), what="the job's processes to exit", run_dir=run_dir, timeout_s=30,
+    wait_for(lambda: job_gone(run_dir), what="the job's processes to exit", run_dir=run_dir,
              may_end=True)
     return state_of(run_dir)
 
@@ -337,13 +337,16 @@ def test_command_job_pauses_and_resumes(runs: Runs, references: Callable[[int], 
 def test_local_requeues_past_six_starts_resubmit(runs: Runs) -> None:
     """submitit's local controller starts a job at most six times: the seventh start is a resubmission
     into the same run directory (a new job id), still counted as a requeue. Torch-free command, fast."""
-    command = ["{python}", "-m", "tests.launcher.counting_command", "--run-dir", "{run_dir}", "--units", "400",
-               "--unit-s", "0.01"]
+    finish_now = runs.folder / "counting-finishes"  # the count ends when the test says, never before a preempt
+    command = ["{python}", "-m", "tests.launcher.protocol_command", "--run-dir", "{run_dir}", "--units", "100000",
+               "--unit-s", "0.01", "--finish-when", str(finish_now)]
     run_dir = runs.submit("counting", entrypoint=None, command=command, config={}, max_requeues=7)
     for attempt in range(1, 8):
         wait_for(lambda attempt=attempt: tasks_running(run_dir, attempt, 1), what=f"attempt {attempt} to start",
                  run_dir=run_dir)
         preempt(run_dir)
+    wait_for(lambda: tasks_running(run_dir, 8, 1), what="attempt 8 to start", run_dir=run_dir)
+    finish_now.touch()
     state = wait_ended(run_dir, "finished")
     assert [a.outcome for a in state.attempts] == ["requeued"] * 7 + ["finished"]
     assert [a.launch for a in state.attempts] == ["submit"] + ["requeue"] * 7
@@ -351,7 +354,7 @@ def test_local_requeues_past_six_starts_resubmit(runs: Runs) -> None:
     assert [s.kind for s in state.submissions] == ["submit", "requeue"]
     first, second = state.submissions[0].job_id, state.submissions[1].job_id
     assert [a.job_id for a in state.attempts] == [first] * 6 + [second] * 2
-    assert (run_dir / "count.txt").read_text() == "400"
+    assert (run_dir / "count.txt").read_text() == "100000"
 
 
 def test_cancel_before_the_handlers_are_in_still_cancels(runs: Runs) -> None:

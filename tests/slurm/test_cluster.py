@@ -163,11 +163,12 @@ def test_preempted_low_job_gets_the_signal_and_comes_back(
     )
     signalled_at, first_signal = wait_for(
         lambda: next(((at, what) for at, what in events(log) if what.startswith("signal")), None),
-        timeout_s=10,
+        timeout_s=slurm.grace_time_s,
         what=f"the low job to get {preemption_signal} at preemption",
     )
     assert first_signal == f"signal {preemption_signal} restart=unset"
-    assert signalled_at - preempted_at < 5, "the preemption signal comes at once, not at the end of the grace time"
+    # At once (a scheduler cycle, on a loaded machine a few), not at the end of the grace time.
+    assert signalled_at - preempted_at < slurm.grace_time_s / 2, "the preemption signal comes at the grace time's start"
 
     # Requeued: the same job, pending again with one restart (BeginTime: it may start cred_expire + 1 s later).
     requeued = wait_for(

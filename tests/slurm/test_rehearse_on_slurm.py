@@ -8,12 +8,22 @@ import json
 from cluster import SlurmCluster
 from test_slurm_preemption import elfes, write_spec
 
+from elfes.launcher.commands.rehearsal import plan_interruptions
+
+LOGGED_STEPS = range(1, 16)  # the train records of the straight run (16 updates) before its last
+
+
+def seed_landing_in(steps: range) -> int:
+    """A rehearsal seed whose one requeue comes at one of ``steps``: the updates after it are the slack a
+    follower on a loaded machine has to land the signal before the last update (which would save the end)."""
+    return next(s for s in range(1000) if plan_interruptions(1, ("requeue",), LOGGED_STEPS, s)[0].step in steps)
+
 
 def test_a_rehearsal_on_slurm_requeues_through_the_user_signal_and_is_exact(slurm_user_signal: SlurmCluster,
                                                                           tmp_path):
     spec = write_spec(tmp_path, "rehearsed", step_delay_s=0.25)
     completed = elfes(slurm_user_signal, "rehearse", str(spec), "--executor", "slurm", "--interruptions", "1",
-                      "--kinds", "requeue", "--keep", "--json", check=False)
+                      "--kinds", "requeue", "--seed", str(seed_landing_in(range(4, 9))), "--keep", "--json", check=False)
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     assert report["verdict"] == "exact" and report["executor"] == "slurm"

@@ -44,7 +44,6 @@ STEP = (
 
 def test_srun_from_the_root_namespace_runs_a_task_on_each_host(slurm_two_hosts: TwoHostCluster):
     assert slurm_two_hosts.node_states() == {"node1": "idle", "node2": "idle"}
-    assert slurm_two_hosts.timings_s["start"] < 30  # the fixture's budget on 2 loaded cores
     completed = slurm_two_hosts.run("srun", "-N2", "-n2", "hostname", timeout_s=60)
     assert sorted(completed.stdout.split()) == ["node1", "node2"]
 
