@@ -31,7 +31,7 @@ from rich.console import Console
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
-from workloads import RunSpec, build, gloo_threads, held_background_writes, mse_step, snapshot, writer_threads
+from workloads import RunSpec, build, gloo_threads_left, held_background_writes, mse_step, snapshot, writer_threads
 
 from elfes.engine import (
     Evaluator,
@@ -483,7 +483,7 @@ def release_process_group() -> None:
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     release_process_groups()
-    left = gloo_threads() if Path("/proc/self/task").is_dir() else []  # Linux lists threads there
+    left = gloo_threads_left() if Path("/proc/self/task").is_dir() else []  # Linux lists threads there
     if left:
         raise SystemExit(
             f"rank {RANK}: gloo threads {left} still run after destroy_process_group(): something still "

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from workloads import RunSpec, build, gloo_threads
+from workloads import RunSpec, build, gloo_threads_left
 
 from elfes.engine.process_group import release_process_groups
 
@@ -42,4 +42,4 @@ if __name__ == "__main__":
         group.allreduce([torch.ones(1)]).wait()
         del group, run
     release_process_groups()
-    (out / f"rank-{rank}.json").write_text(json.dumps(gloo_threads()))
+    (out / f"rank-{rank}.json").write_text(json.dumps(gloo_threads_left()))

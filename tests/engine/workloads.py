@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -265,6 +266,17 @@ def gloo_threads() -> list[str]:
         except OSError:  # the thread ended meanwhile
             continue
     return sorted(name for name in names if "gloo" in name)
+
+
+def gloo_threads_left(timeout_s: float = 10.0) -> list[str]:
+    """The gloo threads still listed once the ones already joined have finished exiting (up to ``timeout_s``).
+
+    The kernel wakes ``pthread_join`` before it removes the ending thread from ``/proc/self/task``, so a
+    thread joined by the group's teardown can be listed for a moment after the teardown returned."""
+    deadline = time.monotonic() + timeout_s
+    while (left := gloo_threads()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling interval
+    return left
 
 
 WRITER_THREAD = "elfes-checkpoint-writer"

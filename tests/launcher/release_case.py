@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from workloads import gloo_threads  # tests/engine, on PYTHONPATH
+from workloads import gloo_threads, gloo_threads_left  # tests/engine, on PYTHONPATH
 
 import elfes.engine  # noqa: F401  as in a job: imported before any process group forms
 from elfes.launcher.job.runtime import release_process_group
@@ -32,4 +32,4 @@ if __name__ == "__main__":
     during = gloo_threads()
     release_process_group()
     rank = os.environ["RANK"]
-    (out / f"rank-{rank}.json").write_text(json.dumps({"before_release": during, "after_release": gloo_threads()}))
+    (out / f"rank-{rank}.json").write_text(json.dumps({"before_release": during, "after_release": gloo_threads_left()}))
