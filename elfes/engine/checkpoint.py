@@ -302,7 +302,7 @@ class Checkpointer:
                 component.load_state_dict(payload[key])
         own = ranks[self.accelerator.process_index]
         for key, component in self.per_rank.items():
-            component.load_state_dict(own[key])
+            component.load_state_dict(own.get(key, {}))  # checkpoints older than a component hold none of it
         return payload
 
     def _gather(self, states: list[Any]) -> list[list[Any]]:

@@ -195,13 +195,20 @@ class TrainState:
             setattr(self, name, state[name])
 
 
-def planned_steps(config: TrainConfig, updates_per_epoch: int) -> int:
-    """The cumulative update budget, assuming no skipped updates and no early stop."""
+def planned_steps(config: TrainConfig, updates_per_epoch: int | None) -> int:
+    """The cumulative update budget, assuming no skipped updates and no early stop.
+
+    ``updates_per_epoch`` is None for a stream without ``__len__``: then ``max_steps`` is the budget.
+    """
+    if updates_per_epoch is None:
+        if config.max_steps is None:
+            raise ValueError(
+                "The training DataLoader reads a stream without __len__, so an epoch's length is unknown and "
+                f"epochs={config.epochs} sets no budget. Set TrainConfig(max_steps=...), or give the dataset a __len__."
+            )
+        return config.max_steps
     steps = config.epochs * updates_per_epoch
     return steps if config.max_steps is None else min(steps, config.max_steps)
-
-
-
 
 
 @dataclass

@@ -106,8 +106,8 @@ class Budget:
     epochs: int
     max_steps: int | None
     planned_steps: int  # the cumulative updates allowed (see Trainer.planned_steps)
-    updates_per_epoch: int
-    batches_per_epoch: int  # per rank
+    updates_per_epoch: int | None  # None: a stream without __len__
+    batches_per_epoch: int | None  # per rank
 
     def spent(self, state: TrainState) -> bool:
         """Whether ``state`` has trained all that this budget allows."""

@@ -194,7 +194,7 @@ class TrainingSession:
 
     def advance(self, result: WindowResult, seconds: float) -> bool:
         """Move the data position past the window and record it; returns whether the epoch ended."""
-        state, scheduler = self.state, self.scheduler
+        state = self.state
         self.clock.train_s += seconds
         if result.weight_total > 0:
             self.progress.weight_reference = result.weight_total
@@ -205,14 +205,34 @@ class TrainingSession:
             state.step += 1
         else:
             self.log("skipped", reason=result.skip_reason, **self._where())
-        epoch_ended = state.next_batch >= self.budget.batches_per_epoch
+        per_epoch = self.budget.batches_per_epoch
+        epoch_ended = result.stream_ended or (per_epoch is not None and state.next_batch >= per_epoch)
         if epoch_ended:
-            state.epoch += 1
-            state.next_batch = 0
-            if scheduler is not None and self.config.scheduler_interval == "epoch" and not isinstance(scheduler, ReduceLROnPlateau):
-                scheduler.step()
+            self._next_epoch()
         self._record_interval(result, seconds)
         return epoch_ended
+
+    def end_stream_epoch(self) -> tuple[bool, bool]:
+        """Begin the next epoch after a stream without ``__len__`` ended at a window boundary; returns
+        whether an evaluation and a checkpoint are due at this epoch end."""
+        if self.accelerator.num_processes > 1:
+            raise RuntimeError(
+                f"Rank {self.accelerator.process_index}'s training stream ended after {self.state.next_batch} batches "
+                f"of epoch {self.state.epoch}. With several ranks an epoch of a stream must have a known length: give "
+                "each rank's dataset a __len__ with the same number of batches (or a stream that outlasts max_steps)."
+            )
+        self._next_epoch()
+        due = {"step": self.state.step, "epoch": self.state.epoch, "stepped": False, "epoch_ended": True}
+        evaluate = self.evaluate is not None and self.config.evaluate_every is not None and self.config.evaluate_every.due(**due)
+        checkpoint = self.config.checkpoint_every is not None and self.config.checkpoint_every.due(**due)
+        return evaluate, checkpoint
+
+    def _next_epoch(self) -> None:
+        self.state.epoch += 1
+        self.state.next_batch = 0
+        scheduler = self.scheduler
+        if scheduler is not None and self.config.scheduler_interval == "epoch" and not isinstance(scheduler, ReduceLROnPlateau):
+            scheduler.step()
 
     def close_boundary(self, *, evaluate: bool, checkpoint: bool) -> bool:
         """Evaluate and checkpoint as this window boundary requires; returns whether to stop early."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -19,19 +19,13 @@ from accelerate import Accelerator
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from elfes.records import RunLogger
 
 from .checkpoint import Checkpointer, Weights, plain_state_dict
 from .config import Progress, TrainConfig, TrainState, planned_steps
-from .data import (
-    EpochData,
-    check_distributed_batching,
-    check_process_group,
-    give_shuffle_its_own_generator,
-    verify_rank_lengths,
-)
+from .data import TrainingData, check_process_group
 from .ema import ExponentialMovingAverage
 from .evaluator import Evaluator
 from .events import Budget, LogInterval, RunSetup
@@ -71,9 +65,7 @@ class Trainer:
         ema_decay: float | None = None,
         logger: RunLogger | None = None,
     ) -> None:
-        _check_map_style(train_dataloader)
         check_process_group(accelerator)
-        check_distributed_batching(accelerator, train_dataloader)
         self.accelerator = accelerator
         self.optimizer = optimizer
         self.evaluator = evaluator
@@ -86,14 +78,13 @@ class Trainer:
         hold_process_group(self.model)
         # The plain module owns the parameter names used in checkpoints and exports.
         self.module = accelerator.unwrap_model(self.model, keep_fp32_wrapper=True, keep_torch_compile=False)
-        total_batches = len(train_dataloader)
-        give_shuffle_its_own_generator(train_dataloader)
-        # Batches already sit on the CPU: moving each to it would cost a traversal per microbatch.
-        placement = False if accelerator.device.type == "cpu" else None
-        self.train_dataloader = accelerator.prepare_data_loader(train_dataloader, device_placement=placement)
-        self.batches_per_epoch = verify_rank_lengths(accelerator, self.train_dataloader, total_batches)
+        self.data = TrainingData(accelerator, train_dataloader)
+        self.train_dataloader = self.data.prepared
+        self.batches_per_epoch = self.data.batches_per_epoch  # None: a stream whose epoch ends with it
         self.accumulation_steps = accelerator.gradient_accumulation_steps
-        self.updates_per_epoch = math.ceil(self.batches_per_epoch / self.accumulation_steps)
+        self.updates_per_epoch = (
+            None if self.batches_per_epoch is None else math.ceil(self.batches_per_epoch / self.accumulation_steps)
+        )
         self.ema = ExponentialMovingAverage(self.module, ema_decay) if ema_decay is not None else None
         self.state = TrainState()
         self.progress = Progress()
@@ -132,7 +123,8 @@ class Trainer:
             "state": self.state,
             "progress": self.progress,
         }
-        return Checkpointer(self.accelerator, shared, {"rng": self.rng, "log_interval": self.log_interval}, self._layout)
+        per_rank = {"rng": self.rng, "log_interval": self.log_interval, "data": self.data}
+        return Checkpointer(self.accelerator, shared, per_rank, self._layout)
 
     # ----------------------------------------------------------------------------------------
     # Public API
@@ -200,15 +192,17 @@ class Trainer:
         if run.stop_already_requested():
             return run.pause()
         self.model.train()
-        data = EpochData(self.train_dataloader, self.progress.data_seed)
         early_stop = run.finish_deferred_boundary() or run.patience_exhausted()
         while not early_stop and not run.budget_spent():
-            with closing(data.batches(self.state.epoch, self.state.next_batch)) as batches:
+            with closing(self.data.batches(self.state.epoch, self.state.next_batch, self.progress.data_seed)) as batches:
                 epoch_ended = False
                 while not (epoch_ended or early_stop or run.budget_spent()):
-                    size = min(self.accumulation_steps, self.batches_per_epoch - self.state.next_batch)
                     started = time.perf_counter()
-                    window = itertools.islice(batches, size)
+                    window, size = self._next_window(batches)
+                    if window is None:  # a stream without __len__ ended at this boundary: so does its epoch
+                        evaluate, checkpoint = run.end_stream_epoch()
+                        early_stop = run.close_boundary(evaluate=evaluate, checkpoint=checkpoint)
+                        break
                     result = self.runner.run(
                         window, size, run.stop, self.state, self.progress.weight_reference, run.rule, run.announce_stop
                     )
@@ -220,6 +214,20 @@ class Trainer:
                         return run.pause(evaluate=evaluate, checkpoint=checkpoint)
                     early_stop = run.close_boundary(evaluate=evaluate, checkpoint=checkpoint)
         return run.finish()
+
+    def _next_window(self, batches: Iterator[Any]) -> tuple[Iterator[Any] | None, int]:
+        """The next window's batches and its length; (None, 0) where a stream of unknown length has ended.
+
+        A window of known length is cut from ``batches`` as it is consumed; one of a stream without
+        ``__len__`` reads its first batch here (the batch it would read first anyway) to know it exists.
+        """
+        if self.batches_per_epoch is not None:
+            size = min(self.accumulation_steps, self.batches_per_epoch - self.state.next_batch)
+            return itertools.islice(batches, size), size
+        first = next(batches, _STREAM_END)
+        if first is _STREAM_END:
+            return None, 0
+        return itertools.chain([first], itertools.islice(batches, self.accumulation_steps - 1)), self.accumulation_steps
 
     def evaluate(self, *, weights: Weights = "raw") -> dict[str, dict[str, float]]:
         """Evaluate the raw or EMA weights with the trainer's evaluator. Call on every rank.
@@ -311,10 +319,4 @@ class Trainer:
             )
 
 
-def _check_map_style(dataloader: DataLoader) -> None:
-    if isinstance(dataloader.dataset, IterableDataset):
-        raise TypeError(
-            f"The training DataLoader reads a {type(dataloader.dataset).__name__}, an IterableDataset; exact "
-            "pause and resume needs a map-style Dataset (with __len__ and __getitem__), whose batches the sampler "
-            "can skip. Wrap the data in a map-style Dataset."
-        )
+_STREAM_END = object()

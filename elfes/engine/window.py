@@ -52,6 +52,7 @@ class WindowResult:
     weight_total: float = 0.0  # the global denominator of the scalar mean path
     grad_norm: float | None = None
     learning_rates: list[float] = field(default_factory=list)
+    stream_ended: bool = False  # a stream without __len__ ran out within this window
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class WindowRunner:
         self.scheduler = scheduler
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
         self.distributed = accelerator.num_processes > 1
+        self.accumulation_steps = accelerator.gradient_accumulation_steps
 
     def run(
         self,
@@ -122,12 +124,11 @@ class WindowRunner:
                     contribution.backward(gradient)
             if output.metrics:
                 metrics.update(output.metrics)
+        stream_ended = consumed < size and self.batches_per_epoch is None
         if consumed != size:
-            raise RuntimeError(
-                f"The training DataLoader yielded {state.next_batch + consumed} batches in epoch {state.epoch} "
-                f"where its length promised {self.batches_per_epoch}. Exact training needs a map-style Dataset whose sampler yields "
-                "exactly len(dataloader) batches."
-            )
+            if self.batches_per_epoch is not None or self.distributed:
+                self._raise_short_window(state, consumed)
+            size = consumed  # the last window of a stream that ended: its epoch ends with it
 
         window.finish(metrics)
         window.check(state.epoch, state.next_batch)
@@ -140,6 +141,7 @@ class WindowRunner:
             stop_requested=stop_requested,
             metrics=metrics,
             weight_total=weight_total,
+            stream_ended=stream_ended,
         )
         if nonfinite:
             self._raise_nonfinite_loss(window.losses(), state)
@@ -152,6 +154,19 @@ class WindowRunner:
         if not result.stepped:
             result.skip_reason = "amp_overflow"
         return result
+
+    def _raise_short_window(self, state: TrainState, consumed: int) -> None:
+        where = f"{state.next_batch + consumed} batches in epoch {state.epoch}"
+        if self.batches_per_epoch is not None:
+            raise RuntimeError(
+                f"The training DataLoader yielded {where} where its length promised {self.batches_per_epoch}. "
+                "Exact training needs a dataset whose sampler (or stream) yields exactly len(dataloader) batches."
+            )
+        raise RuntimeError(
+            f"Rank {self.accelerator.process_index}'s training stream ended after {where}, in the middle of an "
+            "accumulation window. With several ranks an epoch of a stream must have a known length: give each "
+            "rank's dataset a __len__ with the same number of batches (or a stream that outlasts max_steps)."
+        )
 
     def _agree(self, window: WindowLoss, local_samples: int, stop: StopRequest) -> tuple[float, int, bool, bool]:
         """The window's global denominator and sample count, and whether any rank asked to stop or saw a

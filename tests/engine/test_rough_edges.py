@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import launch_environment
-from torch.utils.data import DataLoader, IterableDataset
 from workloads import RunSpec, build, events_named, fresh_accelerate, mse_step, quiet_logger
 
-from elfes.engine import Interval, Monitor, StopRequest, TrainConfig, Trainer
+from elfes.engine import Interval, Monitor, StopRequest, TrainConfig
 from elfes.engine.checkpoint import CheckpointName
 from elfes.engine.stop import stop_signals_in_use
 
@@ -141,26 +140,6 @@ def test_an_exception_in_user_code_is_recorded_as_failed_before_it_propagates(tm
 
 # ------------------------------------------------------------------------------------------------
 # Refusals before the first batch
-
-
-class Stream(IterableDataset):
-    def __iter__(self):
-        for index in range(8):
-            yield torch.full((4,), float(index)), torch.zeros(1)
-
-
-class StreamWithLength(Stream):
-    def __len__(self) -> int:
-        return 8
-
-
-@pytest.mark.parametrize("dataset", [Stream(), StreamWithLength()], ids=["without-len", "with-len"])
-def test_an_iterable_dataset_is_refused_with_the_way_out(dataset):
-    from accelerate import Accelerator
-
-    model = torch.nn.Linear(4, 1)
-    with pytest.raises(TypeError, match=r"reads a Stream.*, an IterableDataset; exact pause and resume needs a map-style"):
-        Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(dataset, batch_size=2), mse_step)
 
 
 def test_a_checkpoint_dir_that_is_a_file_is_refused_before_the_first_batch(tmp_path):

@@ -1,0 +1,14 @@
+"""The training data path: what is drawn where, what is saved of loaders, and how an epoch resumes.
+
+- :mod:`.stream`: :class:`TrainingData`, the prepared loader read without look-ahead, and resumed.
+- :mod:`.fetch`: seeded batch fetches in DataLoader workers.
+- :mod:`.state`: which parts of a loader keep state of their own.
+- :mod:`.checks`: refusals of settings under which ranks would not train on exact, equal shards.
+- :mod:`.workers`: worker processes that survive the job's stop signals.
+"""
+
+from .checks import check_process_group
+from .stream import TrainingData
+from .workers import iterate_sparing_workers, shut_down_persistent_workers
+
+__all__ = ["TrainingData", "check_process_group", "iterate_sparing_workers", "shut_down_persistent_workers"]

@@ -1,0 +1,225 @@
+"""Batches fetched in DataLoader workers draw from generators seeded by the batch's place in the run.
+
+PyTorch seeds a worker's torch, NumPy and Python generators once, when the worker starts, and the
+worker then fetches every ``num_workers``-th batch: the numbers a batch's random transforms draw
+depend on which worker fetched it and on how many batches that worker fetched before. A restart in
+the middle of an epoch starts fresh workers on the remaining batches, so every remaining batch
+would draw other numbers. Here each batch's fetch in a worker (the dataset's reads and the collate
+function together) runs under generators seeded from (data seed, epoch, batch index): the same
+numbers whichever worker runs it, however far the loader has read ahead, and after any restart.
+
+The batch index travels with the batch's indices from the sampler (in the training process) to the
+worker: a :class:`PositionedBatch` is the list of indices with the seed of its fetch attached.
+
+A stream has no indices: each item a worker reads is read under a seed from (the worker's seed, the
+number of items it has read), and that count is part of the stream's state, so that a stateful
+loader resumes each worker's seeds where they were.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+_MASK64 = 2**64 - 1
+
+
+def fetch_seed(data_seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed for the fetch of batch ``index`` of ``epoch`` (SplitMix64 over the three numbers)."""
+    value = 0
+    for part in (data_seed, epoch, index):
+        value = _splitmix64((value ^ part) & _MASK64)
+    return value
+
+
+def _splitmix64(value: int) -> int:
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def seed_generators(seed: int) -> None:
+    """Seed this process's torch CPU, NumPy and Python generators from one 64-bit ``seed``.
+
+    Only the CPU generator of torch: a worker draws no CUDA numbers, and seeding CUDA here would
+    initialise it in every worker.
+    """
+    torch.default_generator.manual_seed(seed)
+    np.random.seed(seed >> 32)
+    random.seed(seed)
+
+
+class PositionedBatch(list):
+    """The sample indices of one batch, carrying the seed its fetch runs under."""
+
+    def __init__(self, indices: Any, seed: int) -> None:
+        super().__init__(indices)
+        self.seed = seed
+
+    def __reduce__(self) -> tuple[Any, ...]:  # sent to workers through a queue
+        return PositionedBatch, (list(self), self.seed)
+
+
+class PositionedBatches:
+    """A batch sampler that tags each batch of the sampler it wraps with its fetch seed.
+
+    The index counts batches of the unsharded sampler within the epoch, so it is unique across
+    ranks. :meth:`start_epoch` is called before each epoch's iterator is made.
+    """
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+        self.data_seed = 0
+        self.epoch = 0
+        self._first_index = 0
+
+    # accelerate's sampler lookup and its sharding read these of a batch sampler
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def batch_size(self) -> int | None:
+        return getattr(self.batch_sampler, "batch_size", None)
+
+    @property
+    def drop_last(self) -> bool:
+        return bool(getattr(self.batch_sampler, "drop_last", False))
+
+    def start_epoch(self, data_seed: int, epoch: int) -> None:
+        self.data_seed, self.epoch, self._first_index = data_seed, epoch, 0
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[PositionedBatch]:
+        index, self._first_index = self._first_index, 0
+        for indices in self.batch_sampler:
+            yield PositionedBatch(indices, fetch_seed(self.data_seed, self.epoch, index))
+            index += 1
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.batch_sampler, "set_epoch"):
+            self.batch_sampler.set_epoch(epoch)
+
+
+class SeededFetches(Dataset):
+    """The user's map-style dataset, whose batch fetches (reads and collate) run under a batch's seed.
+
+    ``__getitems__`` returns the collated batch: the loader it is given to collates with
+    :func:`collated_already`. Attributes it lacks (``set_epoch``, ``state_dict``) are the dataset's.
+    """
+
+    def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        seed = getattr(indices, "seed", None)
+        if seed is not None and get_worker_info() is not None:
+            seed_generators(seed)
+        read_many = getattr(self.dataset, "__getitems__", None)
+        samples = read_many(list(indices)) if read_many else [self.dataset[index] for index in indices]
+        return self.collate_fn(samples)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not yet set while unpickling in a worker
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class SeededStream(IterableDataset):
+    """The user's stream, each item of which a worker reads under a seed from (worker seed, item count)."""
+
+    def __init__(self, dataset: IterableDataset) -> None:
+        self.dataset = dataset
+        self.items_read = 0
+        self._resume_at = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = get_worker_info()
+        items = iter(self.dataset)
+        if worker is None:
+            yield from items
+            return
+        count, self._resume_at = self._resume_at, 0
+        self.items_read = count
+        while True:
+            # The worker's seed comes from the epoch's base seed (seeded from the data seed and epoch).
+            seed_generators(fetch_seed(worker.seed, worker.id, count))
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            count += 1
+            self.items_read = count
+            yield item
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not yet set while unpickling in a worker
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class StatefulSeededStream(SeededStream):
+    """A :class:`SeededStream` over a stream with state: its state and each worker's item count."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dataset": self.dataset.state_dict(), "items_read": self.items_read}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state["dataset"])
+        self._resume_at = state["items_read"]
+
+
+def collated_already(batch: Any) -> Any:
+    """The collate function of a loader over :class:`SeededFetches`, whose fetches collate themselves."""
+    return batch
+
+
+# The DataLoader arguments a rebuilt loader takes over from the user's (the batching ones are replaced).
+_LOADER_ARGUMENTS = (
+    "num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
+    "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order", "snapshot_every_n_steps",
+)
+
+
+def with_seeded_worker_fetches(loader: DataLoader) -> DataLoader:
+    """``loader`` rebuilt (same class, same settings) so that its workers fetch under seeds of the batch's
+    (or item's) place; ``loader`` itself where there is nothing to seed (no workers, no batch sampler)."""
+    if not loader.num_workers:
+        return loader
+    arguments = {name: getattr(loader, name) for name in _LOADER_ARGUMENTS if hasattr(loader, name)}
+    if isinstance(loader.dataset, IterableDataset):
+        stream = StatefulSeededStream if _has_state(loader.dataset) else SeededStream
+        return type(loader)(
+            stream(loader.dataset), batch_size=loader.batch_size, drop_last=loader.drop_last,
+            collate_fn=loader.collate_fn, **arguments,
+        )
+    if loader.batch_sampler is None:
+        return loader
+    return type(loader)(
+        SeededFetches(loader.dataset, loader.collate_fn),
+        batch_sampler=PositionedBatches(loader.batch_sampler),
+        collate_fn=collated_already,
+        **arguments,
+    )
+
+
+def _has_state(part: Any) -> bool:
+    return callable(getattr(part, "state_dict", None)) and callable(getattr(part, "load_state_dict", None))
