@@ -43,6 +43,8 @@ class LoopCase:
     repeats: int = 1  # epochs of each variant per round, alternating (a round trains samples x repeats)
     target_over_us: float | None = None  # the most CPU microseconds per microbatch ELFES may add
     target_speed: float | None = None  # the least samples/s ratio ELFES / hand loop
+    augment: bool = False  # every sample read with random noise and a random sign flip (global torch generator)
+    workers: int = 0  # DataLoader worker processes of both loops
 
     @property
     def microbatches(self) -> int:
@@ -51,16 +53,23 @@ class LoopCase:
 
     def describe(self) -> str:
         extras = (f", evaluation every {self.evaluate_every} steps" if self.evaluate_every else "") + (
-            f", EMA {self.ema_decay}" if self.ema_decay else "")
+            f", EMA {self.ema_decay}" if self.ema_decay else "") + (", augmented" if self.augment else "") + (
+            f", {self.workers} workers" if self.workers else "")
         return f"{self.depth}x{self.width} MLP, batch {self.batch_size}{extras}"
 
 
 def cases(smoke: bool) -> list[LoopCase]:
     if smoke:
         # Too short for the targets (an epoch's fixed costs weigh on 32 microbatches): a check that it runs.
-        return [LoopCase("tiny", 16, 2, 8, 256), LoopCase("tiny+eval+ema", 16, 2, 8, 256, 16, 0.999, 64)]
+        return [LoopCase("tiny", 16, 2, 8, 256), LoopCase("tiny+augment", 16, 2, 8, 256, augment=True),
+                LoopCase("tiny+augment+2workers", 16, 2, 8, 256, augment=True, workers=2),
+                LoopCase("tiny+eval+ema", 16, 2, 8, 256, 16, 0.999, 64)]
     return [
         LoopCase("tiny", 16, 2, 8, 2048, repeats=4, target_over_us=100),
+        # The engine's extra CPU per microbatch with augmentation, against the same case without it.
+        LoopCase("tiny+augment", 16, 2, 8, 2048, repeats=4, augment=True),
+        LoopCase("tiny+2workers", 16, 2, 8, 2048, repeats=4, workers=2),
+        LoopCase("tiny+augment+2workers", 16, 2, 8, 2048, repeats=4, augment=True, workers=2),
         LoopCase("mlp", 512, 4, 64, 4096, repeats=4, target_speed=0.98),
         LoopCase("tiny+eval+ema", 16, 2, 8, 4096, evaluate_every=64, ema_decay=0.999, repeats=2),
     ]
@@ -74,9 +83,24 @@ def make_model(case: LoopCase) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(case.width, 1))
 
 
-def make_data(samples: int, seed: int) -> TensorDataset:
+def make_data(samples: int, seed: int, augment: bool = False) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(samples, FEATURES, generator=generator), torch.randn(samples, 1, generator=generator))
+    tensors = torch.randn(samples, FEATURES, generator=generator), torch.randn(samples, 1, generator=generator)
+    return AugmentedData(*tensors) if augment else TensorDataset(*tensors)
+
+
+class AugmentedData(TensorDataset):
+    """Each sample read with noise and a random sign flip, drawn from the global torch generator as
+    torchvision's transforms draw."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = super().__getitem__(index)
+        sign = -1.0 if torch.rand(()) < 0.5 else 1.0
+        return sign * inputs + 0.1 * torch.randn_like(inputs), targets
+
+
+def train_loader(case: LoopCase, train: TensorDataset) -> DataLoader:
+    return DataLoader(train, batch_size=case.batch_size, num_workers=case.workers)
 
 
 def step(model: nn.Module, batch: Any) -> StepOutput:
@@ -97,7 +121,7 @@ def evaluation_step(model: nn.Module, batch: Any) -> StepOutput:
 def hand_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validation: TensorDataset) -> dict[str, float]:
     """The loop a researcher writes by hand for exact accumulation: weigh each microbatch's mean by its
     share of the window's samples, clip, step (and keep an EMA and evaluate it, when the case says so)."""
-    loader = DataLoader(train, batch_size=case.batch_size)
+    loader = train_loader(case, train)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     parameters = list(model.parameters())
     average = [p.detach().clone() for p in parameters] if case.ema_decay else None
@@ -151,7 +175,7 @@ def elfes_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validati
     evaluator = None
     if case.evaluate_every:
         evaluator = Evaluator(accelerator, {"validation": DataLoader(validation, batch_size=64)}, evaluation_step)
-    trainer = Trainer(accelerator, model, optimizer, DataLoader(train, batch_size=case.batch_size), step,
+    trainer = Trainer(accelerator, model, optimizer, train_loader(case, train), step,
                       evaluator=evaluator, ema_decay=case.ema_decay)
     evaluate_every = Interval(case.evaluate_every, "step") if case.evaluate_every else None
     config = TrainConfig(epochs=1, max_grad_norm=MAX_GRAD_NORM, evaluate_every=evaluate_every, checkpoint_every=None)
@@ -179,7 +203,7 @@ def lightning_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, vali
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     module = Module()
-    return timed(lambda: trainer.fit(module, DataLoader(train, batch_size=case.batch_size)))
+    return timed(lambda: trainer.fit(module, train_loader(case, train)))
 
 
 def lightning_available() -> bool:
@@ -204,7 +228,7 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
     for case in cases(smoke):
         finals: dict[str, nn.Module] = {}
         variants = {"hand": _Variant(hand_epoch, "hand", case, finals), "elfes": _Variant(elfes_epoch, "elfes", case, finals)}
-        if with_lightning and not case.evaluate_every:
+        if with_lightning and not case.evaluate_every and not (case.augment or case.workers):
             variants["lightning"] = _Variant(lightning_epoch, "lightning", case, finals)
         if not smoke:  # the hand loop against itself: how far apart identical code lands on this machine
             variants["hand again"] = _Variant(hand_epoch, "hand again", case, finals)
@@ -214,7 +238,22 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
             rows += _rows(case, samples, name, rounds, difference if name == "elfes" else None)
         if "hand again" in variants:
             rows.append(_noise_row(case, samples, rounds))
-    return rows
+    return rows + _augmentation_rows(rows)
+
+
+def _augmentation_rows(rows: list[Row]) -> list[Row]:
+    """ELFES's extra CPU per microbatch with augmentation against the same case without it (target: 10%)."""
+    over = {row.case: row for row in rows if row.measure == "ELFES: CPU µs per microbatch over the hand loop"}
+    derived = []
+    for augmented, plain in (("tiny+augment", "tiny"), ("tiny+augment+2workers", "tiny+2workers")):
+        if augmented in over and plain in over:
+            ours, theirs = over[augmented].result, over[plain].result
+            derived.append(Row(
+                "loop", augmented, f"ELFES's extra CPU µs per microbatch, augmented against {plain}", "µs", ours, theirs,
+                f"{plain} (no augmentation)", "difference", ours - theirs, target=f"<= {0.1 * abs(theirs):.1f}",
+                rounds=over[augmented].rounds,
+            ))
+    return derived
 
 
 def _noise_row(case: LoopCase, samples: dict[str, list[dict[str, float]]], rounds: int) -> Row:
@@ -235,7 +274,7 @@ class _Variant:
 
     def __init__(self, epoch: Any, name: str, case: LoopCase, finals: dict[str, nn.Module]) -> None:
         self.epoch, self.name, self.case, self.finals = epoch, name, case, finals
-        self.train, self.validation = make_data(case.samples, seed=1), make_data(case.validation_samples, seed=2)
+        self.train, self.validation = make_data(case.samples, seed=1, augment=case.augment), make_data(case.validation_samples, seed=2)
 
     def __call__(self) -> dict[str, float]:
         self.finals[self.name] = make_model(self.case)

@@ -61,14 +61,18 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
                                                          for part in parts) + ".")
     loss_first = divergence is not None and divergence.event == "train"
     workers = _workers(spec)
-    data = (f"The data order after a restart: {_job(spec)} reads its batches through a sampler or dataset with "
-            "state of its own (a counter, an iterator, its own torch.Generator or random.Random) that the checkpoint "
-            "does not hold. The engine restores the position in the epoch and the generators it owns; derive such "
-            "state from (seed, epoch) or give the object state_dict/load_state_dict and checkpoint it.")
+    data = (f"A stateful object without state_dict: {_job(spec)} reads its batches through a sampler, dataset or "
+            "stream with state of its own (a counter, an iterator position, a buffer) but no state_dict() and "
+            "load_state_dict(), so no checkpoint holds it and a restart begins it again. Give it both methods (the "
+            "trainer saves them for every rank and loads them on a mid-epoch resume), or derive the state from "
+            "set_epoch(epoch).")
     worker_randomness = (
-        "Randomness in DataLoader workers" + (f" (config sets {workers} workers)" if workers else "")
-        + ": a worker_init_fn or transform seeded from the clock, the pid or a global counter draws other numbers "
-        "after a restart. Seed it from the worker id and the DataLoader's generator.")
+        "A generator drawn from outside the engine's derivation" + (f" (config sets {workers} workers)" if workers else "")
+        + ": a transform, collate_fn or worker_init_fn that draws from a generator of its own "
+        "(numpy.random.default_rng(), random.Random, a torch.Generator, or one seeded from the clock or the pid) "
+        "draws other numbers after a restart. Draw from the global torch, NumPy or Python generators, which the "
+        "trainer seeds for every batch a worker fetches and restores in this process, or keep the generator in a "
+        "dataset with state_dict().")
     seeding = ("Seeding after the checkpoint is restored: set_seed or torch.manual_seed called inside the step, or "
                "after trainer.train(...) began, overwrites the generators the checkpoint restored. Seed once, "
                "before building the model and the data.")
@@ -76,8 +80,10 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
                "temperature or a step counter kept in Python restarts from its initial value"
                + (", and a command job's own process keeps anything it does not checkpoint" if spec.command else "")
                + ". Keep it in an object the trainer checkpoints, or recompute it from the TrainState.")
-    streaming = ("Streaming data: a source read in order (a file stream, a generator) starts again from its beginning "
-                 "instead of the saved position; use a map-style Dataset, which the engine resumes at its position.")
+    streaming = ("Data changed on disk: files appended, rewritten or re-shuffled between the interrupted attempt "
+                 "and its resume make the same position read other samples (a stream without state is read again "
+                 "from its epoch's start). Keep the training files unchanged while a run uses them: write new "
+                 "files instead of changing old ones.")
     replay = ("A kill replays the updates since the last complete checkpoint: anything advanced during the lost "
               "updates and not restored from the checkpoint (a counter, a generator outside the engine) differs.")
     ordered = [data, worker_randomness, seeding, streaming, outside] if loss_first else [seeding, outside, data,
@@ -107,6 +113,7 @@ def reproducibility_advice(spec: JobSpec, comparison: Comparison) -> list[str]:
         "Fix the thread count: " + (f"env sets OMP_NUM_THREADS={threads}; keep it" if threads else
                                     "set OMP_NUM_THREADS in the spec's env (or torch.set_num_threads)")
         + ", since CPU kernels round differently with another count.",
-        "Seed DataLoader workers (DataLoader(generator=...) and a worker_init_fn from the worker id), and set "
+        "Draw random augmentation from the global torch, NumPy or Python generators (the trainer seeds them for "
+        "every batch a DataLoader worker fetches), not from a generator of your own seeded from the clock, and set "
         "PYTHONHASHSEED in env if the job iterates over sets of strings.",
     ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DOCUMENTS = (REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md")),
-             REPOSITORY / "examples" / "charlm" / "README.md")
+             REPOSITORY / "examples" / "charlm" / "README.md", REPOSITORY / "examples" / "vision" / "README.md")
 _BLOCK = re.compile(r"(?:<!-- doc-test: (?P<name>[\w./-]+) -->\n)?```(?P<language>[\w-]*)\n(?P<text>.*?)```", re.S)
 
 

@@ -42,6 +42,8 @@ TESTED = {
     "run-directory/tree": "test_the_run_directory_tree_names_what_runpaths_names",
     "run-directory/states": "test_the_state_diagram_names_every_status",
     "slurm/cluster": "tests/slurm/test_cluster.py::test_the_cluster_commands_of_the_slurm_guide_start_and_stop_it",
+    "data/augmented.py": "test_the_data_examples_of_the_guide_resume_bitwise",
+    "data/streaming.py": "test_the_data_examples_of_the_guide_resume_bitwise",
     "engine/plain-script": "test_the_plain_script_trains_continues_and_runs_on_two_processes",
     "engine/pause.py": "test_the_engine_snippets_run_on_a_real_trainer",
     "engine/weights.py": "test_the_engine_snippets_run_on_a_real_trainer",
@@ -54,6 +56,7 @@ TESTED = {
     "rehearse/output": "test_the_tour_runs_as_written",
     "charlm/run": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "charlm/sample": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
+    "vision/run": "tests/examples/test_vision.py::test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise",
     "charlm/gpu": "tests/examples/test_charlm.py::test_the_gpu_spec_validates_and_dry_runs_for_slurm",
 }
 
@@ -235,6 +238,71 @@ def test_the_engine_snippets_run_on_a_real_trainer(tmp_path):
     exec(block("engine/weights.py").text, names)  # noqa: S102
     exported = torch.load(tmp_path / "model.pt", weights_only=True)
     assert set(exported) == {"weight", "bias"}
+
+
+def _guide_run(loader, step, directory: Path, **train_options):
+    """One launch of the guide's loader under a small trainer: the end state's tensors."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import set_seed
+
+    from elfes.engine import Interval, TrainConfig, Trainer
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    set_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.2), torch.nn.LazyLinear(2))
+    model(torch.zeros(1, *train_options.pop("input_shape")))  # materialise the lazy layer
+    trainer = Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), loader, step)
+    max_steps = train_options.pop("max_steps", None)
+    trainer.train(TrainConfig(epochs=2, max_steps=max_steps, checkpoint_every=Interval(1, "step")),
+                  checkpoint_dir=directory, **train_options)
+    return [tensor.clone() for tensor in model.state_dict().values()]
+
+
+def test_the_data_examples_of_the_guide_resume_bitwise(tmp_path):
+    import torch
+
+    from elfes.engine import StepOutput, StopRequest
+
+    def classify(model, batch):
+        inputs, labels = batch if isinstance(batch, (list, tuple)) else (batch["x"], batch["y"])
+        return StepOutput(loss=torch.nn.functional.cross_entropy(model(inputs), labels), num_samples=len(labels))
+
+    def paused_then_resumed(make_loader, directory, **options):
+        stop, calls = StopRequest(), {"n": 0}
+
+        def pausing(model, batch):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                stop.request("guide pause")
+            return classify(model, batch)
+
+        _guide_run(make_loader(), pausing, directory, stop=stop, **dict(options))
+        return _guide_run(make_loader(), classify, directory, resume_from=directory / "last", **dict(options))
+
+    names: dict = {}
+    exec(block("data/augmented.py").text, names)  # noqa: S102 - the guide's own code
+    images = torch.rand(40, 3, 10, 10, generator=torch.Generator().manual_seed(0))
+    labels = (images.mean(dim=(1, 2, 3)) > 0.5).long()
+    make = lambda: names["augmented_loader"](images, labels)  # noqa: E731
+    straight = _guide_run(make(), classify, tmp_path / "augmented", input_shape=(3, 8, 8))
+    resumed = paused_then_resumed(make, tmp_path / "augmented-paused", input_shape=(3, 8, 8))
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))
+
+    pytest.importorskip("datasets", reason="the data extra (pip install -e '.[data]') is not installed")
+    exec(block("data/streaming.py").text, names)  # noqa: S102
+    files = []
+    for shard in range(2):
+        path = tmp_path / f"part-{shard}.jsonl"
+        rows = [{"x": [float(shard), float(i)], "y": i % 2} for i in range(24)]
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        files.append(str(path))
+    make = lambda: names["stream_loader"](files, rank=0, world_size=1)  # noqa: E731
+    straight = _guide_run(make(), classify, tmp_path / "stream", input_shape=(2,), max_steps=8)
+    resumed = paused_then_resumed(make, tmp_path / "stream-paused", input_shape=(2,), max_steps=8)
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))
 
 
 def test_the_event_table_matches_the_schema():

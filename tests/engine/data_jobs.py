@@ -139,10 +139,41 @@ class StatefulImageStream(ImageStream):
         self.resume_position = state["position"]  # the next iteration starts there
 
 
+class ResumableSampler(torch.utils.data.Sampler):
+    """A sampler of the user's own that keeps its place in the epoch (``state_dict``/``load_state_dict``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.epoch = 0
+        self.yielded = 0
+        self.resume_at = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(1000 + self.epoch)).tolist()
+        start, self.resume_at = self.resume_at, 0
+        self.yielded = start
+        for index in order[start:]:
+            self.yielded += 1
+            yield index
+
+    def state_dict(self) -> dict[str, int]:
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.resume_at = state["yielded"]
+
+
 @dataclass(frozen=True)
 class DataCase:
     source: str = "torch"  # "torch" | "numpy" | "python"
     reader: str = "map"  # "map" | "stream" | "stateful-stream" | "stateful-loader" | "stateful-loader-stream" | "hf-stream"
+    # | "stateful-sampler"
     num_workers: int = 0
     persistent: bool = False
     prefetch_factor: int | None = None
@@ -183,6 +214,8 @@ def train_loader(case: DataCase) -> DataLoader:
             options["prefetch_factor"] = case.prefetch_factor
     if case.reader == "map":
         return DataLoader(AugmentedImages(case.source), shuffle=True, **options)
+    if case.reader == "stateful-sampler":
+        return DataLoader(AugmentedImages(case.source), sampler=ResumableSampler(IMAGES), **options)
     if case.reader == "stream":
         return DataLoader(ImageStream(case.source, stateful=False, length=case.stream_length), **options)
     if case.reader == "stateful-stream":

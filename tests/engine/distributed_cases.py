@@ -424,6 +424,48 @@ def resume_workers(out: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# 6b. Random augmentation in DataLoader workers on two ranks: a pause and a SIGTERM on rank 1
+
+
+@case
+def augmented_workers(out: Path) -> None:
+    from data_jobs import DataCase, train
+
+    data = DataCase(source="torch", num_workers=2)
+    # 5 batches per rank and epoch, windows of 2: microbatch 7 is batch 1 of epoch 1.
+    torch.save(train(data, out / "straight"), out / f"augmented-straight.rank{RANK}.pt")
+    train(data, out / "pause", interrupt=("pause", 7))
+    torch.save(train(data, out / "pause", resume=True), out / f"augmented-pause.rank{RANK}.pt")
+    stopped = train(data, out / "sigterm", interrupt=("sigterm", 7) if RANK == 1 else None)
+    torch.save(stopped, out / f"augmented-sigterm-stopped.rank{RANK}.pt")
+    torch.save(train(data, out / "sigterm", resume=True), out / f"augmented-sigterm.rank{RANK}.pt")
+    write_json(out / f"stream-refusals.rank{RANK}.json", stream_refusals(out))
+
+
+def stream_refusals(out: Path) -> dict[str, str]:
+    """What two ranks say of streams of unequal lengths, and of a stream without length that ends."""
+    from data_jobs import DataCase, ImageStream, train
+
+    class UnequalStream(ImageStream):
+        def __len__(self) -> int:
+            return 40 if RANK == 0 else 36
+
+    messages = {}
+    reset_accelerate()
+    model = nn.Linear(2, 1)
+    try:
+        Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1),
+                DataLoader(UnequalStream("torch", stateful=False), batch_size=4), mse_step)
+    except ValueError as refusal:
+        messages["unequal"] = str(refusal)
+    try:
+        train(DataCase(reader="stream", stream_length=False, epochs=100, max_steps=20), out / "ended")
+    except RuntimeError as failure:
+        messages["ended"] = str(failure)
+    return messages
+
+
+# ------------------------------------------------------------------------------------------------
 # 7. Asynchronous checkpoints on two ranks: the same files as synchronous ones, and a stop in flight
 
 ASYNC_SPEC = RunSpec(checkpoint_every=Interval(1, "step"), evaluate_every=Interval(2, "step"))

@@ -115,7 +115,7 @@ def test_pointers_are_relative_links_to_published_files_and_every_file_is_a_comp
         assert set(payload) == PAYLOAD_KEYS, f"{path.name}: {sorted(payload)}"
         assert payload["format"] == "elfes-checkpoint" and payload["version"] == 2
         assert isinstance(payload["ranks"], list) and len(payload["ranks"]) == 1  # one entry per rank
-        assert set(payload["ranks"][0]) == {"rng", "log_interval"}
+        assert set(payload["ranks"][0]) == {"rng", "log_interval", "data"}
         assert set(payload["ranks"][0]["rng"]) == {"python", "numpy", "torch", "cuda"}
         assert payload["state"]["step"] == step_of(path)
         assert isinstance(payload["ema"], dict) and payload["ema"]

@@ -177,3 +177,33 @@ def test_a_stateful_stream_read_by_torchdata_workers_resumes_mid_epoch_bitwise(t
     straight = train(case, tmp_path / "straight")
     for kind, end in interrupted_runs(case, tmp_path).items():
         assert_bitwise_equal(straight, end, f"StatefulDataLoader over a stream in workers, {kind}")
+
+
+def test_a_sampler_of_ones_own_with_state_is_saved_and_resumes_from_it_bitwise(tmp_path, monkeypatch):
+    from data_jobs import ResumableSampler
+
+    case = DataCase(reader="stateful-sampler")
+    straight = train(case, tmp_path / "straight")
+    loaded = []
+    original = ResumableSampler.load_state_dict
+    monkeypatch.setattr(ResumableSampler, "load_state_dict", lambda self, state: (loaded.append(state), original(self, state)))
+    for kind, end in interrupted_runs(case, tmp_path).items():
+        assert_bitwise_equal(straight, end, f"stateful sampler, {kind}")
+    assert {"yielded": 8} in loaded, "the pause after batch 8 resumes from the sampler's own state"
+
+
+def test_a_stateful_sampler_in_plain_workers_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match=r"its sampler \(ResumableSampler\) with state_dict\(\).*Use num_workers=0"):
+        train(DataCase(reader="stateful-sampler", num_workers=2), tmp_path)
+
+
+def test_a_loader_that_yields_batches_out_of_order_is_refused(tmp_path):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from elfes.engine import Trainer
+
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, num_workers=2, in_order=False)
+    with pytest.raises(ValueError, match=r"in_order=False.*Build it with in_order=True"):
+        Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), loader, lambda m, b: None)

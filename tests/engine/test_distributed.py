@@ -245,6 +245,25 @@ def test_a_real_sigterm_on_one_rank_mid_window_pauses_both_and_resumes_bitwise(l
     assert reports[1]["sigterm"]["signal"] == "SIGTERM" and reports[0]["sigterm"]["signal"] is None
 
 
+def test_random_augmentation_in_workers_on_two_ranks_resumes_bitwise_after_a_pause_and_a_sigterm_on_one_rank(launch):
+    output = launch("augmented_workers")
+    straight = per_rank_tensors(output, "augmented-straight")
+    assert not torch.equal(straight[0]["raw/conv.weight"], torch.zeros_like(straight[0]["raw/conv.weight"]))
+    assert_bitwise_equal(straight[0], straight[1], "rank 0 vs rank 1 (replicated weights)")
+    stopped = per_rank_tensors(output, "augmented-sigterm-stopped")
+    assert [bool(s["stopped"]) for s in stopped] == [True, True], "a SIGTERM on rank 1 stops both ranks"
+    for kind in ("pause", "sigterm"):
+        for rank, end in enumerate(per_rank_tensors(output, f"augmented-{kind}")):
+            assert_bitwise_equal(straight[rank], end, f"{kind}, rank {rank}")
+
+
+def test_ranks_streams_of_unequal_length_are_refused_and_a_stream_without_length_that_ends_stops_the_run(launch):
+    for rank, messages in enumerate(per_rank_json(launch("augmented_workers"), "stream-refusals")):
+        assert "training streams have [10, 9] batches per epoch" in messages["unequal"], rank
+        assert f"Rank {rank}'s training stream ended after 10 batches of epoch 0" in messages["ended"], rank
+        assert "give each rank's dataset a __len__" in messages["ended"], rank
+
+
 @pytest.mark.parametrize("case", ["resume", "resume_workers"])
 def test_stop_on_one_rank_stops_every_rank_at_the_same_boundary(launch, case):
     output = launch(case)

@@ -3,28 +3,31 @@ executor that ends bitwise equal (torch.equal on every tensor) to a straight run
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
 import yaml
+from local_jobs import (
+    JOB_TIMEOUT_S,
+    diagnostics,
+    events,
+    reaped_run_dirs,
+    state_of,
+    training_in_attempt_1,
+    wait_ended,
+    wait_for,
+)
 from run_comparison import assert_runs_bitwise_equal
 
 from elfes.launcher.cli.main import main as elfes
-from elfes.launcher.rundir import state as run_state
-from elfes.launcher.rundir.liveness import local_processes
-from elfes.launcher.rundir.paths import RunPaths
 from examples.charlm import job as charlm
 from examples.charlm import sample
 from examples.charlm.data import IGNORED, VOCABULARY, LibraryText, documents, encode, pad
@@ -34,7 +37,6 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 # A tiny model on 20 000 characters: 3 epochs of about 45 optimizer steps on two ranks, a train record each.
 TINY = {"train_chars": 20_000, "context": 32, "width": 32, "depth": 1, "heads": 2, "epochs": 3, "batch_size": 4,
         "accumulation": 2, "warmup_steps": 5, "evaluate_every": 10, "checkpoint_every": 10, "log_every": 1}
-JOB_TIMEOUT_S = 300.0
 
 
 def test_documents_keep_the_text_and_fit_the_context() -> None:
@@ -103,73 +105,9 @@ def write_spec(folder: Path, name: str, devices: dict[str, int]) -> Path:
     return path
 
 
-def events(run_dir: Path) -> list[dict[str, Any]]:
-    file = RunPaths(run_dir).events
-    found = []
-    for line in file.read_text().splitlines() if file.exists() else []:
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written
-    return found
-
-
-def state_of(run_dir: Path) -> run_state.RunState | None:
-    return run_state.load_state(RunPaths(run_dir))
-
-
-def job_gone(run_dir: Path) -> bool:
-    processes = local_processes(RunPaths(run_dir))
-    return not processes["controller"] and not processes["task"]
-
-
-def diagnostics(run_dir: Path) -> str:
-    paths = RunPaths(run_dir)
-    parts = [paths.state.read_text() if paths.state.exists() else "(no state.json)"]
-    for file in [*sorted(paths.logs.glob("attempt-*/rank-*.*")), paths.controller_log]:
-        if file.is_file():
-            parts += [f"--- {file} (tail) ---", file.read_text(errors="replace")[-3000:]]
-    return "\n".join(parts)
-
-
-def wait_for(condition: Callable[[], Any], what: str, run_dir: Path) -> Any:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {JOB_TIMEOUT_S:.0f} s waiting for {what}\n{diagnostics(run_dir)}")
-        time.sleep(0.05)  # polling interval of the condition
-    return value
-
-
-def wait_ended(run_dir: Path) -> run_state.RunState:
-    state = wait_for(lambda: (s := state_of(run_dir)) is not None and s.status in run_state.ENDED and s,
-                     "the run to end", run_dir)
-    wait_for(lambda: job_gone(run_dir), "the job's processes to exit", run_dir)
-    return state
-
-
-def training_in_attempt_1(run_dir: Path, tasks: int) -> bool:
-    """Every rank recorded its pid for attempt 1 and the run logged a train record."""
-    paths = RunPaths(run_dir)
-    try:
-        pids = [json.loads(paths.pid_file(rank).read_text()) for rank in range(tasks)]
-    except (FileNotFoundError, ValueError):
-        return False
-    return all(pid["attempt"] == 1 for pid in pids) and any(event["event"] == "train" for event in events(run_dir))
-
-
 @pytest.fixture
-def run_dirs(tmp_path: Path) -> Iterator[list[Path]]:
-    """Run directories whose jobs are SIGKILLed at teardown if still alive."""
-    submitted: list[Path] = []
-    yield submitted
-    for run_dir in submitted:
-        processes = local_processes(RunPaths(run_dir))
-        for pid in processes["controller"] + processes["task"]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def run_dirs() -> Iterator[list[Path]]:
+    yield from reaped_run_dirs()
 
 
 @pytest.mark.parametrize("devices", DEVICES.values(), ids=DEVICES.keys())

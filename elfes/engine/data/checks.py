@@ -109,9 +109,3 @@ def check_training_loader(accelerator: Accelerator, dataloader: DataLoader) -> N
                 f"{dataloader.num_workers} that state lives in the worker processes (or runs ahead of the trained "
                 f"batches by the prefetched ones), where a checkpoint cannot reach it. {fix}"
             )
-    if streaming and accelerator.num_processes > 1 and accelerator.dataloader_config.dispatch_batches:
-        raise ValueError(
-            "The training stream would be read by rank 0 and dispatched (dispatch_batches=True); exact training "
-            "reads each rank's own stream. Create the Accelerator with DataLoaderConfiguration(dispatch_batches=False) "
-            "and shard the stream by rank (datasets.distributed.split_dataset_by_node for Hugging Face datasets)."
-        )

@@ -1,0 +1,79 @@
+"""The vision example: augmentation drawn in four DataLoader workers, preempted through its README's
+commands on the local executor, ends bitwise equal (torch.equal on every tensor) to a straight run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from local_jobs import JOB_TIMEOUT_S, diagnostics, reaped_run_dirs, training_in_attempt_1, wait_ended, wait_for
+from run_comparison import assert_runs_bitwise_equal
+
+from examples.vision.data import RandomCropAndFlip, augmentation, bars
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# 128 images in batches of 16, 3 epochs: 24 updates, a train record each; four workers as in job.yaml.
+TINY = {"train_images": 128, "validation_images": 64, "batch_size": 16, "epochs": 3, "workers": 4, "log_every": 1}
+
+
+@pytest.fixture
+def run_dirs() -> Iterator[list[Path]]:
+    yield from reaped_run_dirs()
+
+
+def test_the_stand_in_augmentation_draws_from_the_global_torch_generator_as_torchvision_does() -> None:
+    image = bars(1, 20, seed=0)[0][0]
+    crops = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        crops.append(RandomCropAndFlip(16)(image))
+    assert crops[0].shape == (3, 16, 16)
+    assert torch.equal(crops[0], crops[1]) and not torch.equal(crops[0], crops[2])
+    transform, source = augmentation(16)
+    assert source in ("torchvision", "stand-in") and transform(image).shape == (3, 16, 16)
+
+
+def _readme_block(name: str) -> list[str]:
+    text = (REPOSITORY / "examples" / "vision" / "README.md").read_text()
+    block = text.split(f"<!-- doc-test: {name} -->\n```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def _elfes(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    assert command.startswith("elfes ")
+    completed = subprocess.run([str(Path(sys.executable).with_name("elfes")), *command.split()[1:]], cwd=cwd,
+                               capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(cwd)})
+    assert completed.returncode == 0, f"{command}: {completed.stdout[-2000:]}{completed.stderr[-2000:]}"
+    return completed
+
+
+def test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise(tmp_path: Path, run_dirs: list[Path]) -> None:
+    """The README's submit, preempt and status lines in a copy whose job.yaml holds the TINY config, beside
+    a straight run of the same spec; the preemption waits until attempt 1 trains ("any time while it trains")."""
+    shutil.copytree(REPOSITORY / "examples", tmp_path / "examples")
+    spec_file = tmp_path / "examples" / "vision" / "job.yaml"
+    spec = {**yaml.safe_load(spec_file.read_text()), "config": TINY}
+    spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    straight_spec = tmp_path / "straight.yaml"
+    straight_spec.write_text(yaml.safe_dump({**spec, "name": "straight", "workdir": str(tmp_path),
+                                             "run_dir": str(tmp_path / "runs" / "straight")}, sort_keys=False))
+    submit, preempt, until_ended = _readme_block("vision/run")
+    run_dir, straight = tmp_path / "runs" / "vision", tmp_path / "runs" / "straight"
+    run_dirs.extend([run_dir, straight])
+    _elfes(submit, tmp_path)
+    _elfes(f"elfes submit {straight_spec}", tmp_path)
+    wait_for(lambda: training_in_attempt_1(run_dir, 1), "attempt 1 to train", run_dir)
+    _elfes(preempt, tmp_path)
+    _elfes(until_ended, tmp_path)
+    state = wait_ended(run_dir)
+    assert [a.outcome for a in state.attempts] == ["requeued", "finished"], diagnostics(run_dir)
+    assert 1 <= state.attempts[0].step < state.attempts[-1].step == 24, "the preemption landed mid-run"
+    assert wait_ended(straight).status == "finished", diagnostics(straight)
+    assert_runs_bitwise_equal(run_dir, straight)
