@@ -12,7 +12,9 @@
 #          pydantic submitit pytest "setuptools>=77"
 # 2. gpu-tests: python -m pytest -m gpu -rs on the test files that hold GPU tests (the engine's CUDA
 #    tests: placement, CUDA RNG, fp16/bf16 AMP and fused AdamW under pause and resume at every window
-#    boundary, bitwise); only those files, so that a module skipped for a missing optional package
+#    boundary, bitwise; torchvision's own RandomResizedCrop and RandomHorizontalFlip in DataLoader
+#    workers, paused and resumed bitwise, which needs torchvision for this torch: its wheel in .whl/
+#    or from the index); only those files, so that a module skipped for a missing optional package
 #    (matplotlib, tensorboard) is not counted.
 # 3. charlm-cuda: the charlm example on the GPU (bf16 autocast, fused AdamW) through `elfes submit`,
 #    preempted with `elfes preempt`, resumed, and compared with a straight run tensor by tensor
@@ -76,7 +78,11 @@ install() {
 import importlib.metadata as metadata
 import re
 
+import torch
+
 wanted = [r for r in metadata.requires("elfes") or [] if "extra ==" not in r] + ["pytest>=8"]
+if torch.cuda.is_available():  # torchvision's wheels are built against the CUDA torch only
+    wanted.append("torchvision")
 for requirement in wanted:
     name = re.match(r"[A-Za-z0-9_.-]+", requirement)[0]
     try:

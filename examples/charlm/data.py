@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 VOCABULARY = 128  # ASCII
 PAD = 0  # the input at a padding position (NUL, absent from source files; no real position attends to it)
@@ -85,6 +85,45 @@ class LibraryText(Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return self.documents[index]
+
+
+class DocumentStream(IterableDataset):
+    """The training documents as a stream, each rank reading its own share, cropped at random as read.
+
+    Rank ``rank`` of ``world_size`` reads every ``world_size``-th document (the shares cut to one length,
+    so that every rank's epoch has as many batches), in an order shuffled for each epoch from
+    ``(seed, epoch)``. Each document starts at a random offset in its first quarter, drawn from the global
+    torch generator as it is read (a random crop of a token stream). The position in the epoch is its
+    state (``state_dict``/``load_state_dict``), which the trainer saves for every rank in every checkpoint.
+    """
+
+    def __init__(self, documents: list[torch.Tensor], *, rank: int, world_size: int, seed: int) -> None:
+        share = len(documents) // world_size
+        self.documents = documents[rank::world_size][:share]
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0  # documents of this epoch read so far
+        self._resume_at = 0
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = torch.randperm(len(self.documents), generator=torch.Generator().manual_seed(self.seed * 1000 + self.epoch))
+        start, self._resume_at = self._resume_at, 0
+        for self.position, index in enumerate(order[start:].tolist(), start=start + 1):
+            document = self.documents[index]
+            offset = int(torch.randint(0, max(1, (len(document) - 2) // 4 + 1), (1,)).item())
+            yield document[offset:]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume_at = state["position"]
 
 
 def pad(batch: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

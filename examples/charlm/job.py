@@ -38,13 +38,15 @@ from elfes.engine import (
     WarmupDecay,
     weight_decay_groups,
 )
-from examples.charlm.data import IGNORED, VOCABULARY, LibraryText, pad
+from examples.charlm.data import IGNORED, VOCABULARY, DocumentStream, LibraryText, pad
 from examples.charlm.model import CharTransformer
 
 # What `config:` in a spec may set; anything else is refused by name.
 DEFAULTS: dict[str, Any] = {
-    # data: characters of training text, and the longest document (the model's context)
-    "train_chars": 1_000_000, "context": 128,
+    # data: characters of training text, the longest document (the model's context), and how it is read:
+    # "documents" (a shuffled map-style dataset) or "stream" (each rank's own stream of randomly cropped
+    # documents, resumed from its state_dict)
+    "train_chars": 1_000_000, "context": 128, "reader": "documents",
     # model
     "width": 128, "depth": 4, "heads": 4, "dropout": 0.1,
     # optimization: documents per rank and microbatch, microbatches per update
@@ -90,7 +92,14 @@ def main(job: Any) -> TrainState:
                                   lr=config["lr"], betas=(0.9, 0.95), fused=cuda)
     data = {split: LibraryText(split, train_chars=config["train_chars"], context=config["context"])
             for split in ("train", "validation")}
-    train_loader = DataLoader(data["train"], batch_size=config["batch_size"], shuffle=True, collate_fn=pad)
+    if config["reader"] == "stream":
+        stream = DocumentStream(data["train"].documents, rank=accelerator.process_index,
+                                world_size=accelerator.num_processes, seed=config["seed"])
+        train_loader = DataLoader(stream, batch_size=config["batch_size"], collate_fn=pad)
+    elif config["reader"] == "documents":
+        train_loader = DataLoader(data["train"], batch_size=config["batch_size"], shuffle=True, collate_fn=pad)
+    else:
+        raise ValueError(f"config reader is {config['reader']!r}; use 'documents' or 'stream'.")
     validation_loader = DataLoader(data["validation"], batch_size=2 * config["batch_size"], collate_fn=pad)
     evaluator = Evaluator(accelerator, {"validation": validation_loader}, step)
     with RunLogger(job.run_dir, is_main_process=accelerator.is_main_process) as logger:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -95,10 +96,10 @@ DEVICES = {
 }
 
 
-def write_spec(folder: Path, name: str, devices: dict[str, int]) -> Path:
-    """examples/charlm/job.yaml with the TINY config on ``devices``, its run directory ``folder/name``."""
+def write_spec(folder: Path, name: str, devices: dict[str, int], **config: Any) -> Path:
+    """examples/charlm/job.yaml with the TINY config (and ``config``) on ``devices``, its run directory ``folder/name``."""
     spec = yaml.safe_load((REPOSITORY / "examples" / "charlm" / "job.yaml").read_text())
-    spec.update(name=name, workdir=str(REPOSITORY), run_dir=str(folder / name), config=TINY)
+    spec.update(name=name, workdir=str(REPOSITORY), run_dir=str(folder / name), config={**TINY, **config})
     spec["resources"].update(devices)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -110,13 +111,16 @@ def run_dirs() -> Iterator[list[Path]]:
     yield from reaped_run_dirs()
 
 
+@pytest.mark.parametrize("reader", ["documents", "stream"])
 @pytest.mark.parametrize("devices", DEVICES.values(), ids=DEVICES.keys())
 def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[Path], devices: dict[str, int],
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """Documents of different lengths, on two gloo ranks or one GPU: preempted after its first train
+                                                reader: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Documents of different lengths (a shuffled dataset, or each rank's stream of randomly cropped
+    documents resumed from its state), on two gloo ranks or one GPU: preempted after its first train
     record, the job saves `last`, relaunches, resumes and ends tensor for tensor equal to a straight run."""
     for name in ("straight", "preempted"):
-        assert elfes(["submit", str(write_spec(tmp_path, name, devices)), "--executor", "local"]) == 0
+        spec = write_spec(tmp_path, name, devices, reader=reader)
+        assert elfes(["submit", str(spec), "--executor", "local"]) == 0
         run_dirs.append(tmp_path / name)
     straight, preempted = run_dirs
 

@@ -77,3 +77,47 @@ def test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise(tmp_pa
     assert 1 <= state.attempts[0].step < state.attempts[-1].step == 24, "the preemption landed mid-run"
     assert wait_ended(straight).status == "finished", diagnostics(straight)
     assert_runs_bitwise_equal(run_dir, straight)
+
+
+def _train_in_process(directory: Path, *, pause_at: int | None = None, resume: bool = False) -> list[torch.Tensor]:
+    """The vision job's model and data with torchvision's own transforms, trained here; its final weights."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+
+    from elfes.engine import Interval, StopRequest, TrainConfig, Trainer
+    from examples.vision.data import AugmentedBars
+    from examples.vision.job import SmallCNN, step
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    set_seed(0)
+    transform, source = augmentation(16)
+    assert source == "torchvision"
+    images, labels = bars(64, 20, seed=1)
+    loader = DataLoader(AugmentedBars(images, labels, transform), batch_size=8, shuffle=True, num_workers=2)
+    model, stop, calls = SmallCNN(), StopRequest(), {"n": 0}
+
+    def pausing(module, batch):
+        calls["n"] += 1
+        if calls["n"] == pause_at:
+            stop.request("test pause")
+        return step(module, batch)
+
+    trainer = Trainer(Accelerator(cpu=True), model, torch.optim.AdamW(model.parameters(), lr=3e-3), loader, pausing)
+    trainer.train(TrainConfig(epochs=2, checkpoint_every=Interval(1, "step")), checkpoint_dir=directory, stop=stop,
+                  resume_from=directory / "last" if resume else None)
+    return [tensor.clone() for tensor in model.state_dict().values()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torchvision's wheels need the CUDA build of torch")
+def test_torchvision_transforms_in_workers_resume_bitwise(tmp_path: Path) -> None:
+    """The real RandomResizedCrop and RandomHorizontalFlip, in two workers: paused mid-epoch and resumed,
+    the weights end torch.equal to a straight run (run by benchmarks/gpu_check.sh)."""
+    pytest.importorskip("torchvision", reason="install torchvision for the torch build of this machine")
+    straight = _train_in_process(tmp_path / "straight")
+    _train_in_process(tmp_path / "paused", pause_at=3)
+    resumed = _train_in_process(tmp_path / "paused", resume=True)
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))

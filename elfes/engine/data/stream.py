@@ -30,7 +30,7 @@ from ..rng import capture_rng, restore_rng
 from .checks import check_distributed_batching, check_training_loader, verify_rank_lengths
 from .fetch import PositionedBatches, with_seeded_worker_fetches
 from .state import is_stateful, stateful_parts
-from .workers import base_loader, iterate_sparing_workers
+from .workers import base_loader, iterate_sparing_workers, shut_down_workers
 
 _SEED_RANGE = 2**62
 
@@ -118,11 +118,14 @@ class TrainingData:
             loader, replay = self._resume_at(epoch, start, saved)
         loader.generator = self._worker_seeds
         iterator = iterate_sparing_workers(loader)
-        if replay:
-            self._discard(iterator, epoch, replay)
-        for batch in iterator:
-            yield batch if self._device is None else send_to_device(batch, self._device, non_blocking=self._non_blocking)
-
+        try:
+            if replay:
+                self._discard(iterator, epoch, replay)
+            for batch in iterator:
+                yield batch if self._device is None else send_to_device(batch, self._device, non_blocking=self._non_blocking)
+        finally:
+            if loader is not self.base and loader.persistent_workers:
+                shut_down_workers(loader)  # the loader of a resumed epoch's rest: its workers are done
     def _resume_at(self, epoch: int, start: int, saved: dict[str, Any]) -> tuple[DataLoader, int]:
         """The loader that continues ``epoch`` at batch ``start``, and how many of its batches to discard."""
         if "loader" in saved and self.stateful_loader:

@@ -83,10 +83,16 @@ def _shut_down_at_exit(loader: DataLoader) -> None:
 def shut_down_persistent_workers() -> None:
     """Stop the persistent workers of every loader the engine iterated; they restart on the next epoch."""
     for loader in list(_persistent_loaders):
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-        loader._iterator = None
+        shut_down_workers(loader)
+
+
+def shut_down_workers(loader: DataLoader) -> None:
+    """Stop the persistent workers of ``loader``, if it has any running."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None
+    _persistent_loaders.discard(loader)
 
 
 @contextmanager
