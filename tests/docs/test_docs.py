@@ -28,6 +28,8 @@ def _tests_conftest():
 
 launch_environment = _tests_conftest().launch_environment
 ELFES = str(Path(sys.executable).with_name("elfes"))
+# A bare machine's PATH: no virtual environment activated, so no torchrun, elfes or python of this one.
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Each block's name, and the test below that runs or checks it.
 TESTED = {
     "readme/make-run": "test_make_run_sets_up_then_runs_the_example_job_which_finishes",
@@ -59,11 +61,10 @@ TESTED = {
 
 
 def run(commands: list[str], cwd: Path, timeout_s: float = 900) -> list[subprocess.CompletedProcess]:
-    """Run each command as a shell would, with this interpreter's `elfes` and `python`."""
+    """Run each command as a shell would, with this interpreter's `elfes`, `python` and `torchrun` first on
+    PATH (launch_environment), whatever the caller's PATH holds."""
     done = []
     for command in commands:
-        command = re.sub(r"^elfes\b", ELFES, command)
-        command = re.sub(r"^python\b", sys.executable, command)
         completed = subprocess.run(command, shell=True, cwd=cwd, env=launch_environment(), capture_output=True,
                                    text=True, timeout=timeout_s)
         assert completed.returncode == 0, f"{command}: exit {completed.returncode}\n{completed.stdout[-3000:]}" \
@@ -211,6 +212,17 @@ def test_the_plain_script_trains_continues_and_runs_on_two_processes(tmp_path):
     assert two.stdout.count("finished at epoch 2") == 1  # only the main process prints
     prose = " ".join((REPOSITORY / "docs" / "engine.md").read_text().split())
     assert "143 for SIGTERM, 130 for SIGINT or Ctrl-C, 140 for SIGUSR2" in prose  # tests/examples check them
+
+
+def test_a_documented_torchrun_runs_on_a_path_that_holds_no_torchrun(tmp_path, monkeypatch):
+    """`make test` runs .venv/bin/python with .venv/bin not on PATH: the guide's torchrun line still runs."""
+    (command,) = [line for line in block("engine/plain-script").commands() if " torchrun " in f" {line}"]
+    # The system folders less any that holds a torchrun of its own, which would hide the one missing here.
+    bare = ":".join(folder for folder in SYSTEM_PATH.split(":") if not (Path(folder) / "torchrun").exists())
+    monkeypatch.setenv("PATH", bare)
+    (completed,) = run([command + " --epochs 1"], repository_copy(tmp_path))
+    assert completed.stdout.count("finished at epoch 1") == 1
+    assert read_events(tmp_path / "runs" / "quickstart-2")[0]["world_size"] == 2
 
 
 def test_the_engine_snippets_run_on_a_real_trainer(tmp_path):
