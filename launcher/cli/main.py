@@ -143,12 +143,13 @@ def _wait(args: argparse.Namespace) -> int:
     import time
 
     from ..commands.status_wait import Until, wait_for
+    from ..rundir.lookup import UsageError, run_paths
 
     until = Until.parse(args.until or "ended")
     if args.timeout_s is not None and not args.timeout_s > 0:
-        from ..rundir.lookup import UsageError
-
         raise UsageError(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
+    for run_dir in args.run_dirs:
+        run_paths(run_dir)  # a path that is no run directory is refused before any wait, not after
     deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
     code = EXIT_OK
     for run_dir in args.run_dirs:
