@@ -32,9 +32,9 @@ ELFES = str(Path(sys.executable).with_name("elfes"))
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Each block's name, and the test below that runs or checks it.
 TESTED = {
-    "readme/make-run": "test_make_run_sets_up_then_runs_the_example_job_which_finishes",
+    "readme/make-run": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
     "readme/make-test": "test_make_test_is_what_ci_runs",
-    "readme/tour": "test_the_tour_runs_as_written",
+    "readme/tour": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
     "readme/install": "test_the_install_commands_set_up_a_venv_then_torch_then_the_package",
     "first-job/my_job.py": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
     "first-job/job.yaml": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
@@ -52,8 +52,8 @@ TESTED = {
     "sweeps/commands": "test_the_sweep_of_the_guide_runs_every_member",
     "sweeps/status-table": "test_the_sweep_of_the_guide_runs_every_member",
     "readme/sweep-status": "test_the_sweep_of_the_guide_runs_every_member",
-    "rehearse/command": "test_the_tour_runs_as_written",
-    "rehearse/output": "test_the_tour_runs_as_written",
+    "rehearse/command": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
+    "rehearse/output": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
     "charlm/run": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "charlm/sample": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "charlm/gpu": "tests/examples/test_charlm.py::test_the_gpu_spec_validates_and_dry_runs_for_slurm",
@@ -94,16 +94,39 @@ def test_every_code_block_is_named_and_tested():
 
 
 # -- the README ----------------------------------------------------------------------------------------------
-def test_make_run_sets_up_then_runs_the_example_job_which_finishes(tmp_path):
+def test_make_run_finishes_the_example_job_then_the_tour_runs_as_written(tmp_path):
+    """`make run`, then in the same folder the tour's commands in order, as a reader follows the README; then
+    the rehearsal's documented output: the same lines a real one prints."""
     assert block("readme/make-run").commands() == ["make run"]
     makefile = (REPOSITORY / "Makefile").read_text()
     recipe = re.search(r"^run: setup\n\t(.+)$", makefile, flags=re.M)[1]
     assert recipe == "$(VENV)/bin/elfes submit examples/quickstart/job.yaml --follow"  # tests/test_makefile.py: set-up
-    (completed,) = run([recipe.replace("$(VENV)/bin/elfes", "elfes")], repository_copy(tmp_path))
+    folder = repository_copy(tmp_path)
+    (completed,) = run([recipe.replace("$(VENV)/bin/elfes", "elfes")], folder)
     assert "submitted as local job" in completed.stdout and "elfes: run finished" in completed.stdout
     run_dir = tmp_path / "runs" / "quickstart-job"
     assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
     assert [event["event"] for event in read_events(run_dir)].count("finished") == 1
+
+    commands = block("readme/tour").commands()
+    assert block("rehearse/command").commands() == [commands[-1]]
+    done = run(commands, folder)
+    run_dir = tmp_path / "runs" / "tour"
+    state = json.loads((run_dir / "state.json").read_text())
+    assert [(a["launch"], a["outcome"]) for a in state["attempts"]] == [
+        ("submit", "requeued"), ("requeue", "finished"), ("resume", "finished")]
+    assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 8 * 128  # 8 epochs of 128 updates
+    assert (run_dir / "plot.png").stat().st_size > 0
+    rehearsal = done[-1].stdout
+    assert "verdict: exact" in rehearsal
+    documented = block("rehearse/output").text
+    for kind in ("requeue", "stop", "kill"):
+        assert re.search(rf"interruption \d/3: {kind} at step \d+", rehearsal) and kind in documented
+    shape = [re.sub(r"\d+", "N", line.split(" (")[0]) for line in documented.splitlines() if line.startswith("straight")]
+    assert shape == [re.sub(r"\d+", "N", line.split(" (")[0]) for line in rehearsal.splitlines()
+                     if line.startswith("straight")]
+    report = json.loads((tmp_path / "runs" / "quickstart-job.rehearsal" / "report.json").read_text())
+    assert report["verdict"] == "exact" and len(report["interruptions"]) == 3
 
 
 def test_make_test_is_what_ci_runs():
@@ -122,29 +145,6 @@ def test_the_install_commands_set_up_a_venv_then_torch_then_the_package():
     assert '$(PIP) install --quiet -e ".[test]"' in (REPOSITORY / "Makefile").read_text()
     python = re.search(r'requires-python = ">=(\d+\.\d+)"', (REPOSITORY / "pyproject.toml").read_text())[1]
     assert f"Python {python} or newer" in (REPOSITORY / "README.md").read_text()
-
-
-def test_the_tour_runs_as_written(tmp_path):
-    """The tour's commands in order, then the rehearsal's documented output: the same lines a real one prints."""
-    commands = block("readme/tour").commands()
-    assert block("rehearse/command").commands() == [commands[-1]]
-    done = run(commands, repository_copy(tmp_path))
-    run_dir = tmp_path / "runs" / "quickstart-job"
-    state = json.loads((run_dir / "state.json").read_text())
-    assert [(a["launch"], a["outcome"]) for a in state["attempts"]] == [
-        ("submit", "requeued"), ("requeue", "finished"), ("resume", "finished")]
-    assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 8 * 128  # 8 epochs of 128 updates
-    assert (run_dir / "plot.png").stat().st_size > 0
-    rehearsal = done[-1].stdout
-    assert "verdict: exact" in rehearsal
-    documented = block("rehearse/output").text
-    for kind in ("requeue", "stop", "kill"):
-        assert re.search(rf"interruption \d/3: {kind} at step \d+", rehearsal) and kind in documented
-    shape = [re.sub(r"\d+", "N", line.split(" (")[0]) for line in documented.splitlines() if line.startswith("straight")]
-    assert shape == [re.sub(r"\d+", "N", line.split(" (")[0]) for line in rehearsal.splitlines()
-                     if line.startswith("straight")]
-    report = json.loads((tmp_path / "runs" / "quickstart-job.rehearsal" / "report.json").read_text())
-    assert report["verdict"] == "exact" and len(report["interruptions"]) == 3
 
 
 # -- the guides --------------------------------------------------------------------------------------------------
