@@ -67,12 +67,13 @@ def interpreter_first_on_path(path: str | None) -> str:
 
 def launch_environment(**extra: str) -> dict[str, str]:
     """The environment of a child process: this interpreter's folder first on PATH, CPU collectives (gloo),
-    one thread, the repo importable."""
+    one thread, the repo importable, no COLUMNS (piped tables keep their width, whatever the terminal's)."""
     environment = {
         name: value
         for name, value in os.environ.items()
         if not (name.startswith(GUARDED_ENVIRONMENT_PREFIXES) or name in GUARDED_ENVIRONMENT_NAMES)
     }
+    environment.pop("COLUMNS", None)
     python_path = [str(REPOSITORY / "tests" / "engine"), str(REPOSITORY)]
     if environment.get("PYTHONPATH"):
         python_path.append(environment["PYTHONPATH"])
