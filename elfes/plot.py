@@ -203,10 +203,11 @@ def _stack_labels(ax, texts: Sequence[Text]) -> None:
 
 
 def _short_label(run: RunCurves, marker: Marker) -> str:
-    """A stop is named by its signal, a kill ``kill``, a failure by its exception; the line style says the rest."""
+    """A stop is named by its signal (a cancel ``cancel``), a kill ``kill``, a failure by its exception; the line
+    style says the rest."""
     attempt = run.timeline.attempts[marker.attempt - 1]
     if marker.kind == "stop":
-        return str(attempt.stop_signal)
+        return "cancel" if attempt.cancelled else str(attempt.stop_signal)
     if marker.kind == "failed":
         return str(attempt.failure)
     return "kill" if marker.kind == "killed" else marker.kind

@@ -59,19 +59,28 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
+def interpreter_first_on_path(path: str | None) -> str:
+    """``path`` with the folder of this interpreter first: a command's ``torchrun``, ``elfes`` and ``python``
+    are this environment's, also when it was not activated (`make test` runs .venv/bin/python)."""
+    return os.pathsep.join([str(Path(sys.executable).parent), path if path is not None else os.defpath])
+
+
 def launch_environment(**extra: str) -> dict[str, str]:
-    """The environment of a child process: CPU collectives (gloo), one thread, the repo importable."""
+    """The environment of a child process: this interpreter's folder first on PATH, CPU collectives (gloo),
+    one thread, the repo importable, no COLUMNS (piped tables keep their width, whatever the terminal's)."""
     environment = {
         name: value
         for name, value in os.environ.items()
         if not (name.startswith(GUARDED_ENVIRONMENT_PREFIXES) or name in GUARDED_ENVIRONMENT_NAMES)
     }
+    environment.pop("COLUMNS", None)
     python_path = [str(REPOSITORY / "tests" / "engine"), str(REPOSITORY)]
     if environment.get("PYTHONPATH"):
         python_path.append(environment["PYTHONPATH"])
     environment.update(
         ACCELERATE_USE_CPU="1",  # without it Accelerate on a CPU machine silently trains each rank alone
         OMP_NUM_THREADS="1",
+        PATH=interpreter_first_on_path(environment.get("PATH")),
         PYTHONPATH=os.pathsep.join(python_path),
     )
     environment.update(extra)

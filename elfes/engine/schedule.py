@@ -1,10 +1,13 @@
-"""Learning-rate multiplier schedules for ``torch.optim.lr_scheduler.LambdaLR``."""
+"""Learning-rate multiplier schedules for ``torch.optim.lr_scheduler.LambdaLR``, and where a scheduler
+built over a number of its steps ends (:func:`schedule_horizons`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Literal, get_args
+
+from torch.optim.lr_scheduler import ChainedScheduler, CosineAnnealingLR, OneCycleLR, PolynomialLR, SequentialLR
 
 Decay = Literal["cosine", "linear", "constant"]
 DECAY_KINDS: tuple[str, ...] = get_args(Decay)
@@ -129,3 +132,32 @@ def _require_fraction(name: str, value: object) -> float:
             "learning rate, so pass a fraction such as 0.1."
         )
     return float(value)
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """The step at which a schedule built over a number of its steps ends, and the field that says so."""
+
+    kind: str  # "CosineAnnealingLR"
+    field: str  # "T_max"
+    steps: int
+
+
+def schedule_horizons(scheduler: object) -> list[Horizon]:
+    """The horizons of ``scheduler``, counted in its own steps. Past its horizon a ``WarmupDecay`` and a
+    ``PolynomialLR`` hold their last factor, a ``CosineAnnealingLR`` climbs back up, and a ``OneCycleLR``
+    climbs once then refuses to step. Only the last part of a ``SequentialLR`` runs to the end."""
+    if isinstance(scheduler, SequentialLR):
+        start = scheduler._milestones[-1] if scheduler._milestones else 0
+        return [Horizon(h.kind, h.field, start + h.steps) for h in schedule_horizons(scheduler._schedulers[-1])]
+    if isinstance(scheduler, ChainedScheduler):
+        return [horizon for part in scheduler._schedulers for horizon in schedule_horizons(part)]
+    if isinstance(scheduler, CosineAnnealingLR):
+        return [Horizon("CosineAnnealingLR", "T_max", scheduler.T_max)]
+    if isinstance(scheduler, OneCycleLR):
+        return [Horizon("OneCycleLR", "total_steps", scheduler.total_steps)]
+    if isinstance(scheduler, PolynomialLR):
+        return [Horizon("PolynomialLR", "total_iters", scheduler.total_iters)]
+    lambdas = getattr(scheduler, "lr_lambdas", [])  # LambdaLR's, one per parameter group
+    steps = sorted({function.total_steps for function in lambdas if isinstance(function, WarmupDecay)})
+    return [Horizon("WarmupDecay", "total_steps", total) for total in steps]

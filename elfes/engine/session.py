@@ -9,6 +9,7 @@ parts of the trainer it is handed when the call begins.
 from __future__ import annotations
 
 import functools
+import math
 import time
 import uuid
 import warnings
@@ -31,7 +32,7 @@ from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epo
 from .loss import LossPath
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
 from .publish import BackgroundWriter, HostBuffers, publish
-from .schedule import WarmupDecay
+from .schedule import schedule_horizons
 from .stop import StopRequest, decisive_reason
 from .window import Scheduler, UpdateRule, WindowResult
 
@@ -124,16 +125,30 @@ class TrainingSession:
         payload = self.checkpointer.restore(source)
         resolved = source.resolve()
         self.restored = (resolved, payload["state"], payload["progress"])
+        self._check_schedule_horizons(resolved)
         self._repair_pointers(resolved)
-        for schedule in getattr(self.scheduler, "lr_lambdas", []):
-            if isinstance(schedule, WarmupDecay) and schedule.total_steps != self.budget.planned_steps:
-                warnings.warn(
-                    f"The learning-rate schedule restored from {resolved} decays until step {schedule.total_steps}, "
-                    f"but this run now plans {self.budget.planned_steps} steps. The checkpoint's schedule is kept, as exact "
-                    "continuation requires; to decay over the new budget, start a new run from its weights.",
-                    stacklevel=4,
-                )
         return str(resolved)
+
+    def _check_schedule_horizons(self, restored: Path) -> None:
+        """Warn where a restored schedule ends elsewhere than this budget (it was built over another one);
+        refuse a ``OneCycleLR`` that this budget would step past its end, which torch refuses mid-run."""
+        unit = "step" if self.config.scheduler_interval == "step" else "epoch"
+        planned = self.budget.planned_steps
+        if unit == "epoch":
+            planned = math.ceil(planned / self.budget.updates_per_epoch)
+        for horizon in schedule_horizons(self.scheduler):
+            if horizon.steps == planned:
+                continue
+            built = f"The {horizon.kind} restored from {restored} ends at {unit} {horizon.steps} ({horizon.field})"
+            if horizon.kind == "OneCycleLR" and horizon.steps < planned:
+                raise ValueError(
+                    f"{built}, but this run now plans {planned} {unit}s, and torch's OneCycleLR cannot step past its "
+                    f"end. Keep the budget at {horizon.steps} {unit}s or fewer, or start a new run from its weights.")
+            warnings.warn(
+                f"{built}, but this run now plans {planned} {unit}s. The checkpoint's schedule is kept, as exact "
+                f"continuation requires; to schedule over the new budget, start a new run from its weights.",
+                stacklevel=5,
+            )
 
     def _repair_pointers(self, restored: Path) -> None:
         """Point ``best`` at the state's best checkpoint and ``last`` at the restored one when a kill

@@ -58,6 +58,7 @@ class Attempt:
     last_step: int
     stop_signal: str | None = None  # the stop's signal (or reason when code requested it)
     failure: str | None = None  # the exception's type name
+    cancelled: bool = False  # the launcher recorded the stop as a cancel (`elfes cancel`)
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,8 @@ def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[st
     return attempts
 
 
-def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, followed: bool) -> Attempt:
+def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, outcome: str | None,
+             followed: bool) -> Attempt:
     first = events[0]
     kind = "start" if first.get("event") == "started" else ("requeue" if launch == "requeue" else "resume")
     start_step = _state_step(first) if first.get("event") in START_EVENTS else None
@@ -216,13 +218,15 @@ def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, f
         elif end == "failed":
             failure = str(end_event.get("exception") or "exception")
     return Attempt(number=number, launch=kind, start_step=start_step, end=end, end_step=end_step,
-                   last_step=max(steps, default=start_step), stop_signal=stop_signal, failure=failure)
+                   last_step=max(steps, default=start_step), stop_signal=stop_signal, failure=failure,
+                   cancelled=end == "stopped" and outcome == "cancelled")
 
 
 def _markers(attempt: Attempt) -> list[Marker]:
     markers = [Marker(attempt.start_step, attempt.launch, attempt.number, attempt.launch)]
     if attempt.end == "stopped":
-        markers.append(Marker(attempt.end_step, "stop", attempt.number, f"stop ({attempt.stop_signal})"))
+        stop = "cancel" if attempt.cancelled else "stop"
+        markers.append(Marker(attempt.end_step, "stop", attempt.number, f"{stop} ({attempt.stop_signal})"))
     elif attempt.end == "killed":
         markers.append(Marker(attempt.last_step, "killed", attempt.number, "killed"))
     elif attempt.end == "failed":
@@ -231,12 +235,14 @@ def _markers(attempt: Attempt) -> list[Marker]:
     return markers
 
 
-def build_timeline(events: Iterable[Mapping[str, Any]], *, launches: Sequence[str | None] | None = None) -> Timeline:
+def build_timeline(events: Iterable[Mapping[str, Any]], *, launches: Sequence[str | None] | None = None,
+                   outcomes: Sequence[str | None] | None = None) -> Timeline:
     """Derive attempts, markers and per-metric kept/lost series from a run's events. Any process.
 
     ``launches`` (optional) says how each start event came about, in order: ``"requeue"`` marks a
     relaunch by the launcher (``elfes plot`` reads it from ``state.json``); without it every
-    ``resumed`` event is a ``resume``.
+    ``resumed`` event is a ``resume``. ``outcomes`` (optional) says how the launcher recorded each
+    attempt's end: ``"cancelled"`` marks a stop as a cancel.
 
     Example:
         >>> events = [{"event": "started", "state": {"step": 0}},
@@ -251,9 +257,10 @@ def build_timeline(events: Iterable[Mapping[str, Any]], *, launches: Sequence[st
         [('start', 0), ('killed', 10), ('resume', 5)]
     """
     groups = _split_attempts(events)
-    launches = list(launches or ())
+    launches, outcomes = list(launches or ()), list(outcomes or ())
     attempts = [
-        _attempt(number, group, launches[number - 1] if number <= len(launches) else None, number < len(groups))
+        _attempt(number, group, launches[number - 1] if number <= len(launches) else None,
+                 outcomes[number - 1] if number <= len(outcomes) else None, number < len(groups))
         for number, group in enumerate(groups, start=1)
     ]
     # An attempt's point at step s is lost when a later attempt starts below s: that step was trained again.

@@ -26,7 +26,7 @@ from .exit_codes import (
     EXIT_RUN_FAILED,
     EXIT_RUN_STOPPED,
 )
-from .output import print_error, print_line, shell_quoted
+from .output import print_error, print_line, shell_quoted, table_console
 from .parser import build_parser
 
 
@@ -117,7 +117,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _run_status(args: argparse.Namespace) -> int:
     from ..commands import status
-    from .status import print_status, status_console
+    from .status import print_status
 
     code = EXIT_OK
     if args.wait or args.until is not None or args.timeout_s is not None:
@@ -127,7 +127,7 @@ def _run_status(args: argparse.Namespace) -> int:
         data = [result.to_json() for result in results]
         print_line(json.dumps(data[0] if len(data) == 1 else data, indent=2))
     else:
-        print_status(status_console(), results)
+        print_status(table_console(), results)
     return code if code != EXIT_OK else _status_exit_code(results)
 
 
@@ -143,12 +143,13 @@ def _wait(args: argparse.Namespace) -> int:
     import time
 
     from ..commands.status_wait import Until, wait_for
+    from ..rundir.lookup import UsageError, run_paths
 
     until = Until.parse(args.until or "ended")
     if args.timeout_s is not None and not args.timeout_s > 0:
-        from ..rundir.lookup import UsageError
-
         raise UsageError(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
+    for run_dir in args.run_dirs:
+        run_paths(run_dir)  # a path that is no run directory is refused before any wait, not after
     deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
     code = EXIT_OK
     for run_dir in args.run_dirs:

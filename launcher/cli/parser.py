@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+import textwrap
 
 import elfes
 
@@ -15,7 +17,7 @@ STATUS_WAIT = f"""\
 waiting (--wait, --until, --timeout-s), e.g. in a script or a tour:
   elfes status RUN_DIR --until training && elfes preempt RUN_DIR
   elfes status RUN_DIR --until step=40 --timeout-s 600
-  elfes status RUN_DIR --wait                     # until it ends; then the status table
+  elfes status RUN_DIR --wait    # until it ends; then the status table
   It exits {EXIT_OK} once every run reached the point (--until ended: once each finished), {EXIT_RUN_FAILED} when one ended
   failed first, {EXIT_RUN_STOPPED} stopped or cancelled first, {EXIT_NOT_NOW} when --timeout-s ran out or one finished
   without reaching it.
@@ -40,6 +42,45 @@ main(job), the entrypoint, runs in every task; `job` (elfes.launcher.job.runtime
 """
 
 
+# A line's indentation, and its first column where it is a table row ("  2    bad input: ..."): a
+# wrapped row continues under its second column.
+_ROW_HEAD = re.compile(r" *(?:\S+(?: \S+)*? {2,})?")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps descriptions and epilogs as written where they fit the terminal (COLUMNS); a line wider than
+    it is wrapped with the lines that continue it, under its text or its table row's second column."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines: list[str] = []
+        for line in text.splitlines():
+            if lines and _continues(lines[-1], line) and len(indent) + len(lines[-1]) > width:
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line)
+        filled = "\n".join(_wrapped(line, width, indent) for line in lines)
+        return filled + "\n" if text.endswith("\n") else filled
+
+
+def _hanging(line: str) -> int:
+    return _ROW_HEAD.match(line).end()
+
+
+def _continues(previous: str, line: str) -> bool:
+    """Whether ``line`` goes on with ``previous``'s text: indented to its text column, no row of its own."""
+    lead = len(line) - len(line.lstrip(" "))
+    return bool(line.strip()) and lead == _hanging(previous) and _hanging(line) == lead
+
+
+def _wrapped(line: str, width: int, indent: str) -> str:
+    if len(indent) + len(line) <= width:
+        return indent + line if line else line
+    lead = len(line) - len(line.lstrip(" "))
+    return textwrap.fill(line[lead:], width, initial_indent=indent + line[:lead],
+                         subsequent_indent=indent + " " * min(_hanging(line), width // 2),
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elfes",
@@ -47,14 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         "One YAML file describes a job; `elfes submit` runs it on SLURM or on this machine.",
         epilog=JOB_FIELDS + EXIT_CODES + "\nStart with: elfes init local-debug job.yaml (writes job.yaml and train.py); "
         "elfes submit job.yaml --follow",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"elfes {elfes.__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
     def verb(name: str, help_text: str, epilog: str = "") -> argparse.ArgumentParser:
         return verbs.add_parser(name, help=help_text, description=help_text, epilog=epilog + EXIT_CODES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
 
     def set_option(sub: argparse.ArgumentParser, what: str) -> None:
         sub.add_argument("--set", metavar="KEY=VALUE", dest="sets", action="append", default=[],

@@ -127,8 +127,3 @@ def print_status(console: Console, results: Sequence[Any]) -> None:
         for note in result.notes:
             console.print(f"{result.name or result.run_dir}: {note}", markup=False)
 
-
-def status_console() -> Console:
-    """The console of ``elfes status``: a terminal's width; to a file or pipe, wide enough for any table."""
-    console = Console(highlight=False, soft_wrap=False)
-    return console if console.is_terminal else Console(highlight=False, soft_wrap=False, width=10_000)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..rundir.sweep_record import is_sweep_dir
-from .output import print_line, shell_quoted
+from .output import print_line, shell_quoted, table_console
 
 SWEEP_HELP = ("run a sweep: one member per value (repeatable; several give every combination), e.g. "
               "--sweep config.lr=0.001,0.003 --sweep config.seed=0,1; each member is a run directory under run_dir")
@@ -130,11 +130,7 @@ def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], 
         data = [found[folder] for folder in args.run_dirs]
         print_line(json.dumps(data[0] if len(data) == 1 else data, indent=2))
         return 0
-    from rich.console import Console
-
-    console = Console(highlight=False, soft_wrap=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, soft_wrap=False, width=200)
+    console = table_console()
     for folder in sweeps:
         _sweep_table(console, sweep_status(folder))
     if runs:

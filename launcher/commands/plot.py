@@ -100,9 +100,10 @@ def _read_run(run_dir: Path, label: str | None = None) -> PlottedRun:
     except FileNotFoundError as error:
         raise UsageError(str(error)) from None
     state = run_state.load_state(paths)
-    launches = _launches(events, state.attempts if state is not None else ())
-    return PlottedRun(run_dir=run_dir, name=label or _run_name(paths),
-                      timeline=build_timeline(events, launches=launches))
+    recorded = _recorded_attempts(events, state.attempts if state is not None else ())
+    timeline = build_timeline(events, launches=[attempt and attempt.launch for attempt in recorded],
+                              outcomes=[attempt and attempt.outcome for attempt in recorded])
+    return PlottedRun(run_dir=run_dir, name=label or _run_name(paths), timeline=timeline)
 
 
 def _run_name(paths: RunPaths) -> str:
@@ -129,14 +130,16 @@ def _time(text: Any) -> datetime | None:
         return None
 
 
-def _launches(events: Sequence[Mapping[str, Any]], attempts: Sequence[run_state.Attempt]) -> list[str | None]:
-    """How each start event came about: the launch of the last attempt that began before it (rank 0
-    records an attempt in state.json before the engine starts), None when unknown."""
-    begun = [(started, attempt.launch) for attempt in attempts if (started := _time(attempt.started_at)) is not None]
-    launches: list[str | None] = []
+def _recorded_attempts(events: Sequence[Mapping[str, Any]],
+                       attempts: Sequence[run_state.Attempt]) -> list[run_state.Attempt | None]:
+    """The state.json attempt of each start event: the last one that began before it (rank 0 records
+    an attempt before the engine starts), None when unknown."""
+    begun = [(started, attempt) for attempt in attempts if (started := _time(attempt.started_at)) is not None]
+    recorded: list[run_state.Attempt | None] = []
     for event in events:
         if event.get("event") not in START_EVENTS:
             continue
         at = _time(event.get("time"))
-        launches.append(next((launch for started, launch in reversed(begun) if at is not None and started <= at), None))
-    return launches
+        recorded.append(next((attempt for started, attempt in reversed(begun) if at is not None and started <= at),
+                             None))
+    return recorded

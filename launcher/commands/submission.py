@@ -131,7 +131,7 @@ def _finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) 
     if recorded is None or budget_raised(recorded, spec):
         return None
     return (f"{paths.run_dir}: the run is finished; submitting it again would train nothing. To train further, "
-            f"raise its budget: {extend_hint(paths, spec)}")
+            f"raise its budget: {extend_hint(paths, recorded)}")
 
 
 def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str) -> Submitted:

@@ -22,6 +22,7 @@ Torch-free.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sys
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..rundir.command_group import CommandGroup, child_subreaper, dispositions, group_members, signal_group
 from ..rundir.paths import RunPaths
@@ -73,7 +75,7 @@ def run_command(
     """
     end_leftover_group(paths, rank, kill_wait_s)
     with child_subreaper():
-        group = CommandGroup(argv)
+        group = CommandGroup(argv, env=command_environment())
         record = {"pgid": group.pgid, "host": socket.gethostname(), "attempt": attempt}
         write_command_record(paths, rank, record)
         forwarding = _Forwarding(group, flags, executor=executor, kill_wait_s=kill_wait_s,
@@ -98,6 +100,13 @@ def run_command(
     if note:
         _say(f"warning: {note}")
     return CommandEnd(reason, ending[1] if ending is not None else None, note)
+
+
+def command_environment() -> dict[str, str]:
+    """The task's environment with the job's interpreter's folder first on PATH: a command's bare ``python``
+    or ``torchrun`` is the job's own, also where its virtual environment was never activated."""
+    path = os.environ.get("PATH", os.defpath)
+    return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), path])}
 
 
 class _Forwarding:

@@ -12,7 +12,7 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,8 +118,8 @@ def dispositions(members: Iterable[int], signals: Iterable[int]) -> Dispositions
 class CommandGroup:
     """A command started as the leader of a new session; ``poll()`` reaps its members as they exit."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.leader = subprocess.Popen(argv, cwd=os.getcwd(), start_new_session=True,
+    def __init__(self, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        self.leader = subprocess.Popen(argv, cwd=os.getcwd(), env=env, start_new_session=True,
                                        preexec_fn=_dies_with_parent())
         self.pgid = self.leader.pid
         self.exit_codes: dict[int, int] = {}  # reaped member pid -> exit code (negative: killed by that signal)

@@ -208,7 +208,8 @@ class JobSpec(_Section):
         min_length=1,
         description="A program and its arguments run in every task instead of an entrypoint, e.g. "
         '[python, train.py, --run-dir, "{run_dir}"]; placeholders: ' + ", ".join(f"{{{k}}}" for k in COMMAND_PLACEHOLDERS)
-        + ". Exit code 0 is finished, 128 + a stop signal's number paused, anything else failed.",
+        + ". A bare program name is looked up on PATH with the folder of the job's Python interpreter first (its "
+        "python, torchrun, elfes). Exit code 0 is finished, 128 + a stop signal's number paused, anything else failed.",
     )
     workdir: Path = Field(
         Path("."), validate_default=True, description="Folder the job runs in and imports the entrypoint from; relative to the spec file."

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +73,7 @@ def parse_override(text: str) -> Override:
                         f"--set '{key}=\"...\"'") from None
     if isinstance(value, (dict, list)):
         raise SpecError(f"--set {key}={raw}: a {type(value).__name__}, not a single value; --set takes one scalar "
-                        "(a number, true/false, null or a string): set the items one by one (--set "
-                        f"{key}.NAME=VALUE) or edit the spec file")
+                        f"(a number, true/false, null or a string): {_instead_of_a_collection(path, value)}")
     if path in PATH_FIELDS and isinstance(value, str) and value.strip():
         value = os.path.abspath(os.path.expanduser(value))
     elif not isinstance(value, (str, int, float, bool, type(None))):
@@ -103,6 +103,33 @@ def _section_model(path: tuple[str, ...]) -> type[BaseModel] | None:
             return None
         model = annotation
     return model
+
+
+def _instead_of_a_collection(path: tuple[str, ...], value: dict | list) -> str:
+    """What to give for ``path`` instead of the list or mapping ``value``: what its field takes."""
+    key = ".".join(path)
+    section = _section_model(path)
+    if section is not None:
+        return (f"{key} is a section: set its fields one by one (--set {key}.FIELD=VALUE; its fields are: "
+                f"{', '.join(section.model_fields)})")
+    if any(path[:depth] in FREE_FORM for depth in range(1, len(path) + 1)):
+        if isinstance(value, dict):
+            return f"set its keys one by one (--set {key}.NAME=VALUE) or edit the spec file"
+        return f"write a list under {key} in the spec file"
+    parent = _section_model(path[:-1])
+    field = parent.model_fields.get(path[-1]) if parent is not None else None
+    if field is None:
+        return "edit the spec file"
+    if _holds_a_list(field.annotation):
+        return f"{key} is a list: write it in the spec file"
+    example = field.default if isinstance(field.default, (int, float, str)) else "VALUE"
+    return f"{key} takes one value; give it alone, e.g. --set {key}={example}"
+
+
+def _holds_a_list(annotation: Any) -> bool:
+    """Whether a field's type is a list (or a list or None)."""
+    return typing.get_origin(annotation) in (list, tuple) or any(
+        typing.get_origin(member) in (list, tuple) for member in typing.get_args(annotation))
 
 
 def _check_known(override: Override) -> None:

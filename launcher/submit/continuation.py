@@ -60,10 +60,11 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def extend_hint(paths: RunPaths, spec: JobSpec) -> str:
-    """The ``elfes resume --set`` line that would train a finished run further."""
-    epochs = spec.config.get("epochs")
-    max_steps = spec.config.get("max_steps")
+def extend_hint(paths: RunPaths, recorded: JobSpec) -> str:
+    """The ``elfes resume --set`` line that would train a finished run further: twice the budget it
+    ``recorded`` (not what a refused ``--set`` gave, which may be below it)."""
+    epochs = recorded.config.get("epochs")
+    max_steps = recorded.config.get("max_steps")
     if _is_count(max_steps):
         return f"elfes resume {paths.run_dir} --set config.max_steps={2 * max_steps}"
     if _is_count(epochs):

@@ -88,14 +88,22 @@ def choose_executor(requested: str) -> str:
     return requested
 
 
+# Characters of a path that sbatch and srun read in --output and --error: their names, and how they read them.
+SBATCH_PATH_CHARACTERS = {
+    "%": ("'%'", "as a file-name pattern (%j, %u, ...)"),
+    "\\": ("a backslash", "as turning the file-name patterns (%j) off, and drops it,"),
+}
+
+
 def check_executor(spec: JobSpec, executor: str) -> None:
     """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`); on
     ``slurm``, also a partition, account or QOS that the cluster, where one answers, does not have."""
     if executor == "slurm":
-        if "%" in str(spec.run_dir):
-            raise ExecutorError(
-                f"run_dir = {str(spec.run_dir)!r}: contains '%', which sbatch reads as a file-name pattern (%j, %u, "
-                "...) in the job's log paths below it; give a run directory without '%' for SLURM")
+        for character, (name, reading) in SBATCH_PATH_CHARACTERS.items():
+            if character in str(spec.run_dir):
+                raise ExecutorError(
+                    f"run_dir = {str(spec.run_dir)!r}: contains {name}, which sbatch reads {reading} in the job's "
+                    f"log paths below it, so the logs would go elsewhere; give a run directory without {name} for SLURM")
         problems = cluster_problems(spec)
         if problems:
             raise ExecutorError("\n".join(problems))

@@ -28,11 +28,13 @@ def _tests_conftest():
 
 launch_environment = _tests_conftest().launch_environment
 ELFES = str(Path(sys.executable).with_name("elfes"))
+# A bare machine's PATH: no virtual environment activated, so no torchrun, elfes or python of this one.
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Each block's name, and the test below that runs or checks it.
 TESTED = {
-    "readme/make-run": "test_make_run_sets_up_then_runs_the_example_job_which_finishes",
+    "readme/make-run": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
     "readme/make-test": "test_make_test_is_what_ci_runs",
-    "readme/tour": "test_the_tour_runs_as_written",
+    "readme/tour": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
     "readme/install": "test_the_install_commands_set_up_a_venv_then_torch_then_the_package",
     "first-job/my_job.py": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
     "first-job/job.yaml": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
@@ -52,8 +54,8 @@ TESTED = {
     "sweeps/commands": "test_the_sweep_of_the_guide_runs_every_member",
     "sweeps/status-table": "test_the_sweep_of_the_guide_runs_every_member",
     "readme/sweep-status": "test_the_sweep_of_the_guide_runs_every_member",
-    "rehearse/command": "test_the_tour_runs_as_written",
-    "rehearse/output": "test_the_tour_runs_as_written",
+    "rehearse/command": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
+    "rehearse/output": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
     "charlm/run": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "charlm/sample": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "vision/run": "tests/examples/test_vision.py::test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise",
@@ -62,11 +64,10 @@ TESTED = {
 
 
 def run(commands: list[str], cwd: Path, timeout_s: float = 900) -> list[subprocess.CompletedProcess]:
-    """Run each command as a shell would, with this interpreter's `elfes` and `python`."""
+    """Run each command as a shell would, with this interpreter's `elfes`, `python` and `torchrun` first on
+    PATH (launch_environment), whatever the caller's PATH holds."""
     done = []
     for command in commands:
-        command = re.sub(r"^elfes\b", ELFES, command)
-        command = re.sub(r"^python\b", sys.executable, command)
         completed = subprocess.run(command, shell=True, cwd=cwd, env=launch_environment(), capture_output=True,
                                    text=True, timeout=timeout_s)
         assert completed.returncode == 0, f"{command}: exit {completed.returncode}\n{completed.stdout[-3000:]}" \
@@ -96,16 +97,39 @@ def test_every_code_block_is_named_and_tested():
 
 
 # -- the README ----------------------------------------------------------------------------------------------
-def test_make_run_sets_up_then_runs_the_example_job_which_finishes(tmp_path):
+def test_make_run_finishes_the_example_job_then_the_tour_runs_as_written(tmp_path):
+    """`make run`, then in the same folder the tour's commands in order, as a reader follows the README; then
+    the rehearsal's documented output: the same lines a real one prints."""
     assert block("readme/make-run").commands() == ["make run"]
     makefile = (REPOSITORY / "Makefile").read_text()
     recipe = re.search(r"^run: setup\n\t(.+)$", makefile, flags=re.M)[1]
     assert recipe == "$(VENV)/bin/elfes submit examples/quickstart/job.yaml --follow"  # tests/test_makefile.py: set-up
-    (completed,) = run([recipe.replace("$(VENV)/bin/elfes", "elfes")], repository_copy(tmp_path))
+    folder = repository_copy(tmp_path)
+    (completed,) = run([recipe.replace("$(VENV)/bin/elfes", "elfes")], folder)
     assert "submitted as local job" in completed.stdout and "elfes: run finished" in completed.stdout
     run_dir = tmp_path / "runs" / "quickstart-job"
     assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
     assert [event["event"] for event in read_events(run_dir)].count("finished") == 1
+
+    commands = block("readme/tour").commands()
+    assert block("rehearse/command").commands() == [commands[-1]]
+    done = run(commands, folder)
+    run_dir = tmp_path / "runs" / "tour"
+    state = json.loads((run_dir / "state.json").read_text())
+    assert [(a["launch"], a["outcome"]) for a in state["attempts"]] == [
+        ("submit", "requeued"), ("requeue", "finished"), ("resume", "finished")]
+    assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 8 * 128  # 8 epochs of 128 updates
+    assert (run_dir / "plot.png").stat().st_size > 0
+    rehearsal = done[-1].stdout
+    assert "verdict: exact" in rehearsal
+    documented = block("rehearse/output").text
+    for kind in ("requeue", "stop", "kill"):
+        assert re.search(rf"interruption \d/3: {kind} at step \d+", rehearsal) and kind in documented
+    shape = [re.sub(r"\d+", "N", line.split(" (")[0]) for line in documented.splitlines() if line.startswith("straight")]
+    assert shape == [re.sub(r"\d+", "N", line.split(" (")[0]) for line in rehearsal.splitlines()
+                     if line.startswith("straight")]
+    report = json.loads((tmp_path / "runs" / "quickstart-job.rehearsal" / "report.json").read_text())
+    assert report["verdict"] == "exact" and len(report["interruptions"]) == 3
 
 
 def test_make_test_is_what_ci_runs():
@@ -124,29 +148,6 @@ def test_the_install_commands_set_up_a_venv_then_torch_then_the_package():
     assert '$(PIP) install --quiet -e ".[test]"' in (REPOSITORY / "Makefile").read_text()
     python = re.search(r'requires-python = ">=(\d+\.\d+)"', (REPOSITORY / "pyproject.toml").read_text())[1]
     assert f"Python {python} or newer" in (REPOSITORY / "README.md").read_text()
-
-
-def test_the_tour_runs_as_written(tmp_path):
-    """The tour's commands in order, then the rehearsal's documented output: the same lines a real one prints."""
-    commands = block("readme/tour").commands()
-    assert block("rehearse/command").commands() == [commands[-1]]
-    done = run(commands, repository_copy(tmp_path))
-    run_dir = tmp_path / "runs" / "quickstart-job"
-    state = json.loads((run_dir / "state.json").read_text())
-    assert [(a["launch"], a["outcome"]) for a in state["attempts"]] == [
-        ("submit", "requeued"), ("requeue", "finished"), ("resume", "finished")]
-    assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 8 * 128  # 8 epochs of 128 updates
-    assert (run_dir / "plot.png").stat().st_size > 0
-    rehearsal = done[-1].stdout
-    assert "verdict: exact" in rehearsal
-    documented = block("rehearse/output").text
-    for kind in ("requeue", "stop", "kill"):
-        assert re.search(rf"interruption \d/3: {kind} at step \d+", rehearsal) and kind in documented
-    shape = [re.sub(r"\d+", "N", line.split(" (")[0]) for line in documented.splitlines() if line.startswith("straight")]
-    assert shape == [re.sub(r"\d+", "N", line.split(" (")[0]) for line in rehearsal.splitlines()
-                     if line.startswith("straight")]
-    report = json.loads((tmp_path / "runs" / "quickstart-job.rehearsal" / "report.json").read_text())
-    assert report["verdict"] == "exact" and len(report["interruptions"]) == 3
 
 
 # -- the guides --------------------------------------------------------------------------------------------------
@@ -214,6 +215,17 @@ def test_the_plain_script_trains_continues_and_runs_on_two_processes(tmp_path):
     assert two.stdout.count("finished at epoch 2") == 1  # only the main process prints
     prose = " ".join((REPOSITORY / "docs" / "engine.md").read_text().split())
     assert "143 for SIGTERM, 130 for SIGINT or Ctrl-C, 140 for SIGUSR2" in prose  # tests/examples check them
+
+
+def test_a_documented_torchrun_runs_on_a_path_that_holds_no_torchrun(tmp_path, monkeypatch):
+    """`make test` runs .venv/bin/python with .venv/bin not on PATH: the guide's torchrun line still runs."""
+    (command,) = [line for line in block("engine/plain-script").commands() if " torchrun " in f" {line}"]
+    # The system folders less any that holds a torchrun of its own, which would hide the one missing here.
+    bare = ":".join(folder for folder in SYSTEM_PATH.split(":") if not (Path(folder) / "torchrun").exists())
+    monkeypatch.setenv("PATH", bare)
+    (completed,) = run([command + " --epochs 1"], repository_copy(tmp_path))
+    assert completed.stdout.count("finished at epoch 1") == 1
+    assert read_events(tmp_path / "runs" / "quickstart-2")[0]["world_size"] == 2
 
 
 def test_the_engine_snippets_run_on_a_real_trainer(tmp_path):

@@ -141,7 +141,8 @@ def test_a_torn_last_line_from_a_killed_run_is_skipped_and_logging_continues(tmp
     fresh_accelerate()
     with RunLogger(tmp_path, is_main_process=True, console=Console(file=io.StringIO())) as logger:
         run = build(SPEC.with_(epochs=3), logger=logger)
-        with pytest.warns(UserWarning, match="schedule restored from .* decays until step 8, but this run now plans 12"):
+        extended = r"WarmupDecay restored from .* ends at step 8 \(total_steps\), but this run now plans 12 steps"
+        with pytest.warns(UserWarning, match=extended):
             run.trainer.train(run.config, checkpoint_dir=tmp_path / "checkpoints", resume_from=tmp_path / "checkpoints" / "final")
     with pytest.warns(EventsFileWarning):
         events = read_events(tmp_path)

@@ -1,9 +1,20 @@
 import io
 import math
+import warnings
+from dataclasses import replace
 
 import pytest
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import (
+    ChainedScheduler,
+    CosineAnnealingLR,
+    LambdaLR,
+    LinearLR,
+    OneCycleLR,
+    PolynomialLR,
+    SequentialLR,
+)
+from workloads import RunSpec, build, fresh_accelerate
 
 from elfes.engine.schedule import WarmupDecay
 
@@ -175,3 +186,70 @@ def test_state_dict_round_trips_through_weights_only_checkpoint():
     assert resumed_optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
     expected = _train(optimizer, scheduler, steps=12)
     assert _train(resumed_optimizer, resumed_scheduler, steps=12) == expected
+
+
+# Schedules built over the planned steps, as a user writes them after `planned = trainer.planned_steps(config)`.
+BUILT_OVER_THE_PLAN = {
+    "WarmupDecay": lambda optimizer, planned: LambdaLR(optimizer, WarmupDecay(total_steps=planned, warmup_steps=1)),
+    "CosineAnnealingLR": lambda optimizer, planned: CosineAnnealingLR(optimizer, T_max=planned),
+    "PolynomialLR": lambda optimizer, planned: PolynomialLR(optimizer, total_iters=planned),
+    "SequentialLR": lambda optimizer, planned: SequentialLR(
+        optimizer, [LinearLR(optimizer, start_factor=0.5, total_iters=2),
+                    CosineAnnealingLR(optimizer, T_max=planned - 2)], milestones=[2]),
+    "ChainedScheduler": lambda optimizer, planned: ChainedScheduler(
+        [LinearLR(optimizer, start_factor=0.5, total_iters=2), CosineAnnealingLR(optimizer, T_max=planned)]),
+}
+SPEC = RunSpec(epochs=2, warmup=False, evaluate=False)  # 4 updates per epoch
+
+
+def _finished_then_resumed(tmp_path, build_schedule, epochs: int):
+    """A run trained to its end with ``build_schedule``'s scheduler, then rebuilt for ``epochs`` and resumed."""
+    for budget, resume_from in ((SPEC.epochs, None), (epochs, tmp_path / "last")):
+        fresh_accelerate()
+        run = build(SPEC.with_(epochs=budget))
+        run.trainer.scheduler = build_schedule(run.trainer.optimizer, run.trainer.planned_steps(run.config))
+        if resume_from is None:
+            run.trainer.train(run.config, checkpoint_dir=tmp_path)
+    return run, resume_from
+
+
+@pytest.mark.parametrize("kind", sorted(BUILT_OVER_THE_PLAN))
+def test_a_schedule_built_over_the_planned_steps_warns_when_the_run_is_extended(tmp_path, kind):
+    run, last = _finished_then_resumed(tmp_path, BUILT_OVER_THE_PLAN[kind], epochs=3)
+    ends = 8 if kind != "SequentialLR" else 2 + 6
+    with pytest.warns(UserWarning, match=rf"restored from .* ends at step {ends} .*, but this run now plans 12 steps\. "
+                                         "The checkpoint's schedule is kept"):
+        state = run.trainer.train(run.config, checkpoint_dir=tmp_path, resume_from=last)
+    assert state.step == 12
+
+
+@pytest.mark.parametrize("kind", sorted(BUILT_OVER_THE_PLAN))
+def test_a_schedule_resumed_with_its_own_budget_does_not_warn(tmp_path, kind):
+    run, last = _finished_then_resumed(tmp_path, BUILT_OVER_THE_PLAN[kind], epochs=SPEC.epochs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*schedule|.*restored from")
+        state = run.trainer.train(run.config, checkpoint_dir=tmp_path, resume_from=last)
+    assert state.step == 8
+
+
+def test_a_schedule_stepped_per_epoch_is_judged_in_epochs(tmp_path):
+    for budget, resume_from in ((SPEC.epochs, None), (3, tmp_path / "last")):
+        fresh_accelerate()
+        run = build(SPEC.with_(epochs=budget))
+        config = replace(run.config, scheduler_interval="epoch")
+        run.trainer.scheduler = CosineAnnealingLR(run.trainer.optimizer, T_max=config.epochs)
+        if resume_from is None:
+            run.trainer.train(config, checkpoint_dir=tmp_path)
+    with pytest.warns(UserWarning, match=r"CosineAnnealingLR restored from .* ends at epoch 2 \(T_max\), but this run "
+                                         r"now plans 3 epochs"):
+        state = run.trainer.train(config, checkpoint_dir=tmp_path, resume_from=resume_from)
+    assert state.epoch == 3
+
+
+def test_a_one_cycle_schedule_extended_past_its_total_steps_is_refused_before_training(tmp_path):
+    one_cycle = lambda optimizer, planned: OneCycleLR(optimizer, max_lr=0.05, total_steps=planned)  # noqa: E731
+    run, last = _finished_then_resumed(tmp_path, one_cycle, epochs=3)
+    with pytest.raises(ValueError, match=r"OneCycleLR restored from .* ends at step 8 \(total_steps\), but this run "
+                                         r"now plans 12 steps, .* Keep the budget at 8 steps or fewer"):
+        run.trainer.train(run.config, checkpoint_dir=tmp_path, resume_from=last)
+    assert run.trainer.state.step == 8

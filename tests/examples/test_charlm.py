@@ -160,10 +160,10 @@ def _readme_block(name: str) -> list[str]:
 
 
 def _shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = command.replace("elfes ", f"{Path(sys.executable).with_name('elfes')} ", 1) if command.startswith(
-        "elfes ") else command.replace("python ", f"{sys.executable} ", 1)
+    """``command`` as bash runs it, this interpreter's folder (its `elfes` and `python`) first on PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
     completed = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
-                               env={**os.environ, "PYTHONPATH": str(cwd)})
+                               env={**os.environ, "PATH": path, "PYTHONPATH": str(cwd)})
     assert completed.returncode == 0, f"{command}: {completed.stdout[-2000:]}{completed.stderr[-2000:]}"
     return completed
 

@@ -62,6 +62,23 @@ def test_the_help_texts_match_their_snapshot(monkeypatch, capsys):
     assert EXIT_CODES in texts[0]
 
 
+@pytest.mark.parametrize("columns", [60, 80])
+def test_every_help_text_fits_the_terminal_and_keeps_its_tables(monkeypatch, capsys, columns: int):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for argv in [[], *([name] for name in verbs(build_parser()))]:
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        text = capsys.readouterr().out
+        wide = [line for line in text.splitlines() if len(line) > columns]
+        assert wide == [], f"elfes {' '.join(argv)} --help at {columns} columns"
+        assert "\n  130  interrupted (Ctrl-C); a submission" in text, "an exit-code row keeps its columns"
+        assert "\n       " in text.split("exit codes:", 1)[1], "a wrapped row continues under its second column"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    words = " ".join(capsys.readouterr().out.split())  # the description, wrapped, says all it said
+    assert "ELFES: training jobs that survive preemption bitwise-exactly. One YAML file describes a job;" in words
+
+
 def test_bad_arguments_exit_2_with_the_usage_and_no_traceback(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["submit"])

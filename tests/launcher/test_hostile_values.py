@@ -175,6 +175,19 @@ def test_a_run_directory_with_a_percent_sign_is_refused_for_slurm_only(project: 
     assert main(["validate", str(spec), "--executor", "local"]) == 0
 
 
+def test_a_run_directory_with_a_backslash_is_refused_for_slurm_only(project: Path, capsys):
+    # sbatch drops a backslash of --output/--error and then expands no %j: the logs would go elsewhere.
+    run_dir = project / "runs\\a"
+    spec = base_spec(project, run_dir=str(run_dir))
+    for verb in (["validate", str(spec)], ["submit", str(spec), "--dry-run"]):
+        assert main([*verb, "--executor", "slurm"]) == 2
+        err = capsys.readouterr().err
+        assert f"run_dir = {str(run_dir)!r}: contains a backslash, which sbatch reads as turning" in err, err
+        assert "give a run directory without a backslash for SLURM" in err
+    assert main(["validate", str(spec), "--executor", "local"]) == 0
+    assert not run_dir.exists()
+
+
 def test_a_setup_line_sbatch_would_read_as_a_directive_is_refused(project: Path, capsys):
     # Without env exports the setup lines follow the directives: a `#SBATCH` comment there is one more directive.
     spec = base_spec(project, slurm={"signal_delay_s": 60, "setup": ["module load cuda", "  #SBATCH --time=1"]})

@@ -139,6 +139,16 @@ def test_resume_or_submit_of_a_finished_run_is_refused_with_the_line_that_extend
     assert {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()} == recorded
 
 
+def test_the_line_that_extends_a_finished_run_raises_its_recorded_budget_not_the_one_given(tmp_path: Path, capsys):
+    paths = make_run(tmp_path, outcome="finished")
+    paths.spec.write_text(paths.spec.read_text().replace("epochs: 1\n", "epochs: 200\n"))
+    for argv in (["resume", str(paths.run_dir), "--set", "config.epochs=1"],
+                 ["resume", str(paths.run_dir), "--set", "config.epochs=2"],
+                 ["submit", str(tmp_path / "demo.yaml"), "--executor", "local"]):  # its file says epochs: 1
+        assert main(argv) == 3
+        assert f"elfes resume {paths.run_dir} --set config.epochs=400" in capsys.readouterr().err, argv
+
+
 def test_a_run_that_finishes_while_a_submission_decides_is_refused_and_left_as_it_was(tmp_path: Path, capsys,
                                                                                       monkeypatch):
     import dataclasses

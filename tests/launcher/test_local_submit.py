@@ -139,6 +139,17 @@ def test_submit_follow_exits_0_when_the_run_finishes_and_4_when_it_fails(tmp_pat
     assert status(tmp_path / "bad" / "run")["status"] == "failed"
 
 
+def test_a_commands_bare_python_is_the_jobs_interpreter_on_a_path_without_it(tmp_path: Path, cleanup):
+    """`.venv/bin/elfes submit` with no virtual environment activated: the command's `python` is still its own."""
+    spec = write_spec(tmp_path, ["python", "-c", "import sys; open('interpreter.txt', 'w').write(sys.executable)"])
+    cleanup(tmp_path / "run")
+    followed = subprocess.run([ELFES, "submit", str(spec), "--executor", "local", "--follow"], cwd=tmp_path,
+                              env=launch_environment(PATH="/usr/local/bin:/usr/bin:/bin"), capture_output=True,
+                              text=True, timeout=120)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert (tmp_path / "interpreter.txt").read_text() == str(Path(sys.executable).with_name("python"))
+
+
 def test_submit_follow_on_a_terminal_draws_the_progress_bar(tmp_path: Path, cleanup):
     import pty
 

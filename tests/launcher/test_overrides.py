@@ -60,6 +60,20 @@ def test_a_bad_set_is_refused_naming_the_field_and_exits_2(tmp_path: Path, capsy
     assert "(with --set" in said or "--set" in said
 
 
+@pytest.mark.parametrize(("override", "advice"), [
+    ("resources.nodes=[1,2]", "resources.nodes takes one value; give it alone, e.g. --set resources.nodes=1"),
+    ("slurm.setup=[module load cuda]", "slurm.setup is a list: write it in the spec file"),
+    ("command=[python, train.py]", "command is a list: write it in the spec file"),
+    ("resources={nodes: 2}", "resources is a section: set its fields one by one (--set resources.FIELD=VALUE; "
+                             "its fields are: nodes, tasks_per_node"),
+    ("config.schedule={warmup: 2}", "set its keys one by one (--set config.schedule.NAME=VALUE) or edit the spec file"),
+    ("config.layers=[64, 64]", "write a list under config.layers in the spec file"),
+], ids=["number", "list-field", "command", "section", "config-mapping", "config-list"])
+def test_a_list_or_mapping_is_refused_with_what_its_field_takes(tmp_path: Path, capsys, override: str, advice: str):
+    code, said = validate(capsys, write_project(tmp_path), override)
+    assert code == 2 and "not a single value; --set takes one scalar" in said and advice in said, said
+
+
 def test_the_same_key_twice_is_refused(tmp_path: Path, capsys):
     code, said = validate(capsys, write_project(tmp_path), "config.epochs=2", "config.epochs=3")
     assert code == 2 and "--set config.epochs is given twice" in said

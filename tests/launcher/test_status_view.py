@@ -68,6 +68,18 @@ def test_a_wide_terminal_gets_the_table(tmp_path: Path, monkeypatch, capsys):
     assert "…" not in output and "attempts (UTC)" in output
 
 
+def test_piped_status_follows_columns_where_it_is_set(deep: Path, monkeypatch, capsys):
+    paths = make_run(deep, name="quickstart", outcome="finished", step=10)
+    assert main(["status", str(paths.run_dir)]) == 0  # a pipe, no COLUMNS: the table, however wide
+    (row,) = [line for line in shown(capsys).splitlines() if line.startswith(" quickstart (")]
+    assert len(row) > 80 and "│ finished" in row
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["status", str(paths.run_dir)]) == 0
+    output = shown(capsys)
+    assert "quickstart: finished, step 10/10" in output
+    assert all(len(line) <= 80 for line in output.splitlines()), output
+
+
 @pytest.mark.parametrize("width", [40, 80, 120])
 def test_no_cell_is_cut_at_any_width(tmp_path: Path, width: int):
     results = status_report.status([make_run(tmp_path / ("long-name-" * 3), outcome="cancelled", step=1234).run_dir])

@@ -80,6 +80,15 @@ def test_a_job_gone_without_its_end_is_not_waited_for(tmp_path: Path, capsys):
     assert "ended failed" in capsys.readouterr().err
 
 
+def test_a_path_that_is_no_run_directory_is_refused_before_waiting_for_the_others(live_run: RunPaths, tmp_path: Path,
+                                                                                 capsys):
+    missing = tmp_path / "no-such-run"
+    assert main(["status", str(live_run.run_dir), str(missing), "--until", "ended", "--timeout-s", "5"]) == 2
+    error = capsys.readouterr().err
+    assert f"{missing}: no such run directory" in error
+    assert "when --timeout-s ran out" not in error, "refused before waiting for the live run"
+
+
 @pytest.mark.parametrize("argv", [["--until", "step"], ["--until", "trained"], ["--until", "step=x"],
                                   ["--wait", "--timeout-s", "0"]])
 def test_bad_wait_arguments_exit_2_naming_the_forms(tmp_path: Path, capsys, argv: list[str]):

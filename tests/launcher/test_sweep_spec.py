@@ -170,6 +170,17 @@ def test_sweep_status_sorts_members_by_the_metric_and_counts_them(tmp_path: Path
     assert both[0]["counts"]["total"] == 4 and both[1]["status"] == "finished"
 
 
+def test_piped_sweep_status_follows_columns_where_it_is_set(tmp_path: Path, capsys, monkeypatch) -> None:
+    sweep_dir = tmp_path / "sweep"
+    members = (_member(sweep_dir, 0, "lr=0", outcome="finished", best=0.9),)
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="demo", executor="local", max_parallel=2, members=members))
+    monkeypatch.setenv("COLUMNS", "60")
+    assert elfes(["status", str(sweep_dir)]) == 0
+    table = capsys.readouterr().out
+    assert "1 member(s): finished 1" in table
+    assert all(len(line) <= 60 for line in table.splitlines()), table
+
+
 def test_plot_of_a_sweep_overlays_its_members_labelled_by_their_overrides(tmp_path: Path) -> None:
     from elfes.launcher.commands.plot import plot
 

@@ -13,6 +13,8 @@ import pytest
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands.plot import plot
+from elfes.launcher.rundir.paths import RunPaths
+from elfes.launcher.rundir.state import begin_attempt, end_attempt, load_state, record_submission, update_state
 
 pytest.importorskip("matplotlib", reason="the plot extra: pip install -e '.[test]' installs it")
 
@@ -21,12 +23,13 @@ STATE = {"epoch": 0, "next_batch": 0, "step": 0, "batches": 0, "samples": 0, "be
          "evaluations_without_improvement": 0, "stop_reason": None}
 
 
-def write_run(run_dir: Path, losses: dict[int, float], *, stop_at: int | None = None) -> Path:
+def write_run(run_dir: Path, losses: dict[int, float], *, stop_at: int | None = None,
+              start_times: tuple[str, str] = ("2026-01-02T03:04:05+00:00",) * 2) -> Path:
     """A run directory as train.py leaves it (no launcher files): started, train records, maybe a stop
-    by SIGTERM and a resume, an evaluation at the last step."""
+    by SIGTERM and a resume (``start_times``: when each start was logged), an evaluation at the last step."""
     def start(step: int) -> dict:
         name = "started" if step == 0 else "resumed"
-        return {"event": name, "time": "2026-01-02T03:04:05+00:00", "state": {**STATE, "step": step}}
+        return {"event": name, "time": start_times[step != 0], "state": {**STATE, "step": step}}
 
     records = [start(0)]
     for step, loss in losses.items():
@@ -38,7 +41,7 @@ def write_run(run_dir: Path, losses: dict[int, float], *, stop_at: int | None = 
     last = max(losses)
     records.append({"event": "evaluation", "step": last, "epoch": 1, "weights": "raw",
                     "metrics": {"validation": {"loss": 0.5}}})
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "events.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     return run_dir
 
@@ -66,6 +69,25 @@ def test_several_runs_overlay_in_each_panel_labelled_by_run_name(tmp_path):
     markers = {line.get_gid() for line in result.figure.get_axes()[0].get_lines()
                if (line.get_gid() or "").startswith("marker:")}
     assert markers == {"marker:start:1:alpha", "marker:stop:1:alpha", "marker:resume:2:alpha", "marker:start:1:beta"}
+
+
+def test_a_cancelled_then_resumed_run_is_labelled_cancel_not_sigterm(tmp_path):
+    """`elfes cancel` stops the run with SIGTERM; state.json records the attempt cancelled, and so does the plot."""
+    paths = RunPaths(tmp_path / "alpha")
+    paths.run_dir.mkdir()
+    for token, launch, outcome in (("1:0", "submit", "cancelled"), ("2:0", "resume", "finished")):
+        update_state(paths, lambda s: record_submission(s, executor="local", kind=launch, max_requeues=3))
+        update_state(paths, lambda s: begin_attempt(s, token=token, job_id=token[0], launch=launch, hosts=["h"],
+                                                    world_size=1))
+        update_state(paths, lambda s: end_attempt(s, token=token, outcome=outcome, step=2,
+                                                  signal="SIGTERM" if outcome == "cancelled" else None))
+    begun = tuple(attempt.started_at for attempt in load_state(paths).attempts)
+    write_run(paths.run_dir, {1: 1.0, 2: 0.8, 3: 0.7}, stop_at=2, start_times=begun)
+    result = plot([paths.run_dir])
+    labels = {text.get_position()[0]: text.get_text() for text in result.figure.get_axes()[0].texts}
+    assert labels[2] == "cancel / resume"
+    stop = next(marker for marker in result.runs[0].timeline.markers if marker.kind == "stop")
+    assert stop.label == "cancel (SIGTERM)"
 
 
 @pytest.mark.parametrize(("arguments", "message"), [

@@ -62,6 +62,13 @@ def test_without_launches_every_resumed_start_is_a_resume():
     assert timeline.attempts[-1].end == "running"  # the last attempt has no end yet: not a kill
 
 
+def test_a_stop_the_launcher_recorded_as_cancelled_is_a_cancel():
+    events = [started(), train(1), *stopped(1, "SIGTERM"), resumed(1), train(2)]
+    assert build_timeline(events).markers[1].label == "stop (SIGTERM)"
+    cancelled = build_timeline(events, launches=[None, "resume"], outcomes=["cancelled", None])
+    assert cancelled.attempts[0].cancelled and cancelled.markers[1].label == "cancel (SIGTERM)"
+
+
 def test_a_resume_from_an_older_checkpoint_loses_the_work_of_every_attempt_past_it():
     events = [started(), train(2), checkpoint(2), train(4), checkpoint(4), *stopped(5, "SIGTERM"),
               resumed(5), train(6), failed(6),
