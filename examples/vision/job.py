@@ -16,7 +16,7 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from elfes.engine import Evaluator, MeanMetric, Monitor, RunLogger, StepOutput, TrainConfig, Trainer, TrainState
+from elfes.engine import Evaluator, MeanMetric, Monitor, RunLogger, Step, StepOutput, TrainConfig, Trainer, TrainState
 from examples.vision.data import CHANNELS, CLASSES, AugmentedBars, augmentation, bars
 
 # What `config:` in job.yaml may set; anything else is refused by name.
@@ -50,6 +50,11 @@ def step(model: nn.Module, batch: Any) -> StepOutput:
 
 def main(job: Any) -> TrainState:
     """Train the CNN from ``job``; every task calls it. Returns the trainer's state."""
+    return run(job, step)
+
+
+def run(job: Any, step_function: Step) -> TrainState:
+    """:func:`main` with another step function (a test holds it to land a preemption mid-run)."""
     unknown = sorted(set(job.config) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"config has unknown keys {unknown}; the vision job reads {sorted(DEFAULTS)}.")
@@ -65,9 +70,9 @@ def main(job: Any) -> TrainState:
                               num_workers=config["workers"], persistent_workers=config["workers"] > 0)
     held_out, held_out_labels = bars(config["validation_images"], config["side"] + 4, seed=2)
     validation = TensorDataset(held_out[:, :, 2:-2, 2:-2].contiguous(), held_out_labels)  # the centre crop
-    evaluator = Evaluator(accelerator, {"validation": DataLoader(validation, batch_size=128)}, step)
+    evaluator = Evaluator(accelerator, {"validation": DataLoader(validation, batch_size=128)}, step_function)
     with RunLogger(job.run_dir, is_main_process=accelerator.is_main_process) as logger:
-        trainer = Trainer(accelerator, model, optimizer, train_loader, step, evaluator=evaluator, ema_decay=0.99,
+        trainer = Trainer(accelerator, model, optimizer, train_loader, step_function, evaluator=evaluator, ema_decay=0.99,
                           logger=logger)
         state = trainer.train(
             TrainConfig(epochs=config["epochs"], log_every=config["log_every"], monitor=Monitor("validation/loss")),

@@ -454,7 +454,8 @@ def stream_refusals(out: Path) -> dict[str, str]:
     reset_accelerate()
     model = nn.Linear(2, 1)
     try:
-        Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1),
+        Trainer(Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=False)), model,
+                torch.optim.SGD(model.parameters(), lr=0.1),
                 DataLoader(UnequalStream("torch", stateful=False), batch_size=4), mse_step)
     except ValueError as refusal:
         messages["unequal"] = str(refusal)

@@ -189,7 +189,7 @@ def test_a_sampler_of_ones_own_with_state_is_saved_and_resumes_from_it_bitwise(t
     monkeypatch.setattr(ResumableSampler, "load_state_dict", lambda self, state: (loaded.append(state), original(self, state)))
     for kind, end in interrupted_runs(case, tmp_path).items():
         assert_bitwise_equal(straight, end, f"stateful sampler, {kind}")
-    assert {"yielded": 8} in loaded, "the pause after batch 8 resumes from the sampler's own state"
+    assert {"yielded": 32} in loaded, "the pause after batch 8 (32 samples) resumes from the sampler's own state"
 
 
 def test_a_stateful_sampler_in_plain_workers_is_refused_with_the_fix(tmp_path):

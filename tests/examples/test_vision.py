@@ -54,16 +54,41 @@ def _elfes(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return completed
 
 
+# The job of the README's commands, whose first attempt waits after its 5th batch while a hold file exists
+# and no stop is requested (waiting changes no number): the preemption lands mid-run however fast it trains.
+HELD_JOB = """
+import os, time
+from examples.vision import job as vision
+
+def main(job):
+    hold = job.config.pop("hold_file")
+    batches = 0
+
+    def held_step(model, batch):
+        nonlocal batches
+        batches += 1
+        while job.attempt == 1 and batches > 5 and os.path.exists(hold) and job.stop.signal is None:
+            time.sleep(0.02)
+        return vision.step(model, batch)
+
+    return vision.run(job, held_step)
+"""
+
+
 def test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise(tmp_path: Path, run_dirs: list[Path]) -> None:
-    """The README's submit, preempt and status lines in a copy whose job.yaml holds the TINY config, beside
-    a straight run of the same spec; the preemption waits until attempt 1 trains ("any time while it trains")."""
+    """The README's submit, preempt and status lines in a copy whose job.yaml holds the TINY config (and a
+    step that holds attempt 1 mid-run until the preemption), beside a straight run of the same spec."""
     shutil.copytree(REPOSITORY / "examples", tmp_path / "examples")
+    (tmp_path / "held_vision.py").write_text(HELD_JOB)
+    hold = tmp_path / "hold"
+    hold.touch()
     spec_file = tmp_path / "examples" / "vision" / "job.yaml"
     spec = {**yaml.safe_load(spec_file.read_text()), "config": TINY}
-    spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     straight_spec = tmp_path / "straight.yaml"
     straight_spec.write_text(yaml.safe_dump({**spec, "name": "straight", "workdir": str(tmp_path),
                                              "run_dir": str(tmp_path / "runs" / "straight")}, sort_keys=False))
+    spec.update(entrypoint="held_vision:main", config={**TINY, "hold_file": str(hold)})
+    spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     submit, preempt, until_ended = _readme_block("vision/run")
     run_dir, straight = tmp_path / "runs" / "vision", tmp_path / "runs" / "straight"
     run_dirs.extend([run_dir, straight])
