@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.data_loader import skip_first_batches
 from torch.utils.data import DataLoader, RandomSampler
 
+from .collectives import every_rank_value
 from .stop import stop_signals_in_use
 
 _SEED_RANGE = 2**62
@@ -74,8 +74,7 @@ def verify_rank_lengths(accelerator: Accelerator, prepared: DataLoader, total_ba
     """Check that every rank holds the same number of batches; returns that number."""
     length = len(prepared)
     if accelerator.num_processes > 1:
-        lengths: list[int] = [0] * accelerator.num_processes
-        dist.all_gather_object(lengths, length)
+        lengths: list[int] = every_rank_value(length, accelerator)
         if len(set(lengths)) != 1 or sum(lengths) != total_batches:
             raise ValueError(
                 f"The prepared training DataLoader gives ranks {lengths} batches out of {total_batches}; exact "
