@@ -87,8 +87,8 @@ def launch_environment(**extra: str) -> dict[str, str]:
     return environment
 
 
-def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    """Run ``script`` on ``processes`` gloo ranks with torchrun; fail the test with its output if it fails."""
+def launch_torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run ``script`` on ``processes`` gloo ranks with torchrun; the return code is None if it timed out."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
         str(script), *arguments,
@@ -96,26 +96,31 @@ def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float
     process = subprocess.Popen(
         command, env=launch_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPOSITORY
     )
-    timed_out = False
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         # SIGTERM, not subprocess.run's SIGKILL: torchrun then kills each rank's process group (ranks run
         # in sessions of their own, with their DataLoader workers), which would otherwise outlive the test.
-        timed_out = True
         process.terminate()
         try:
             stdout, stderr = process.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
             stdout, stderr = process.communicate()
-    if timed_out or process.returncode != 0:
-        outcome = f"did not finish within {timeout_s} s" if timed_out else f"exited with {process.returncode}"
+        return subprocess.CompletedProcess(command, None, stdout, stderr)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run ``script`` on ``processes`` gloo ranks with torchrun; fail the test with its output if it fails."""
+    launch = launch_torchrun(script, *arguments, processes=processes, timeout_s=timeout_s)
+    if launch.returncode != 0:
+        outcome = f"did not finish within {timeout_s} s" if launch.returncode is None else f"exited with {launch.returncode}"
         pytest.fail(
             f"torchrun {script.name} {' '.join(arguments)} {outcome}\n"
-            f"--- stdout ---\n{stdout[-6000:]}\n--- stderr ---\n{stderr[-6000:]}"
+            f"--- stdout ---\n{launch.stdout[-6000:]}\n--- stderr ---\n{launch.stderr[-6000:]}"
         )
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return launch
 
 
 @pytest.fixture

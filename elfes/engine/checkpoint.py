@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
 from torch import nn
 
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
+
+from .collectives import every_rank_value
 
 FORMAT = "elfes-checkpoint"
 VERSION = 2
@@ -308,9 +309,7 @@ class Checkpointer:
     def _gather(self, states: list[Any]) -> list[list[Any]]:
         if self.accelerator.num_processes == 1:
             return [states]
-        gathered: list[Any] = [None] * self.accelerator.num_processes
-        dist.all_gather_object(gathered, states)
-        return gathered
+        return every_rank_value(states, self.accelerator)
 
 
 def resume_source(path: Path) -> tuple[Path, str | None]:

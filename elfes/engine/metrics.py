@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from .collectives import every_rank_value, reduce_over_ranks
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
@@ -225,9 +227,7 @@ class MetricAccumulator:
         kinds = dict(self._kinds)
         distributed = accelerator is not None and accelerator.num_processes > 1
         if distributed:
-            gathered: list[dict[str, str]] = [{} for _ in range(accelerator.num_processes)]
-            dist.all_gather_object(gathered, kinds)
-            for rank_kinds in gathered:
+            for rank_kinds in every_rank_value(kinds, accelerator):
                 for name, kind in rank_kinds.items():
                     if kinds.setdefault(name, kind) != kind:
                         raise ValueError(
@@ -246,8 +246,8 @@ class MetricAccumulator:
         summed = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64, device=device)
         maxed = torch.cat(maxima) if maxima else torch.zeros(0, dtype=torch.float64, device=device)
         if distributed:
-            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
-            dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
+            summed = reduce_over_ranks(summed, accelerator, dist.ReduceOp.SUM)
+            maxed = reduce_over_ranks(maxed, accelerator, dist.ReduceOp.MAX)
         summed_values, maxed_values = summed.tolist(), maxed.tolist()
         results: dict[str, float] = {}
         for name in names:

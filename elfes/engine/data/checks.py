@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-import torch.distributed as dist
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..collectives import every_rank_value
 from .state import is_stateful, stateful_parts
 
 
@@ -67,8 +67,7 @@ def verify_rank_lengths(
     if total_batches is not None:
         length = len(prepared)
     if accelerator.num_processes > 1:
-        lengths: list[int | None] = [None] * accelerator.num_processes
-        dist.all_gather_object(lengths, length)
+        lengths: list[int | None] = every_rank_value(length, accelerator)
         if total_batches is not None and (len(set(lengths)) != 1 or sum(lengths) != total_batches):
             raise ValueError(
                 f"The prepared training DataLoader gives ranks {lengths} batches out of {total_batches}; exact "
