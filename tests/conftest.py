@@ -48,6 +48,14 @@ def no_leaked_process_state():
 
 
 @pytest.fixture(autouse=True)
+def no_terminal_size(monkeypatch):
+    """Output as to a pipe of unknown width: pytest-xdist exports its terminal's COLUMNS and LINES to its
+    workers, which would wrap tables there and not under `-n 0`. A test that wants a width sets COLUMNS."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Accelerate keeps process-wide singletons; give every test its own."""
     from accelerate.state import AcceleratorState, GradientState
