@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from elfes.launcher.cli.main import main as elfes
-from elfes.launcher.commands.rehearsal import KINDS, plan_interruptions
+from elfes.launcher.commands.rehearsal import KINDS, candidate_steps, plan_interruptions
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # 256 samples, batches of 16, accumulation 2: 8 updates an epoch on one rank, a train record each.
@@ -20,7 +20,7 @@ CONFIG = {"epochs": 2, "train_samples": 256, "log_every": 1, "step_delay_s": 0.0
 # Three epochs, where an interruption must land before the end: a follower on a loaded machine may see a
 # step several updates late, and a signal that arrives in the last update resumes nothing.
 LONGER = {**CONFIG, "epochs": 3}
-LOGGED_STEPS = range(1, 24)  # the train records of a three-epoch straight run before its last
+LOGGED_STEPS = candidate_steps(24)  # the steps a rehearsal of a three-epoch run (24 updates) aims at
 
 
 def seed_where(count: int, kinds: tuple[str, ...], wanted) -> int:
