@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import torch
+import yaml
 from torch.utils.data import Sampler
 
 from examples.quickstart import job as quickstart
@@ -75,7 +76,7 @@ def clock_seeded(job: Any) -> Any:
 SWITCHES: dict[str, Any] = {
     "logger": True,  # False: no RunLogger, so no events.jsonl
     "seed": "all",  # "torch": torch.manual_seed only; Python's random and NumPy stay unseeded (and unused)
-    "nan": False,  # True: a parameter the loss never touches holds NaN, and a logged metric is NaN
+    "nan": False,  # True: a model buffer holds NaN, and a logged metric is NaN
     "export": "always",  # "first_attempt": model.pt only when the run was never resumed (a lost export)
     "fast_after_step": None,  # updates after this one take no time...
     "pause_after_s": 0.0,  # ...and the job waits this long after training: a signal there lands after the end
@@ -102,7 +103,7 @@ def switchable(job: Any) -> Any:
         torch.manual_seed(config["seed_value"])
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
     if config["nan"]:
-        model.register_parameter("untouched", nn.Parameter(torch.full((3,), float("nan"))))
+        model.register_buffer("untouched", torch.full((3,), float("nan")))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
     loader = DataLoader(make_data(config["train_samples"], seed=1), batch_size=config["batch_size"], shuffle=True)
     trainer: Any = None
@@ -131,9 +132,9 @@ def switchable(job: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """:func:`switchable` as a `command:` job: ``python -m tests.launcher.rehearsal_jobs --run-dir RUN_DIR
-    --config JSON``; it catches the stop signals and exits 128 + the signal's number when one paused it."""
+    --set logger=false --set epochs=3``; it catches the stop signals and exits 128 + the signal's number
+    when one paused it."""
     import argparse
-    import json
     import signal
     from pathlib import Path
     from types import SimpleNamespace
@@ -142,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--config", type=json.loads, default={})
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML", dest="sets")
     args = parser.parse_args(argv)
+    config = {key: yaml.safe_load(value) for key, _, value in (text.partition("=") for text in args.sets)}
     last = args.run_dir / "checkpoints" / "last"
     stop = StopRequest()
     with stop.catch_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)):
-        job = SimpleNamespace(config=args.config, run_dir=args.run_dir, checkpoint_dir=args.run_dir / "checkpoints",
+        job = SimpleNamespace(config=config, run_dir=args.run_dir, checkpoint_dir=args.run_dir / "checkpoints",
                               resume_from=last if last.exists() else None, stop=stop)
         state = switchable(job)
     return 128 + signal.Signals[state.stop_reason] if state.stop_reason in signal.Signals.__members__ else 0

@@ -145,3 +145,72 @@ def test_a_command_job_rehearses_exact(tmp_path, capsys):
     assert (code, report["verdict"]) == (0, "exact"), report
     assert [i["kind"] for i in report["interruptions"]] == ["stop"]
     assert report["runs"]["interrupted"]["attempts"] == 2
+
+
+# -- what is compared decides the verdict -------------------------------------------------------------------------
+SWITCHABLE = "tests.launcher.rehearsal_jobs:switchable"
+
+
+def test_nan_equals_nan_in_the_same_position_by_bit_pattern_and_nowhere_else():
+    import torch
+
+    from elfes.launcher.commands.rehearsal_compare import _leaf_difference
+
+    nan = float("nan")
+    assert _leaf_difference(torch.tensor([1.0, nan]), torch.tensor([1.0, nan])) is None
+    assert _leaf_difference(torch.tensor([1.0, nan], dtype=torch.bfloat16), torch.tensor([1.0, nan],
+                                                                                       dtype=torch.bfloat16)) is None
+    assert _leaf_difference(torch.tensor([nan, 1.0]), torch.tensor([1.0, nan])) == (
+        None, "NaN in one run only at 2 position(s)")
+    assert _leaf_difference(torch.tensor([2.0, nan]), torch.tensor([1.5, nan])) == (0.5, "")
+    assert _leaf_difference(torch.tensor([0.0]), torch.tensor([-0.0]))[0] == 0.0  # bits differ: not identical
+
+
+def test_generators_never_seeded_nor_drawn_from_are_a_note_and_the_verdict_exact(tmp_path, capsys):
+    # The job seeds torch only: the straight runs end with other Python and NumPy generator states, and
+    # nothing else differs.
+    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "seed": "torch"})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["straight_vs_straight"]["generators_set_aside"] == ["numpy", "python"]
+    assert ("NumPy's global generator is never seeded; this job does not draw from it, but any use would make it "
+            "not reproducible: seed it with `accelerate.utils.set_seed`") in report["notes"]
+    assert any(note.startswith("Python's `random` generator is never seeded") for note in report["notes"])
+
+
+def test_a_job_with_nan_in_a_buffer_and_a_logged_metric_is_exact(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "nan": True})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "stop", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["landed"] == {"stop": 1}
+
+
+def test_an_export_the_interrupted_run_lost_is_not_resumable_naming_the_file(tmp_path, capsys):
+    # model.pt is written only by a run never resumed: both straight runs have it, the interrupted one not.
+    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "export": "first_attempt"})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", capsys=capsys)
+    assert (code, report["verdict"]) == (6, "not resumable"), report
+    [lost] = report["differences"]["tensors"]
+    assert lost["file"] == "model.pt" and "model.pt is missing in the interrupted run" in lost["note"]
+    assert "model.pt" in report["differences"]["compared_files"]
+
+
+# -- any job ----------------------------------------------------------------------------------------------------
+def test_a_job_without_a_run_logger_rehearses_exact_and_says_the_metrics_were_not_compared(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, config={**LONGER, "logger": False})
+    code, report = rehearse(spec, "--interruptions", "3", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["differences"]["metrics_compared"] is False
+    assert any(note.startswith("The logged metrics were not compared") for note in report["notes"])
+    assert sum(report["landed"].values()) >= 1 and set(report["landed"]) == set(KINDS)
+    assert not (tmp_path / "run.rehearsal" / "straight-1").exists()
+
+
+def test_a_command_job_without_records_rehearses_to_a_verdict(tmp_path, capsys):
+    command = ["{python}", "-m", "tests.launcher.rehearsal_jobs", "--run-dir", "{run_dir}", "--set", "logger=false",
+               "--set", "epochs=3", "--set", "train_samples=256", "--set", "log_every=1", "--set", "step_delay_s=0.08"]
+    spec = write_spec(tmp_path, None, command=command, config={})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "stop", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["differences"]["metrics_compared"] is False
+    assert report["differences"]["compared_files"] == ["checkpoints/final", "model.pt"]
