@@ -5,6 +5,10 @@ from the clock; bad input exits 2 and leaves nothing behind."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +218,98 @@ def test_a_command_job_without_records_rehearses_to_a_verdict(tmp_path, capsys):
     assert (code, report["verdict"]) == (0, "exact"), report
     assert report["differences"]["metrics_compared"] is False
     assert report["differences"]["compared_files"] == ["checkpoints/final", "model.pt"]
+
+
+# -- every requested kind lands ---------------------------------------------------------------------------------
+def test_an_interruption_that_lands_after_the_last_update_is_retried_at_an_earlier_moment(tmp_path, capsys):
+    # Updates after step 16 take no time and the job then waits 3 s: a requeue aimed at step 17 or 18 (late
+    # in the first pass) reaches a run that has already trained its last update; the retry aims earlier.
+    seed = next(s for s in range(1000) if (lambda p: p.step in (17, 18) and p.fraction >= 0.5)(
+        plan_interruptions(1, ("requeue",), candidate_steps(24), s)[0]))
+    config = {**LONGER, "step_delay_s": 0.15, "fast_after_step": 16, "pause_after_s": 3.0}
+    spec = write_spec(tmp_path, SWITCHABLE, config=config)
+    code = elfes(["rehearse", str(spec), "--executor", "local", "--json", "--interruptions", "1", "--kinds", "requeue",
+                  "--seed", str(seed)])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    [missed] = report["retried"]
+    assert (missed["pass"], missed["kind"], missed["landed"]) == (1, "requeue", False)
+    assert missed["saved_step"] == 24 or missed["step"] is None
+    [landed] = report["interruptions"]
+    assert landed["landed"] and landed["planned_step"] < missed["planned_step"] and landed["saved_step"] < 24
+    assert report["landed"] == {"requeue": 1} and report["summary"] == "exact (requeue: 1 of 1 landed)"
+    lines = captured.err.splitlines()
+    assert any("running the interrupted run again with earlier moments" in line for line in lines)
+    assert any(line.startswith("elfes: interruption 1/1: requeue landed") for line in lines)
+    assert any(line.startswith("elfes:   straight-2: step ") and line.endswith("/24") for line in lines)  # progress
+
+
+def test_the_verdict_line_names_what_landed_and_what_never_did():
+    from elfes.launcher.commands.rehearsal_report import verdict_line
+
+    assert verdict_line("exact", ["requeue", "stop", "kill"], {"requeue": 1, "stop": 1, "kill": 1}) == (
+        "exact (requeue, stop, kill: 3 of 3 landed)")
+    assert verdict_line("exact", ["kill", "stop", "requeue"], {"requeue": 1, "stop": 0, "kill": 1}) == (
+        "exact (kill, requeue: 2 of 3 landed; stop never landed mid-run, so it is untested)")
+
+
+# -- sweeps -----------------------------------------------------------------------------------------------------
+SWEEP = {"grid": {"config.seed_value": [0, 1]}}
+
+
+def test_a_sweep_spec_without_a_member_exits_2_names_the_members_and_creates_nothing(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, sweep=SWEEP)
+    assert elfes(["rehearse", str(spec), "--executor", "local"]) == 2
+    error = capsys.readouterr().err
+    assert "is a sweep of 2 members (seed_value=0, seed_value=1)" in error and "--member seed_value=0" in error
+    assert elfes(["rehearse", str(spec), "--executor", "local", "--member", "lr=1"]) == 2
+    assert "--member lr=1: " in capsys.readouterr().err
+    assert elfes(["rehearse", str(write_spec(tmp_path, SWITCHABLE)), "--executor", "local", "--member", "x"]) == 2
+    assert "has no sweep section" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_a_sweep_member_is_rehearsed_with_its_own_values(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, sweep=SWEEP)
+    code, report = rehearse(spec, "--member", "seed_value=1", "--interruptions", "1", "--kinds", "requeue", "--keep",
+                            capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    folder = tmp_path / "run.rehearsal" / "seed_value=1"
+    assert report["rehearsal_dir"] == str(folder) and (folder / "report.json").is_file()
+    assert yaml.safe_load((folder / "straight-1" / "job.yaml").read_text())["config"]["seed_value"] == 1
+    assert not (tmp_path / "run").exists()  # the sweep's own folder is never touched
+
+
+# -- signals ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_rehearse_ends_its_scratch_job_keeps_its_folder_and_leaves_no_process(tmp_path, signum):
+    from elfes.launcher.rundir.liveness import local_processes, recorded_tasks
+    from elfes.launcher.rundir.paths import RunPaths
+
+    spec = write_spec(tmp_path, SWITCHABLE, config={**LONGER, "epochs": 50})
+    rehearsal = subprocess.Popen([sys.executable, "-m", "elfes", "rehearse", str(spec), "--executor", "local"],
+                                 cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    paths = RunPaths(tmp_path / "run.rehearsal" / "straight-1")
+    try:
+        assert wait_until(lambda: paths.events.is_file() and recorded_tasks(paths), 300), "straight-1 never trained"
+        rehearsal.send_signal(signum)
+        out, err = rehearsal.communicate(timeout=300)
+    finally:
+        if rehearsal.poll() is None:
+            rehearsal.kill()
+    assert rehearsal.returncode == 128 + signum, (out, err)
+    [line] = [line for line in err.splitlines() if "interrupted" in line]
+    assert line == (f"elfes: interrupted by {signal.Signals(signum).name}; ended the scratch job of straight-1; the "
+                    f"scratch runs are kept in {tmp_path / 'run.rehearsal'}")
+    assert paths.state.is_file() and paths.events.is_file()  # kept for inspection
+    assert wait_until(lambda: not any(local_processes(paths).values()), 60), local_processes(paths)
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return bool(condition())
