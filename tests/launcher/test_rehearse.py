@@ -282,7 +282,7 @@ def test_a_sweep_member_is_rehearsed_with_its_own_values(tmp_path, capsys):
 
 
 # -- signals ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_to_rehearse_ends_its_scratch_job_keeps_its_folder_and_leaves_no_process(tmp_path, signum):
     from elfes.launcher.rundir.liveness import local_processes, recorded_tasks
     from elfes.launcher.rundir.paths import RunPaths
@@ -300,7 +300,7 @@ def test_a_signal_to_rehearse_ends_its_scratch_job_keeps_its_folder_and_leaves_n
             rehearsal.kill()
     assert rehearsal.returncode == 128 + signum, (out, err)
     [line] = [line for line in err.splitlines() if "interrupted" in line]
-    assert line == (f"elfes: interrupted by {signal.Signals(signum).name}; ended the scratch job of straight-1; the "
+    assert line == (f"elfes: error: interrupted by {signal.Signals(signum).name}; ended the scratch job of straight-1; the "
                     f"scratch runs are kept in {tmp_path / 'run.rehearsal'}")
     assert paths.state.is_file() and paths.events.is_file()  # kept for inspection
     assert wait_until(lambda: not any(local_processes(paths).values()), 60), local_processes(paths)
