@@ -15,10 +15,11 @@ EXIT_FOR_VERDICT = {"exact": EXIT_OK, "not resumable": EXIT_NOT_RESUMABLE, "not 
 
 DESCRIPTION = (
     "Prove that this job resumes bitwise: run it twice straight and once with interruptions (the requeue "
-    "signal, SIGTERM then resume, SIGKILL then resume) in RUN_DIR.rehearsal/, compare every tensor of the "
-    "final checkpoint and exported models and the logged metrics, and give a verdict: exact (exit 0), "
+    "signal, SIGTERM then resume, SIGKILL then resume; run again earlier when one lands after the last update) "
+    "in RUN_DIR.rehearsal/, compare the bits of every tensor of the final checkpoint and of either run's exported "
+    "models, and the logged metrics, and give a verdict: exact (exit 0), "
     f"not resumable (exit {EXIT_NOT_RESUMABLE}), not reproducible (exit {EXIT_NOT_REPRODUCIBLE}). "
-    "The report is also written to RUN_DIR.rehearsal/report.json."
+    "A sweep spec needs --member NAME. The report is also written to RUN_DIR.rehearsal/report.json."
 )
 
 

@@ -17,7 +17,7 @@ from ..rundir.paths import RunPaths
 from .rehearsal_plan import PlannedInterruption, RunLength, pointer_step
 from .rehearsal_report import Interruption, after_the_last_update
 from .rehearsal_runs import Follower, ScratchRuns, kill_local_job, signal_tasks, slurm
-from .signalling import preempt
+from .signalling import ActionFailed, preempt
 from .submission import resume
 
 
@@ -75,7 +75,14 @@ class InterruptedRun:
 
     # -- the three kinds ----------------------------------------------------------------------------------------
     def _requeue(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
-        preempt(paths.run_dir)
+        try:
+            preempt(paths.run_dir)
+        except ActionFailed:
+            state = run_state.load_state(paths)
+            if state.status not in run_state.ENDED:
+                raise
+            interruption.landed = False  # it ended between the last look and the signal
+            return
         state = self.runs.wait(paths, lambda s: s.status in run_state.ENDED or (
             len(s.attempts) > attempt and s.status in ("running", "stopping")), "the requeued run to start its next attempt")
         self._judge(paths, state.attempts[attempt - 1], interruption)

@@ -313,3 +313,16 @@ def wait_until(condition, timeout_s: float) -> bool:
             return True
         time.sleep(0.1)
     return bool(condition())
+
+
+def test_on_a_terminal_each_run_has_a_bar_of_its_step_against_its_total():
+    import io
+
+    from elfes.launcher.cli.rehearse import LiveView
+
+    stream = io.StringIO()
+    with LiveView(stream, bars=True) as view:
+        view.show("straight-2", 12, 24)
+        view.say("interruption 1/3: requeue landed; the run continues from step 13")
+    text = stream.getvalue()
+    assert "straight-2" in text and "12/24 steps" in text and "interruption 1/3: requeue landed" in text
