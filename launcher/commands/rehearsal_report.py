@@ -44,8 +44,9 @@ def landed_per_kind(kinds: tuple[str, ...], requested: list[str], interruptions:
 
 
 def verdict_line(verdict: str, requested: list[str], landed: dict[str, int]) -> str:
-    """``exact (requeue, stop, kill: 3 of 3 landed)``; a kind that never landed is named."""
-    kinds = list(dict.fromkeys(requested))
+    """``exact (requeue, stop, kill: 3 of 3 landed)``, the kinds in the order of ``landed`` (see
+    :func:`landed_per_kind`); a kind that never landed is named."""
+    kinds = list(landed) + [kind for kind in dict.fromkeys(requested) if kind not in landed]
     total = sum(landed.values())
     exercised = [kind for kind in kinds if landed.get(kind)]
     line = f"{verdict} ({', '.join(exercised) or 'nothing'}: {total} of {len(requested)} landed"

@@ -251,7 +251,7 @@ def test_the_verdict_line_names_what_landed_and_what_never_did():
     assert verdict_line("exact", ["requeue", "stop", "kill"], {"requeue": 1, "stop": 1, "kill": 1}) == (
         "exact (requeue, stop, kill: 3 of 3 landed)")
     assert verdict_line("exact", ["kill", "stop", "requeue"], {"requeue": 1, "stop": 0, "kill": 1}) == (
-        "exact (kill, requeue: 2 of 3 landed; stop never landed mid-run, so it is untested)")
+        "exact (requeue, kill: 2 of 3 landed; stop never landed mid-run, so it is untested)")
 
 
 # -- sweeps -----------------------------------------------------------------------------------------------------
