@@ -70,14 +70,15 @@ def job(job: Any) -> Any:
     """The soak's job: a small model on two ranks for ``config.updates`` updates, a checkpoint every 4, and
     asynchronous checkpoints in odd attempts only."""
     import torch
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.utils import set_seed
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     from elfes.engine import Interval, RunLogger, StepOutput, TrainConfig, Trainer
 
-    accelerator = Accelerator(gradient_accumulation_steps=2)
+    accelerator = Accelerator(gradient_accumulation_steps=2,
+                              dataloader_config=DataLoaderConfiguration(even_batches=False))
     set_seed(0)
     generator = torch.Generator().manual_seed(1)
     batches = 2 * 2 * 16  # a batch of 8 per rank, two per update, 16 updates an epoch

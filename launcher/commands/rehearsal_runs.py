@@ -22,7 +22,7 @@ from ..rundir.liveness import effective_state, liveness, local_processes, record
 from ..rundir.paths import RunPaths
 from ..spec import JobSpec
 from .logs import EventTail
-from .rehearsal_plan import RehearsalFailed, RunLength, checkpoint_files, timestamp
+from .rehearsal_plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
 from .submission import submit
 
 RUN_NAMES = ("straight-1", "interrupted", "straight-2")
@@ -102,7 +102,9 @@ class ScratchRuns:
     def straight(self, name: str, length: RunLength | None) -> Path:
         run_dir = self.submit(name)
         state = self.wait_until_ended(run_dir, name, Follower(RunPaths(run_dir), length))
-        self.say(f"{name}: finished at step {state.last_attempt.step if state.last_attempt else '?'}")
+        step = state.last_attempt.step if state.last_attempt else None
+        step = step if step is not None else pointer_step(RunPaths(run_dir), "final")  # a command without records
+        self.say(f"{name}: finished at step {step if step is not None else '?'}")
         return run_dir
 
     def wait(self, paths: RunPaths, condition: Callable[[run_state.RunState], bool], what: str, *,
