@@ -91,7 +91,7 @@ def switchable(job: Any) -> Any:
     from torch import nn
     from torch.utils.data import DataLoader
 
-    from elfes.engine import MeanMetric, RunLogger, StepOutput, TrainConfig, Trainer
+    from elfes.engine import MeanMetric, RunLogger, TrainConfig, Trainer
     from examples.quickstart.train import make_data
 
     config = {**quickstart.DEFAULTS, **SWITCHES, "step_delay_s": 0.0, "seed_value": 0, **job.config}
