@@ -172,7 +172,7 @@ def _compare_file(ours: Path, theirs: Path, relative: str) -> list[TensorDiffere
     try:
         a_payload = torch.load(ours, map_location="cpu", weights_only=True)
         b_payload = torch.load(theirs, map_location="cpu", weights_only=True)
-    except Exception:  # not a torch file loadable with weights_only: its bytes are compared
+    except Exception:  # not a torch file (torch raises KeyError, UnpicklingError, ... then): its bytes are compared
         return [] if ours.read_bytes() == theirs.read_bytes() else [TensorDifference(relative, "", None,
                                                                                       "the bytes differ")]
     a, b = dict(named_leaves(a_payload)), dict(named_leaves(b_payload))

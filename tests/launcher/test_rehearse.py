@@ -170,6 +170,17 @@ def test_nan_equals_nan_in_the_same_position_by_bit_pattern_and_nowhere_else():
     assert _leaf_difference(torch.tensor([0.0]), torch.tensor([-0.0]))[0] == 0.0  # bits differ: not identical
 
 
+def test_an_export_torch_cannot_read_is_compared_byte_for_byte(tmp_path):
+    from elfes.launcher.commands.rehearsal_compare import _compare_file
+
+    (tmp_path / "a.pt").write_text("weights in a format of its own")
+    (tmp_path / "b.pt").write_text("weights in a format of its own")
+    (tmp_path / "c.pt").write_text("weights in a format of its owN")
+    assert _compare_file(tmp_path / "a.pt", tmp_path / "b.pt", "model.pt") == []
+    [difference] = _compare_file(tmp_path / "a.pt", tmp_path / "c.pt", "model.pt")
+    assert (difference.file, difference.note) == ("model.pt", "the bytes differ")
+
+
 def test_generators_never_seeded_nor_drawn_from_are_a_note_and_the_verdict_exact(tmp_path, capsys):
     # The job seeds torch only: the straight runs end with other Python and NumPy generator states, and
     # nothing else differs.
