@@ -10,6 +10,7 @@ Not in the default set (about 25 minutes on 2 cores): ``python -m benchmarks --o
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,16 +29,18 @@ SMOKE_INTERRUPTIONS = 6
 def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
     """One soak whatever ``rounds`` says: it is a count of events, not a timing to take a median of."""
     count = SMOKE_INTERRUPTIONS if smoke else INTERRUPTIONS
-    with tempfile.TemporaryDirectory(prefix="elfes-soak-") as folder:
-        spec = write_spec(Path(folder), updates=max(24, 2 * count))
-        started = time.perf_counter()
-        completed = subprocess.run([sys.executable, "-m", "elfes", "rehearse", str(spec), "--executor", "local",
-                                    "--interruptions", str(count), "--json"], cwd=REPOSITORY,
-                                   env=child_environment(), capture_output=True, text=True)
-        wall = time.perf_counter() - started
+    folder = Path(tempfile.mkdtemp(prefix="elfes-soak-"))
+    spec = write_spec(folder, updates=max(24, 2 * count))
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-m", "elfes", "rehearse", str(spec), "--executor", "local",
+                                "--interruptions", str(count), "--json"], cwd=REPOSITORY,
+                               env=child_environment(), capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    (folder / "rehearse.err").write_text(completed.stderr)
     if not completed.stdout.strip():
-        raise RuntimeError(f"the soak's rehearsal gave no report (exit {completed.returncode}):\n"
-                           f"{completed.stderr[-3000:]}")
+        raise RuntimeError(f"the soak's rehearsal gave no report (exit {completed.returncode}); its output and "
+                           f"scratch runs are kept in {folder}:\n{completed.stderr[-3000:]}")
+    shutil.rmtree(folder)
     report = json.loads(completed.stdout)
     landed = sum(report["landed"].values())
     progress(f"soak: {report['summary']} in {wall:.0f} s")
