@@ -118,10 +118,10 @@ class ScratchRuns:
             state = run_state.load_state(paths)
             if state is not None:
                 current = state if raw else effective_state(paths, state, liveness(paths, state))
+                if not raw and current.status == "failed":  # before the condition: a failure ends the rehearsal
+                    raise RehearsalFailed(failure(paths, current))
                 if condition(current):
                     return current
-                if not raw and current.status == "failed":
-                    raise RehearsalFailed(failure(paths, current))
             if time.monotonic() > deadline:
                 raise RehearsalFailed(f"{paths.run_dir}: timed out after {self.phase_timeout_s():.0f} s waiting for "
                                       f"{what} (status {state.status if state else 'not submitted'}); see "
