@@ -293,14 +293,16 @@ def test_a_sweep_member_is_rehearsed_with_its_own_values(tmp_path, capsys):
 
 
 # -- signals ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_to_rehearse_ends_its_scratch_job_keeps_its_folder_and_leaves_no_process(tmp_path, signum):
     from elfes.launcher.rundir.liveness import local_processes, recorded_tasks
     from elfes.launcher.rundir.paths import RunPaths
 
     spec = write_spec(tmp_path, SWITCHABLE, config={**LONGER, "epochs": 50})
+    # SIGINT as a terminal sends it, even where this test runs in the background (which ignores SIGINT).
     rehearsal = subprocess.Popen([sys.executable, "-m", "elfes", "rehearse", str(spec), "--executor", "local"],
-                                 cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     paths = RunPaths(tmp_path / "run.rehearsal" / "straight-1")
     try:
         assert wait_until(lambda: paths.events.is_file() and recorded_tasks(paths), 300), "straight-1 never trained"
