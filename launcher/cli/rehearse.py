@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from .exit_codes import EXIT_NOT_REPRODUCIBLE, EXIT_NOT_RESUMABLE, EXIT_OK
@@ -32,26 +33,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the interruption moments (default 0)")
     parser.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
                         help="where the three runs go (default: as submit)")
-    parser.add_argument("--member", metavar="NAME", default=None,
-                        help="the member of a sweep spec to rehearse (a sweep spec needs one; see elfes status SWEEP_DIR)")
+    parser.add_argument("--member", metavar="NAME", dest="members", action="append", default=[],
+                        help="a member of a sweep spec to rehearse (a sweep spec needs one; repeatable: each is "
+                             "rehearsed in turn)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch runs after an exact verdict")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
 def rehearse(args: argparse.Namespace) -> int:
+    """Rehearse the spec, or each ``--member`` of a sweep spec in turn (every one checked before any runs);
+    the exit code is the first member's that is not exact."""
     from ..commands.rehearsal import RehearsalOptions, prepare
 
     options = RehearsalOptions(
         interruptions=args.interruptions, kinds=tuple(kind.strip() for kind in args.kinds.split(",") if kind.strip()),
-        seed=args.seed, executor=args.executor, overrides=tuple(args.sets), keep=args.keep, member=args.member)
-    rehearsal = prepare(args.spec, options)
-    with LiveView(sys.stderr if args.json else sys.stdout, bars=not args.json and sys.stdout.isatty()) as view:
-        report = rehearsal.run(view.say, view.show)
+        seed=args.seed, executor=args.executor, overrides=tuple(args.sets), keep=args.keep)
+    rehearsals = [prepare(args.spec, replace(options, member=member)) for member in args.members or [None]]
+    reports = []
+    for rehearsal in rehearsals:
+        with LiveView(sys.stderr if args.json else sys.stdout, bars=not args.json and sys.stdout.isatty()) as view:
+            reports.append(rehearsal.run(view.say, view.show))
+        if not args.json:
+            _print_verdict(reports[-1])
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, default=str), flush=True)
-    else:
-        _print_verdict(report)
-    return EXIT_FOR_VERDICT[report.verdict]
+        data = [report.to_json() for report in reports]
+        print(json.dumps(data[0] if len(data) == 1 else data, indent=2, default=str), flush=True)
+    return next((code for code in (EXIT_FOR_VERDICT[report.verdict] for report in reports) if code != EXIT_OK),
+                EXIT_OK)
 
 
 class LiveView:

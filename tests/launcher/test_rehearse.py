@@ -274,21 +274,23 @@ def test_a_sweep_spec_without_a_member_exits_2_names_the_members_and_creates_not
     assert elfes(["rehearse", str(spec), "--executor", "local"]) == 2
     error = capsys.readouterr().err
     assert "is a sweep of 2 members (seed_value=0, seed_value=1)" in error and "--member seed_value=0" in error
-    assert elfes(["rehearse", str(spec), "--executor", "local", "--member", "lr=1"]) == 2
-    assert "--member lr=1: " in capsys.readouterr().err
+    assert elfes(["rehearse", str(spec), "--executor", "local", "--member", "seed_value=0", "--member", "lr=1"]) == 2
+    assert "--member lr=1: " in capsys.readouterr().err  # every member is checked before any is rehearsed
     assert elfes(["rehearse", str(write_spec(tmp_path, SWITCHABLE)), "--executor", "local", "--member", "x"]) == 2
     assert "has no sweep section" in capsys.readouterr().err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
 
 
-def test_a_sweep_member_is_rehearsed_with_its_own_values(tmp_path, capsys):
+def test_each_sweep_member_given_is_rehearsed_with_its_own_values(tmp_path, capsys):
     spec = write_spec(tmp_path, SWITCHABLE, sweep=SWEEP)
-    code, report = rehearse(spec, "--member", "seed_value=1", "--interruptions", "1", "--kinds", "requeue", "--keep",
-                            capsys=capsys)
-    assert (code, report["verdict"]) == (0, "exact"), report
-    folder = tmp_path / "run.rehearsal" / "seed_value=1"
-    assert report["rehearsal_dir"] == str(folder) and (folder / "report.json").is_file()
-    assert yaml.safe_load((folder / "straight-1" / "job.yaml").read_text())["config"]["seed_value"] == 1
+    code = elfes(["rehearse", str(spec), "--executor", "local", "--json", "--member", "seed_value=1", "--member",
+                  "seed_value=0", "--interruptions", "1", "--kinds", "requeue", "--keep"])
+    reports = json.loads(capsys.readouterr().out)
+    assert code == 0 and [report["verdict"] for report in reports] == ["exact", "exact"], reports
+    for report, value in zip(reports, (1, 0)):
+        folder = tmp_path / "run.rehearsal" / f"seed_value={value}"
+        assert report["rehearsal_dir"] == str(folder) and (folder / "report.json").is_file()
+        assert yaml.safe_load((folder / "straight-1" / "job.yaml").read_text())["config"]["seed_value"] == value
     assert not (tmp_path / "run").exists()  # the sweep's own folder is never touched
 
 
