@@ -5,6 +5,7 @@
     python -m benchmarks --only loop-cuda    # the loop benchmark on one GPU, bf16 (not in the default set)
     python -m benchmarks --only slurm-array  # 100 sweep members as one job array on a private SLURM cluster
                                              # (root and the SLURM packages; not in the default set)
+    python -m benchmarks --only soak         # elfes rehearse with 100 interruptions (not in the default set)
     python -m benchmarks --smoke             # tiny sizes, 1 round: checks that the command works (~1 minute)
     python -m benchmarks --record            # also write benchmarks/results/<date>.md and .json
                                              # (<date>-<names>.md for a subset given with --only)
@@ -35,10 +36,11 @@ BENCHMARKS = {
     "login": ("benchmarks.login",),
     "sweep_status": ("benchmarks.sweep_status",),
     "slurm-array": ("benchmarks.slurm_array",),
+    "soak": ("benchmarks.soak",),
 }
 # What runs without --only: all but those that need a GPU (loop-cuda: one GPU, bf16; nothing measured without
-# CUDA) or root and SLURM (slurm-array: a private cluster, about 5 minutes).
-DEFAULT = [name for name in BENCHMARKS if name not in ("loop-cuda", "slurm-array")]
+# CUDA), root and SLURM (slurm-array: a private cluster, about 5 minutes), or long (soak: 100 interruptions).
+DEFAULT = [name for name in BENCHMARKS if name not in ("loop-cuda", "slurm-array", "soak")]
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:

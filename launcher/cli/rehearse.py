@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from dataclasses import replace
 from typing import Any
 
 from .exit_codes import EXIT_NOT_REPRODUCIBLE, EXIT_NOT_RESUMABLE, EXIT_OK
@@ -14,10 +16,11 @@ EXIT_FOR_VERDICT = {"exact": EXIT_OK, "not resumable": EXIT_NOT_RESUMABLE, "not 
 
 DESCRIPTION = (
     "Prove that this job resumes bitwise: run it twice straight and once with interruptions (the requeue "
-    "signal, SIGTERM then resume, SIGKILL then resume) in RUN_DIR.rehearsal/, compare every tensor of the "
-    "final checkpoint and exported models and the logged metrics, and give a verdict: exact (exit 0), "
+    "signal, SIGTERM then resume, SIGKILL then resume; run again earlier when one lands after the last update) "
+    "in RUN_DIR.rehearsal/, compare the bits of every tensor of the final checkpoint and of either run's exported "
+    "models, and the logged metrics, and give a verdict: exact (exit 0), "
     f"not resumable (exit {EXIT_NOT_RESUMABLE}), not reproducible (exit {EXIT_NOT_REPRODUCIBLE}). "
-    "The report is also written to RUN_DIR.rehearsal/report.json."
+    "A sweep spec needs --member NAME. The report is also written to RUN_DIR.rehearsal/report.json."
 )
 
 
@@ -30,28 +33,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the interruption moments (default 0)")
     parser.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
                         help="where the three runs go (default: as submit)")
+    parser.add_argument("--member", metavar="NAME", dest="members", action="append", default=[],
+                        help="a member of a sweep spec to rehearse (a sweep spec needs one; repeatable: each is "
+                             "rehearsed in turn)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch runs after an exact verdict")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
 def rehearse(args: argparse.Namespace) -> int:
+    """Rehearse the spec, or each ``--member`` of a sweep spec in turn (every one checked before any runs);
+    the exit code is the first member's that is not exact."""
     from ..commands.rehearsal import RehearsalOptions, prepare
 
     options = RehearsalOptions(
         interruptions=args.interruptions, kinds=tuple(kind.strip() for kind in args.kinds.split(",") if kind.strip()),
         seed=args.seed, executor=args.executor, overrides=tuple(args.sets), keep=args.keep)
-    rehearsal = prepare(args.spec, options)
-    say = (lambda line: print(f"elfes: {line}", file=sys.stderr, flush=True)) if args.json else _say
-    report = rehearsal.run(say)
+    rehearsals = [prepare(args.spec, replace(options, member=member)) for member in args.members or [None]]
+    reports = []
+    for rehearsal in rehearsals:
+        with LiveView(sys.stderr if args.json else sys.stdout, bars=not args.json and sys.stdout.isatty()) as view:
+            reports.append(rehearsal.run(view.say, view.show))
+        if not args.json:
+            _print_verdict(reports[-1])
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, default=str), flush=True)
-    else:
-        _print_verdict(report)
-    return EXIT_FOR_VERDICT[report.verdict]
+        data = [report.to_json() for report in reports]
+        print(json.dumps(data[0] if len(data) == 1 else data, indent=2, default=str), flush=True)
+    return next((code for code in (EXIT_FOR_VERDICT[report.verdict] for report in reports) if code != EXIT_OK),
+                EXIT_OK)
 
 
-def _say(line: str) -> None:
-    print(line, flush=True)
+class LiveView:
+    """What a rehearsal shows while it runs: its lines (each interruption as it lands), and each run's step
+    against its total: a rich bar per run on a terminal, else a line every :attr:`EVERY_S` seconds."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, stream: Any, *, bars: bool) -> None:
+        self.stream, self.bars = stream, bars
+        self.progress: Any = None
+        self.tasks: dict[str, Any] = {}
+        self.shown: dict[str, tuple[float, int]] = {}
+
+    def __enter__(self) -> LiveView:
+        if self.bars:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("steps"), console=Console(file=self.stream, highlight=False))
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(line, markup=False)
+        else:
+            print(f"elfes: {line}" if self.stream is sys.stderr else line, file=self.stream, flush=True)
+
+    def show(self, run: str, step: int, total: int | None) -> None:
+        if self.progress is not None:
+            if run not in self.tasks:
+                self.tasks[run] = self.progress.add_task(run, total=total)
+            self.progress.update(self.tasks[run], completed=step, total=total)
+            return
+        now = time.monotonic()
+        last_time, last_step = self.shown.get(run, (float("-inf"), -1))
+        if step != last_step and now - last_time >= self.EVERY_S:
+            self.shown[run] = (now, step)
+            self.say(f"  {run}: step {step}" + (f"/{total}" if total else ""))
 
 
 def _print_verdict(report: Any) -> None:
@@ -60,11 +113,12 @@ def _print_verdict(report: Any) -> None:
 
     console = Console(highlight=False)
     table = Table(title="interruptions", show_edge=False)
-    for column in ("#", "kind", "step", "moment", "attempt", "saved step"):
+    for column in ("#", "kind", "step", "moment", "attempt", "saved step", "landed"):
         table.add_column(column)
     for number, interruption in enumerate(report.interruptions, start=1):
         table.add_row(str(number), interruption.kind, str(interruption.step), interruption.moment,
-                      str(interruption.attempt), "" if interruption.saved_step is None else str(interruption.saved_step))
+                      str(interruption.attempt), "" if interruption.saved_step is None else str(interruption.saved_step),
+                      "yes" if interruption.landed else "no")
     console.print(table)
     differences = report.differences
     if differences.tensors:
@@ -78,7 +132,9 @@ def _print_verdict(report: Any) -> None:
     if differences.divergence is not None:
         d = differences.divergence
         console.print(f"first diverging step: {d.step} ({d.event} {d.metric}: {d.ours!r} vs {d.theirs!r})")
-    console.print(f"verdict: {report.verdict}")
+    console.print(f"verdict: {report.summary}")
+    for line in report.notes:
+        console.print(f"  note: {line}")
     for line in report.likely_causes or report.advice:
         console.print(f"  - {line}")
     console.print(f"report: {report.rehearsal_dir}/report.json")

@@ -1,6 +1,10 @@
 """What ``elfes rehearse`` compares between two runs of one job: every tensor of the final checkpoint
-and of the exported models (``torch.equal``; the max abs difference where they differ), the training
-state, and the logged ``train`` and ``evaluation`` metrics step by step.
+and of the models either run exported (their bit patterns with ``torch.equal``, so NaN equals NaN in
+the same position; the max abs difference where they differ), the training state, and the logged
+``train`` and ``evaluation`` metrics step by step where both runs keep records.
+
+A generator state that differs between the two straight runs while everything else agrees is a
+generator the job never seeds and never draws from: it is set aside with a note (:func:`unused_generators`).
 
 torch is imported inside the functions that load checkpoints; the metric comparison is torch-free.
 """
@@ -8,8 +12,9 @@ torch is imported inside the functions that load checkpoints; the metric compari
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,14 @@ TIMING_METRICS = frozenset({"samples_per_second"})
 RUN_IDENTITY_KEYS = frozenset({"run_id"})
 # Numbers in a checkpoint that measure the clock (a log interval's seconds): identical runs differ there.
 TIMING_KEYS = frozenset({"seconds", "samples_per_second"})
+# Folders of a run directory that hold the launcher's and engine's own files, never an export.
+OWN_FOLDERS = frozenset({"checkpoints", "logs", "submitit", "pids", "tensorboard"})
+# Files found in a run directory that are compared as exported models.
+EXPORT_SUFFIXES = (".pt", ".pth")
+# Each rank's generators in a checkpoint (elfes.engine.rng), as a user knows them, and how to seed them.
+GENERATORS = {"python": "Python's `random` generator", "numpy": "NumPy's global generator",
+              "torch": "torch's CPU generator", "cuda": "the CUDA generators"}
+_GENERATOR = re.compile(r"^/ranks\[\d+\]/rng/(\w+)")
 
 
 @dataclass(frozen=True)
@@ -57,52 +70,112 @@ class Comparison:
     tensors: tuple[TensorDifference, ...]
     divergence: MetricDivergence | None
     compared_files: tuple[str, ...]
+    metrics_compared: bool = True  # False where neither run keeps records (no RunLogger): tensors only
+    set_aside: tuple[str, ...] = ()  # generators (GENERATORS keys) whose differences do not count
 
     @property
     def identical(self) -> bool:
         return not self.tensors and self.divergence is None
 
+    def without_generators(self, generators: tuple[str, ...]) -> Comparison:
+        """This comparison with the differences of ``generators`` set aside."""
+        kept = tuple(t for t in self.tensors if generator_of(t.name) not in generators)
+        return replace(self, tensors=kept, set_aside=tuple(sorted(set(self.set_aside) | set(generators))))
+
     def to_json(self) -> dict[str, Any]:
         return {"identical": self.identical, "tensors": [t.to_json() for t in self.tensors],
                 "first_diverging_step": self.divergence.step if self.divergence else None,
                 "divergence": self.divergence.to_json() if self.divergence else None,
-                "compared_files": list(self.compared_files)}
+                "compared_files": list(self.compared_files), "metrics_compared": self.metrics_compared,
+                "generators_set_aside": list(self.set_aside)}
 
 
-def compare_runs(ours: Path, theirs: Path) -> Comparison:
-    """Compare run directory ``ours`` with ``theirs`` (both finished runs of the same job)."""
-    files = compared_files(ours)
+def compare_runs(ours: Path, theirs: Path, *, ours_name: str = "the interrupted run",
+                 theirs_name: str = "straight-1") -> Comparison:
+    """Compare run directory ``ours`` with ``theirs`` (both finished runs of the same job): the files either
+    run wrote (a file only one of them has is a difference naming it), then the metrics."""
+    files = list(dict.fromkeys(compared_files(ours) + compared_files(theirs)))
     differences: list[TensorDifference] = []
+    compared = []
     for relative in files:
+        present = [(ours / relative).exists(), (theirs / relative).exists()]
+        if not any(present):
+            continue  # e.g. no final checkpoint in either run: nothing to compare there
+        compared.append(relative)
+        if not all(present):
+            lacking, having = (ours_name, theirs_name) if not present[0] else (theirs_name, ours_name)
+            differences.append(TensorDifference(relative, "", None, f"{relative} is missing in {lacking}; {having} "
+                                                f"wrote it"))
+            continue
         differences += _compare_file(ours / relative, theirs / relative, relative)
-    return Comparison(tuple(differences), first_divergence(read_events(ours), read_events(theirs)), tuple(files))
+    a, b = read_records(ours), read_records(theirs)
+    metrics_compared = _has_metrics(a) or _has_metrics(b)
+    return Comparison(tuple(differences), first_divergence(a, b) if metrics_compared else None, tuple(compared),
+                      metrics_compared)
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's records; none where the job keeps no ``events.jsonl``."""
+    return read_events(run_dir) if RunPaths(run_dir).events.is_file() else []
+
+
+def _has_metrics(events: list[dict[str, Any]]) -> bool:
+    return any(event.get("event") in ("train", "evaluation") for event in events)
 
 
 def compared_files(run_dir: Path) -> list[str]:
-    """The final checkpoint and every model the run exported inside its run directory, relative to it."""
+    """The final checkpoint, every model the run exported inside its run directory (its export records),
+    and every torch file it left outside the launcher's and engine's own folders, relative to it."""
     paths = RunPaths(run_dir)
+    root = Path(run_dir).resolve()
     files = [str(paths.final.relative_to(run_dir))]
-    for event in read_events(run_dir):
+    for event in read_records(run_dir):
         if event.get("event") != "export":
             continue
-        exported = Path(str(event.get("path", "")))
         try:
-            relative = str(exported.resolve().relative_to(Path(run_dir).resolve()))
+            relative = str(Path(str(event.get("path", ""))).resolve().relative_to(root))
         except ValueError:
             continue  # exported outside the run directory: the two runs would share it
-        if relative not in files:
-            files.append(relative)
-    return files
+        files.append(relative)
+    for found in sorted(Path(run_dir).rglob("*")):
+        relative_path = found.relative_to(run_dir)
+        if (found.suffix in EXPORT_SUFFIXES and relative_path.parts[0] not in OWN_FOLDERS
+                and not relative_path.name.startswith(".") and found.is_file()):
+            files.append(str(relative_path))
+    return list(dict.fromkeys(files))
+
+
+def generator_of(name: str) -> str | None:
+    """``python`` for ``/ranks[0]/rng/python[1][3]``: the generator a checkpoint entry belongs to, if any."""
+    match = _GENERATOR.match(name)
+    return match[1] if match else None
+
+
+def unused_generators(straight: Comparison) -> tuple[str, ...]:
+    """The generators whose states alone make the two straight runs differ (every other tensor and every
+    metric equal): never seeded, and never drawn from, or the rest would differ too."""
+    if straight.divergence is not None or not straight.tensors:
+        return ()
+    generators = {generator_of(difference.name) for difference in straight.tensors}
+    return () if None in generators else tuple(sorted(generators))  # type: ignore[arg-type]
+
+
+def generator_note(generator: str) -> str:
+    """The note for a generator :func:`unused_generators` set aside."""
+    return (f"{GENERATORS.get(generator, generator)} is never seeded; this job does not draw from it, but any use "
+            "would make it not reproducible: seed it with `accelerate.utils.set_seed`")
 
 
 def _compare_file(ours: Path, theirs: Path, relative: str) -> list[TensorDifference]:
     import torch
 
-    missing = [path for path in (ours, theirs) if not path.exists()]
-    if missing:
-        return [TensorDifference(relative, "", None, f"{missing[0]} does not exist")]
-    a = dict(named_leaves(torch.load(ours, map_location="cpu", weights_only=True)))
-    b = dict(named_leaves(torch.load(theirs, map_location="cpu", weights_only=True)))
+    try:
+        a_payload = torch.load(ours, map_location="cpu", weights_only=True)
+        b_payload = torch.load(theirs, map_location="cpu", weights_only=True)
+    except Exception:  # not a torch file (torch raises KeyError, UnpicklingError, ... then): its bytes are compared
+        return [] if ours.read_bytes() == theirs.read_bytes() else [TensorDifference(relative, "", None,
+                                                                                      "the bytes differ")]
+    a, b = dict(named_leaves(a_payload)), dict(named_leaves(b_payload))
     differences = [TensorDifference(relative, name, None, "only in one run") for name in sorted(a.keys() ^ b.keys())]
     for name in a.keys() & b.keys():
         difference = _leaf_difference(a[name], b[name])
@@ -130,6 +203,19 @@ def named_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, value
 
 
+def bit_pattern(tensor: Any) -> Any:
+    """``tensor`` as integers of its element size, so that ``torch.equal`` compares bits: NaN equals NaN in
+    the same position (and -0.0 differs from 0.0)."""
+    import torch
+
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    if not tensor.is_floating_point():
+        return tensor
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    return tensor.contiguous().view(integer)
+
+
 def _leaf_difference(a: Any, b: Any) -> tuple[float | None, str] | None:
     """None when ``a`` and ``b`` are identical; else (max abs difference or None, a note)."""
     import torch
@@ -137,11 +223,16 @@ def _leaf_difference(a: Any, b: Any) -> tuple[float | None, str] | None:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape or a.dtype != b.dtype:
             return None, f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-        if torch.equal(a, b):
+        if a.numel() == 0 or torch.equal(bit_pattern(a), bit_pattern(b)):
             return None
-        if a.numel() == 0:
-            return None
-        return float((a.double() - b.double()).abs().max()), ""
+        if not (a.is_floating_point() or a.is_complex()):
+            return float((a.double() - b.double()).abs().max()), ""
+        nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+        if not torch.equal(nan_a, nan_b):
+            return None, f"NaN in one run only at {int((nan_a ^ nan_b).sum())} position(s)"
+        wide = torch.complex128 if a.is_complex() else torch.float64
+        difference = float(torch.where(nan_a, 0, (a.to(wide) - b.to(wide)).abs()).max())
+        return difference, "" if difference else "the same values with other bit patterns (a NaN payload, a zero's sign)"
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return None, f"a tensor in one run, {type(b if isinstance(a, torch.Tensor) else a).__name__} in the other"
     if a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
@@ -178,6 +269,11 @@ def first_divergence(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -
             return MetricDivergence(step, event.partition("/")[0], "(logged in one run only)",
                                     None if left is None else "logged", None if right is None else "logged")
         for metric in sorted(left.keys() | right.keys()):
-            if left.get(metric) != right.get(metric):
+            if not _same_number(left.get(metric), right.get(metric)):
                 return MetricDivergence(step, event.partition("/")[0], metric, left.get(metric), right.get(metric))
     return None
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    """Equal, or NaN on both sides (a record read back from JSON may hold NaN)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))

@@ -4,7 +4,7 @@
 newest complete checkpoint when a kill (or a hand) left ``last`` missing or dangling; None for a
 run that has published no checkpoint yet. A ``last`` that leaves the run's checkpoint folder, or
 names a checkpoint another run wrote, is refused: resuming from it would continue someone else's
-training under this run's name. The run's id is the one its ``started`` record carries (the engine
+training under this run's name. The run's id is the one its latest ``started`` record carries (the engine
 writes it into every checkpoint), else the one all of its complete checkpoints share.
 
 Inside the job only: it reads checkpoint files through the engine (torch).
@@ -67,7 +67,9 @@ def resume_point(paths: RunPaths) -> tuple[Path | None, str | None]:
 
 
 def _recorded_run_id(paths: RunPaths) -> str | None:
-    """The run id of the run's first ``started`` record, if its records hold one."""
+    """The run id of the run's latest ``started`` record, if its records hold one. A start is fresh only
+    when no checkpoint was published, so a later ``started`` (a kill before the first checkpoint, then
+    a relaunch) begins the run again under the id its checkpoints carry."""
     import warnings
 
     from elfes.records import read_events
@@ -78,7 +80,7 @@ def _recorded_run_id(paths: RunPaths) -> str | None:
             events = read_events(paths.run_dir)
         except (FileNotFoundError, ValueError):
             return None
-    started = next((event for event in events if event.get("event") == "started"), None)
+    started = next((event for event in reversed(events) if event.get("event") == "started"), None)
     run_id = started.get("run_id") if started is not None else None
     return run_id if isinstance(run_id, str) else None
 

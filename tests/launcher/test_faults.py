@@ -132,6 +132,24 @@ def test_a_last_pointing_at_another_runs_checkpoint_is_refused(runs: Runs) -> No
     assert f"a checkpoint of run {run_id}" in shown
 
 
+def test_a_run_killed_before_its_first_checkpoint_and_again_after_it_resumes_from_its_own(tmp_path: Path) -> None:
+    """Found by the rehearsal soak: attempt 1 killed after its `started` record but before any checkpoint,
+    attempt 2 started afresh (a new run id) and published one, then was killed: attempt 3 resumes from it,
+    the checkpoint of the run's latest fresh start, instead of refusing it as another run's."""
+    import torch
+
+    from elfes.launcher.job.resume_point import resume_point
+
+    paths = RunPaths(tmp_path)
+    paths.checkpoints.mkdir(parents=True)
+    paths.events.write_text("".join(json.dumps({"event": "started", "time": "2026-12-02T00:00:00+00:00",
+                                                "run_id": run_id}) + "\n" for run_id in ("killed-early", "second")))
+    checkpoint = paths.checkpoints / "step-00000004-batches-0000000016.pt"
+    torch.save({"format": "elfes-checkpoint", "version": 2, "run_id": "second"}, checkpoint)
+    os.symlink(checkpoint.name, paths.last)
+    assert resume_point(paths) == (paths.last, None)
+
+
 # -- item 9: a lost attempt names its cause ---------------------------------------------------------------------
 def effective_status(run_dir: Path) -> dict:
     """`elfes status --json` of one run: what the readers make of it (a vanished job counted lost)."""

@@ -5,6 +5,10 @@ from the clock; bad input exits 2 and leaves nothing behind."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,7 @@ import pytest
 import yaml
 
 from elfes.launcher.cli.main import main as elfes
-from elfes.launcher.commands.rehearsal import KINDS, plan_interruptions
+from elfes.launcher.commands.rehearsal import KINDS, candidate_steps, plan_interruptions
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # 256 samples, batches of 16, accumulation 2: 8 updates an epoch on one rank, a train record each.
@@ -20,7 +24,7 @@ CONFIG = {"epochs": 2, "train_samples": 256, "log_every": 1, "step_delay_s": 0.0
 # Three epochs, where an interruption must land before the end: a follower on a loaded machine may see a
 # step several updates late, and a signal that arrives in the last update resumes nothing.
 LONGER = {**CONFIG, "epochs": 3}
-LOGGED_STEPS = range(1, 24)  # the train records of a three-epoch straight run before its last
+LOGGED_STEPS = candidate_steps(24)  # the steps a rehearsal of a three-epoch run (24 updates) aims at
 
 
 def seed_where(count: int, kinds: tuple[str, ...], wanted) -> int:
@@ -145,3 +149,195 @@ def test_a_command_job_rehearses_exact(tmp_path, capsys):
     assert (code, report["verdict"]) == (0, "exact"), report
     assert [i["kind"] for i in report["interruptions"]] == ["stop"]
     assert report["runs"]["interrupted"]["attempts"] == 2
+
+
+# -- what is compared decides the verdict -------------------------------------------------------------------------
+SWITCHABLE = "tests.launcher.rehearsal_jobs:switchable"
+
+
+def test_nan_equals_nan_in_the_same_position_by_bit_pattern_and_nowhere_else():
+    import torch
+
+    from elfes.launcher.commands.rehearsal_compare import _leaf_difference
+
+    nan = float("nan")
+    assert _leaf_difference(torch.tensor([1.0, nan]), torch.tensor([1.0, nan])) is None
+    assert _leaf_difference(torch.tensor([1.0, nan], dtype=torch.bfloat16), torch.tensor([1.0, nan],
+                                                                                       dtype=torch.bfloat16)) is None
+    assert _leaf_difference(torch.tensor([nan, 1.0]), torch.tensor([1.0, nan])) == (
+        None, "NaN in one run only at 2 position(s)")
+    assert _leaf_difference(torch.tensor([2.0, nan]), torch.tensor([1.5, nan])) == (0.5, "")
+    assert _leaf_difference(torch.tensor([0.0]), torch.tensor([-0.0]))[0] == 0.0  # bits differ: not identical
+
+
+def test_an_export_torch_cannot_read_is_compared_byte_for_byte(tmp_path):
+    from elfes.launcher.commands.rehearsal_compare import _compare_file
+
+    (tmp_path / "a.pt").write_text("weights in a format of its own")
+    (tmp_path / "b.pt").write_text("weights in a format of its own")
+    (tmp_path / "c.pt").write_text("weights in a format of its owN")
+    assert _compare_file(tmp_path / "a.pt", tmp_path / "b.pt", "model.pt") == []
+    [difference] = _compare_file(tmp_path / "a.pt", tmp_path / "c.pt", "model.pt")
+    assert (difference.file, difference.note) == ("model.pt", "the bytes differ")
+
+
+def test_generators_never_seeded_nor_drawn_from_are_a_note_and_the_verdict_exact(tmp_path, capsys):
+    # The job seeds torch only: the straight runs end with other Python and NumPy generator states, and
+    # nothing else differs.
+    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "seed": "torch"})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["straight_vs_straight"]["generators_set_aside"] == ["numpy", "python"]
+    assert ("NumPy's global generator is never seeded; this job does not draw from it, but any use would make it "
+            "not reproducible: seed it with `accelerate.utils.set_seed`") in report["notes"]
+    assert any(note.startswith("Python's `random` generator is never seeded") for note in report["notes"])
+
+
+def test_a_job_with_nan_in_a_buffer_and_a_logged_metric_is_exact(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "nan": True})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "stop", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["landed"] == {"stop": 1}
+
+
+def test_an_export_the_interrupted_run_lost_is_not_resumable_naming_the_file(tmp_path, capsys):
+    # model.pt is written only by a run never resumed: both straight runs have it, the interrupted one not.
+    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "export": "first_attempt"})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", capsys=capsys)
+    assert (code, report["verdict"]) == (6, "not resumable"), report
+    [lost] = report["differences"]["tensors"]
+    assert lost["file"] == "model.pt" and "model.pt is missing in the interrupted run" in lost["note"]
+    assert "model.pt" in report["differences"]["compared_files"]
+
+
+# -- any job ----------------------------------------------------------------------------------------------------
+def test_a_job_without_a_run_logger_rehearses_exact_and_says_the_metrics_were_not_compared(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, config={**LONGER, "logger": False})
+    code, report = rehearse(spec, "--interruptions", "3", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["differences"]["metrics_compared"] is False
+    assert any(note.startswith("The logged metrics were not compared") for note in report["notes"])
+    assert sum(report["landed"].values()) >= 1 and set(report["landed"]) == set(KINDS)
+    assert not (tmp_path / "run.rehearsal" / "straight-1").exists()
+
+
+def test_a_command_job_without_records_rehearses_to_a_verdict(tmp_path, capsys):
+    command = ["{python}", "-m", "tests.launcher.rehearsal_jobs", "--run-dir", "{run_dir}", "--set", "logger=false",
+               "--set", "epochs=3", "--set", "train_samples=256", "--set", "log_every=1", "--set", "step_delay_s=0.08"]
+    spec = write_spec(tmp_path, None, command=command, config={})
+    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "stop", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert report["differences"]["metrics_compared"] is False
+    assert report["differences"]["compared_files"] == ["checkpoints/final", "model.pt"]
+
+
+# -- every requested kind lands ---------------------------------------------------------------------------------
+def test_an_interruption_that_lands_after_the_last_update_is_retried_at_an_earlier_moment(tmp_path, capsys):
+    # Updates after step 16 take no time and the job then waits 3 s: a requeue aimed at step 17 or 18 (late
+    # in the first pass) reaches a run that has already trained its last update; the retry aims earlier.
+    seed = next(s for s in range(1000) if (lambda p: p.step in (17, 18) and p.fraction >= 0.5)(
+        plan_interruptions(1, ("requeue",), candidate_steps(24), s)[0]))
+    config = {**LONGER, "step_delay_s": 0.15, "fast_after_step": 16, "pause_after_s": 3.0}
+    spec = write_spec(tmp_path, SWITCHABLE, config=config)
+    code = elfes(["rehearse", str(spec), "--executor", "local", "--json", "--interruptions", "1", "--kinds", "requeue",
+                  "--seed", str(seed)])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    [missed] = report["retried"]
+    assert (missed["pass"], missed["kind"], missed["landed"]) == (1, "requeue", False)
+    assert missed["saved_step"] == 24 or missed["step"] is None
+    [landed] = report["interruptions"]
+    assert landed["landed"] and landed["planned_step"] < missed["planned_step"] and landed["saved_step"] < 24
+    assert report["landed"] == {"requeue": 1} and report["summary"] == "exact (requeue: 1 of 1 landed)"
+    lines = captured.err.splitlines()
+    assert any("running the interrupted run again with earlier moments" in line for line in lines)
+    assert any(line.startswith("elfes: interruption 1/1: requeue landed") for line in lines)
+    assert any(line.startswith("elfes:   straight-2: step ") and line.endswith("/24") for line in lines)  # progress
+
+
+def test_the_verdict_line_names_what_landed_and_what_never_did():
+    from elfes.launcher.commands.rehearsal_report import verdict_line
+
+    assert verdict_line("exact", ["requeue", "stop", "kill"], {"requeue": 1, "stop": 1, "kill": 1}) == (
+        "exact (requeue, stop, kill: 3 of 3 landed)")
+    assert verdict_line("exact", ["kill", "stop", "requeue"], {"requeue": 1, "stop": 0, "kill": 1}) == (
+        "exact (requeue, kill: 2 of 3 landed; stop never landed mid-run, so it is untested)")
+
+
+# -- sweeps -----------------------------------------------------------------------------------------------------
+SWEEP = {"grid": {"config.seed_value": [0, 1]}}
+
+
+def test_a_sweep_spec_without_a_member_exits_2_names_the_members_and_creates_nothing(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, sweep=SWEEP)
+    assert elfes(["rehearse", str(spec), "--executor", "local"]) == 2
+    error = capsys.readouterr().err
+    assert "is a sweep of 2 members (seed_value=0, seed_value=1)" in error and "--member seed_value=0" in error
+    assert elfes(["rehearse", str(spec), "--executor", "local", "--member", "seed_value=0", "--member", "lr=1"]) == 2
+    assert "--member lr=1: " in capsys.readouterr().err  # every member is checked before any is rehearsed
+    assert elfes(["rehearse", str(write_spec(tmp_path, SWITCHABLE)), "--executor", "local", "--member", "x"]) == 2
+    assert "has no sweep section" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_each_sweep_member_given_is_rehearsed_with_its_own_values(tmp_path, capsys):
+    spec = write_spec(tmp_path, SWITCHABLE, sweep=SWEEP)
+    code = elfes(["rehearse", str(spec), "--executor", "local", "--json", "--member", "seed_value=1", "--member",
+                  "seed_value=0", "--interruptions", "1", "--kinds", "requeue", "--keep"])
+    reports = json.loads(capsys.readouterr().out)
+    assert code == 0 and [report["verdict"] for report in reports] == ["exact", "exact"], reports
+    for report, value in zip(reports, (1, 0)):
+        folder = tmp_path / "run.rehearsal" / f"seed_value={value}"
+        assert report["rehearsal_dir"] == str(folder) and (folder / "report.json").is_file()
+        assert yaml.safe_load((folder / "straight-1" / "job.yaml").read_text())["config"]["seed_value"] == value
+    assert not (tmp_path / "run").exists()  # the sweep's own folder is never touched
+
+
+# -- signals ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_signal_to_rehearse_ends_its_scratch_job_keeps_its_folder_and_leaves_no_process(tmp_path, signum):
+    from elfes.launcher.rundir.liveness import local_processes, recorded_tasks
+    from elfes.launcher.rundir.paths import RunPaths
+
+    spec = write_spec(tmp_path, SWITCHABLE, config={**LONGER, "epochs": 50})
+    # SIGINT as a terminal sends it, even where this test runs in the background (which ignores SIGINT).
+    rehearsal = subprocess.Popen([sys.executable, "-m", "elfes", "rehearse", str(spec), "--executor", "local"],
+                                 cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    paths = RunPaths(tmp_path / "run.rehearsal" / "straight-1")
+    try:
+        assert wait_until(lambda: paths.events.is_file() and recorded_tasks(paths), 300), "straight-1 never trained"
+        rehearsal.send_signal(signum)
+        out, err = rehearsal.communicate(timeout=300)
+    finally:
+        if rehearsal.poll() is None:
+            rehearsal.kill()
+    assert rehearsal.returncode == 128 + signum, (out, err)
+    [line] = [line for line in err.splitlines() if "interrupted" in line]
+    assert line == (f"elfes: error: interrupted by {signal.Signals(signum).name}; ended the scratch job of straight-1; the "
+                    f"scratch runs are kept in {tmp_path / 'run.rehearsal'}")
+    assert paths.state.is_file() and paths.events.is_file()  # kept for inspection
+    assert wait_until(lambda: not any(local_processes(paths).values()), 60), local_processes(paths)
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return bool(condition())
+
+
+def test_on_a_terminal_each_run_has_a_bar_of_its_step_against_its_total():
+    import io
+
+    from elfes.launcher.cli.rehearse import LiveView
+
+    stream = io.StringIO()
+    with LiveView(stream, bars=True) as view:
+        view.show("straight-2", 12, 24)
+        view.say("interruption 1/3: requeue landed; the run continues from step 13")
+    text = stream.getvalue()
+    assert "straight-2" in text and "12/24 steps" in text and "interruption 1/3: requeue landed" in text

@@ -8,9 +8,9 @@ import json
 from cluster import SlurmCluster
 from test_slurm_preemption import elfes, write_spec
 
-from elfes.launcher.commands.rehearsal import plan_interruptions
+from elfes.launcher.commands.rehearsal import candidate_steps, plan_interruptions
 
-LOGGED_STEPS = range(1, 16)  # the train records of the straight run (16 updates) before its last
+LOGGED_STEPS = candidate_steps(16)  # the steps a rehearsal of the straight run (16 updates) aims at
 
 
 def seed_landing_in(steps: range) -> int:

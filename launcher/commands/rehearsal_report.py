@@ -1,0 +1,105 @@
+"""What ``elfes rehearse`` reports: each interruption as it happened, which kinds landed, the verdict
+and its line (``exact (requeue, stop, kill: 3 of 3 landed)``), the notes, and ``report.json``. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .rehearsal_compare import Comparison
+
+VERDICTS = ("exact", "not resumable", "not reproducible")
+
+
+@dataclass
+class Interruption:
+    """One interruption as it happened: what was sent, at which step, and what the run saved."""
+
+    kind: str
+    planned_step: int
+    step: int | None  # the latest step the run had reached when it was interrupted
+    moment: str  # e.g. "0.42 of an update after step 7", "during the checkpoint write of step 8"
+    attempt: int | None  # the attempt it ended
+    saved_step: int | None = None  # the step the next attempt continues from, where known
+    landed: bool = True  # False when the run had finished, or saved its last update: nothing was resumed
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def after_the_last_update(interruptions: list[Interruption], final_step: int | None) -> list[Interruption]:
+    """Mark as not landed each interruption whose attempt saved the run's final step (its signal arrived in
+    the last update): the relaunch had nothing left to train, so it proves nothing about resume."""
+    late = [i for i in interruptions if i.landed and final_step is not None and i.saved_step is not None
+            and i.saved_step >= final_step]
+    for interruption in late:
+        interruption.landed = False
+    return late
+
+
+def landed_per_kind(kinds: tuple[str, ...], requested: list[str], interruptions: list[Interruption]) -> dict[str, int]:
+    """How many interruptions of each requested kind landed mid-run."""
+    return {kind: sum(1 for i in interruptions if i.kind == kind and i.landed) for kind in kinds if kind in requested}
+
+
+def verdict_line(verdict: str, requested: list[str], landed: dict[str, int]) -> str:
+    """``exact (requeue, stop, kill: 3 of 3 landed)``, the kinds in the order of ``landed`` (see
+    :func:`landed_per_kind`); a kind that never landed is named."""
+    kinds = list(landed) + [kind for kind in dict.fromkeys(requested) if kind not in landed]
+    total = sum(landed.values())
+    exercised = [kind for kind in kinds if landed.get(kind)]
+    line = f"{verdict} ({', '.join(exercised) or 'nothing'}: {total} of {len(requested)} landed"
+    missing = [kind for kind in kinds if not landed.get(kind)]
+    if missing:
+        line += f"; {', '.join(missing)} never landed mid-run, so {'it is' if len(missing) == 1 else 'they are'} untested"
+    return line + ")"
+
+
+@dataclass
+class Report:
+    verdict: str
+    spec: str
+    rehearsal_dir: str
+    seed: int
+    executor: str
+    interruptions: list[Interruption]
+    straight: Comparison
+    interrupted: Comparison | None  # None when the straight runs differ (the interrupted run is skipped)
+    requested: list[str] = field(default_factory=list)  # the kinds of the plan, one per interruption
+    kinds: tuple[str, ...] = ()
+    retried: list[dict[str, Any]] = field(default_factory=list)  # earlier passes' interruptions that missed
+    notes: list[str] = field(default_factory=list)
+    likely_causes: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def differences(self) -> Comparison:
+        """The comparison the verdict rests on."""
+        return self.interrupted if self.verdict != "not reproducible" and self.interrupted else self.straight
+
+    @property
+    def landed(self) -> dict[str, int]:
+        return landed_per_kind(self.kinds, self.requested, self.interruptions)
+
+    @property
+    def summary(self) -> str:
+        if self.verdict == "not reproducible":
+            return f"{self.verdict} (the straight runs differ; no interruption was tried)"
+        return verdict_line(self.verdict, self.requested, self.landed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict, "summary": self.summary, "spec": self.spec, "rehearsal_dir": self.rehearsal_dir,
+            "seed": self.seed, "executor": self.executor, "interruptions": [i.to_json() for i in self.interruptions],
+            "landed": self.landed, "requested": {kind: self.requested.count(kind) for kind in self.kinds
+                                                 if kind in self.requested},
+            "retried": self.retried,
+            "differences": {**self.differences.to_json(),
+                            "compared": ("straight-2 vs straight-1" if self.verdict == "not reproducible"
+                                         else "interrupted vs straight-1")},
+            "straight_vs_straight": self.straight.to_json(),
+            "interrupted_vs_straight": self.interrupted.to_json() if self.interrupted else None,
+            "notes": self.notes, "likely_causes": self.likely_causes, "advice": self.advice, "runs": self.runs,
+        }

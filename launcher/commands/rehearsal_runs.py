@@ -1,0 +1,218 @@
+"""Running the scratch runs of ``elfes rehearse``: submitting each through ``elfes submit``'s path,
+following its progress (records where the job keeps them, else its checkpoint files at the straight
+run's pace), waiting on its state, and ending what is left alive on the way out. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elfes.files import write_text_atomically
+
+from ..rundir import state as run_state
+from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks, run_slurm_tool
+from ..rundir.paths import RunPaths
+from ..spec import JobSpec
+from .logs import EventTail
+from .rehearsal_plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
+from .submission import submit
+
+RUN_NAMES = ("straight-1", "interrupted", "straight-2")
+# show(run name, step, total or None): called on every look at a run; the caller decides what to draw.
+Show = Callable[[str, int, "int | None"], None]
+
+
+class Follower:
+    """How far a run has trained: the latest step its current attempt logged where it keeps records; else
+    its newest checkpoint file, moved on by the time since at the straight run's pace (``length``)."""
+
+    def __init__(self, paths: RunPaths, length: RunLength | None = None) -> None:
+        self.paths, self.length = paths, length
+        self.tail = EventTail(paths)
+        self.logged = 0
+        self.total = length.final_step if length else None
+        self.published: set[str] = set()  # checkpoint files seen: a new one is a published checkpoint
+        self.step = 0
+
+    @property
+    def checkpoints(self) -> int:
+        return len(self.published)
+
+    def poll(self) -> int:
+        records = False
+        for event in self.tail.read():
+            records = records or event.get("event") == "train"
+            if event.get("event") in ("started", "resumed"):
+                self.logged = int(event["state"]["step"])  # a new attempt: a kill replays from its checkpoint
+                planned = (event.get("budget") or {}).get("planned_steps")
+                self.total = self.total or (planned if isinstance(planned, int) else None)
+            elif isinstance(event.get("step"), int):
+                self.logged = max(self.logged, event["step"])
+        files = checkpoint_files(self.paths)
+        self.published |= {f"{step}@{mtime}" for step, mtime in files}
+        if self.length is None or self.length.records:
+            self.step = max(self.logged, files[-1][0] if files and self.length is None else 0)
+        else:
+            self.step = self._estimate(files)
+        return self.step
+
+    def _estimate(self, files: list[tuple[int, float]]) -> int:
+        state = run_state.load_state(self.paths) if self.paths.state.is_file() else None
+        attempt = state.last_attempt if state is not None else None
+        if attempt is None or attempt.ended:
+            return files[-1][0] if files else 0
+        start = timestamp(attempt.started_at)
+        own = [(step, mtime) for step, mtime in files if mtime >= start]
+        before = [step for step, mtime in files if mtime < start]
+        base_step, base_time = own[-1] if own else (max(before, default=0), start + self.length.startup_s)
+        pace = max(self.length.update_time_s, 1e-3)
+        return min(self.length.final_step, base_step + max(0, int((time.time() - base_time) / pace)))
+
+
+@dataclass
+class ScratchRuns:
+    """The rehearsal's three runs in ``folder``: submitted, followed, waited on, ended."""
+
+    spec: JobSpec
+    executor: str
+    folder: Path
+    say: Callable[[str], None] = print
+    show: Show | None = None
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def submit(self, name: str) -> Path:
+        data = yaml.safe_load(self.spec.to_yaml())
+        data["run_dir"] = str(self.folder / name)
+        data["name"] = f"{self.spec.name}.{name}"[:128]
+        spec_file = self.folder / f"{name}.yaml"
+        write_text_atomically(spec_file, yaml.safe_dump(data, sort_keys=False))
+        submitted = submit(spec_file, executor=self.executor)
+        self.say(f"{name}: submitted as {submitted.executor} job {submitted.job_id}")
+        self.runs[name] = {"run_dir": str(submitted.run_dir), "started_at": time.time()}
+        return submitted.run_dir
+
+    def straight(self, name: str, length: RunLength | None) -> Path:
+        run_dir = self.submit(name)
+        state = self.wait_until_ended(run_dir, name, Follower(RunPaths(run_dir), length))
+        step = state.last_attempt.step if state.last_attempt else None
+        step = step if step is not None else pointer_step(RunPaths(run_dir), "final")  # a command without records
+        self.say(f"{name}: finished at step {step if step is not None else '?'}")
+        return run_dir
+
+    def wait(self, paths: RunPaths, condition: Callable[[run_state.RunState], bool], what: str, *,
+             raw: bool = False, follower: Follower | None = None) -> run_state.RunState:
+        deadline = time.monotonic() + self.phase_timeout_s()
+        while True:
+            if follower is not None:
+                step = follower.poll()
+                if self.show is not None:
+                    self.show(paths.run_dir.name, step, follower.total)
+            state = run_state.load_state(paths)
+            if state is not None:
+                current = state if raw else effective_state(paths, state, liveness(paths, state))
+                if not raw and current.status == "failed":  # before the condition: a failure ends the rehearsal
+                    raise RehearsalFailed(failure(paths, current))
+                if condition(current):
+                    return current
+            if time.monotonic() > deadline:
+                raise RehearsalFailed(f"{paths.run_dir}: timed out after {self.phase_timeout_s():.0f} s waiting for "
+                                      f"{what} (status {state.status if state else 'not submitted'}); see "
+                                      f"`elfes logs {paths.run_dir}`")
+            time.sleep(0.1)
+
+    def wait_until_ended(self, run_dir: Path, name: str, follower: Follower | None = None) -> run_state.RunState:
+        paths = RunPaths(run_dir)
+        state = self.wait(paths, lambda s: s.status in run_state.ENDED, f"{name} to end", follower=follower)
+        if follower is not None and self.show is not None:
+            self.show(name, follower.poll(), follower.total)
+        self.runs[name]["wall_s"] = round(time.time() - self.runs[name].pop("started_at"), 1)
+        self.runs[name]["attempts"] = len(state.attempts)
+        if state.status != "finished":
+            raise RehearsalFailed(failure(paths, state))
+        return state
+
+    def phase_timeout_s(self) -> float:
+        return self.spec.resources.timeout_min * 60.0 + 120.0
+
+    def end_live_runs(self) -> list[str]:
+        """On the way out without a verdict (a signal, a failure): end the scratch jobs still alive; their names."""
+        ended = []
+        for name in RUN_NAMES:
+            paths = RunPaths(self.folder / name)
+            state = run_state.load_state(paths) if paths.state.is_file() else None
+            if state is None or not liveness(paths, state).alive:
+                continue
+            if state.executor == "slurm":
+                slurm(["scancel", str(state.job_id)])
+            else:
+                kill_local_job(paths)
+            ended.append(name)
+        return ended
+
+
+def failure(paths: RunPaths, state: run_state.RunState) -> str:
+    error = f": {state.error}" if state.error else ""
+    return (f"{paths.run_dir} ended {state.status}{error}; the rehearsal has no verdict. See "
+            f"`elfes logs {paths.run_dir}`, fix the job, and rehearse again")
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+def signal_tasks(paths: RunPaths, signum: int) -> None:
+    for record in recorded_tasks(paths):
+        try:
+            os.kill(int(record["pid"]), signum)
+        except ProcessLookupError:
+            pass
+
+
+def kill_local_job(paths: RunPaths) -> None:
+    """SIGKILL every process of a local job: its controller, its tasks and their commands' groups."""
+    found = local_processes(paths)
+    kill_process_tree(found["controller"] + found["task"] + found["command"])
+
+
+def descendants(pids: Sequence[int]) -> list[int]:
+    """``pids`` and all their descendants (from /proc's parent links)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], list(pids)
+    while queue:
+        pid = queue.pop()
+        if pid not in found:
+            found.append(pid)
+            queue += parents.get(pid, [])
+    return found
+
+
+def kill_process_tree(pids: Sequence[int]) -> None:
+    """SIGKILL a local job as a power cut would: every process frozen first, so none reacts to another's death."""
+    tree = descendants(pids)
+    for signum in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in tree:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def slurm(argv: list[str]) -> None:
+    completed = run_slurm_tool(argv)
+    if completed is None or completed.returncode != 0:
+        said = "not on PATH" if completed is None else (completed.stderr.strip() or completed.returncode)
+        raise RehearsalFailed(f"`{' '.join(argv)}` failed: {said}")
