@@ -121,5 +121,8 @@ def test_tensorboard_holds_each_steps_loss_once_equal_to_the_run_records(interru
         steps.append([e.step for e in found if e.HasField("summary") and e.summary.value[0].tag == "train/loss"])
     last_checkpoint, lost_records = kill_facts(interrupted)
     assert steps[0] + steps[1] + steps[3] == list(range(1, 25))
-    assert steps[2] == [e["step"] for e in lost_records]
-    assert purges[3] == last_checkpoint + 1 <= min(steps[2])
+    # The mirror writes each record just after events.jsonl has it: a SIGKILL between the two leaves the
+    # killed attempt's file one record short, never a record the run did not log.
+    lost_steps = [e["step"] for e in lost_records]
+    assert steps[2] == lost_steps[: len(steps[2])] and len(steps[2]) >= len(lost_steps) - 1, (steps[2], lost_steps)
+    assert purges[3] == last_checkpoint + 1 <= min(steps[2] or lost_steps)
