@@ -87,7 +87,6 @@ class WindowRunner:
         self.scheduler = scheduler
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
         self.distributed = accelerator.num_processes > 1
-        self.accumulation_steps = accelerator.gradient_accumulation_steps
 
     def run(
         self,

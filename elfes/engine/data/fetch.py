@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from .state import is_stateful
+
 _MASK64 = 2**64 - 1
 
 
@@ -206,7 +208,7 @@ def with_seeded_worker_fetches(loader: DataLoader) -> DataLoader:
         return loader
     arguments = {name: getattr(loader, name) for name in _LOADER_ARGUMENTS if hasattr(loader, name)}
     if isinstance(loader.dataset, IterableDataset):
-        stream = StatefulSeededStream if _has_state(loader.dataset) else SeededStream
+        stream = StatefulSeededStream if is_stateful(loader.dataset) else SeededStream
         return type(loader)(
             stream(loader.dataset), batch_size=loader.batch_size, drop_last=loader.drop_last,
             collate_fn=loader.collate_fn, **arguments,
@@ -219,7 +221,3 @@ def with_seeded_worker_fetches(loader: DataLoader) -> DataLoader:
         collate_fn=collated_already,
         **arguments,
     )
-
-
-def _has_state(part: Any) -> bool:
-    return callable(getattr(part, "state_dict", None)) and callable(getattr(part, "load_state_dict", None))
