@@ -30,14 +30,16 @@ from ..rundir.sweep_record import (
     is_sweep_dir,
     load_sweep,
     save_sweep,
+    scheduler_alive,
+    stall,
     sweep_lock,
 )
-from ..rundir.sweep_status import NOT_STARTED, WAITING, sweep_status
+from ..rundir.sweep_status import NOT_STARTED, UNREADABLE, WAITING, sweep_status
 from ..spec import SpecError
 from ..spec.sweep import SweepPlan, plan_sweep
 from ..submit import executors
 from .signalling import Signalled, cancel
-from .sweep_local import scheduler_alive, start_scheduler
+from .sweep_local import start_scheduler
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class SweepSubmitted:
     max_parallel: int
     job_ids: tuple[str, ...] = ()  # SLURM: the array job(s)
     dry_run: str | None = None
+    scheduler_started: bool = False  # local: a scheduler was started (none was alive)
 
 
 def _check_folder(plan: SweepPlan) -> None:
@@ -166,12 +169,19 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             now_status = status[member.name].status
             if now_status in ("finished",):
                 skipped[member.name] = "finished"
+            elif now_status == UNREADABLE:
+                skipped[member.name] = f"{UNREADABLE}: {status[member.name].error}"
             elif now_status in run_state.ENDED or now_status in (NOT_STARTED, "submitted"):
                 due.append(member)  # "submitted": a hand-over cut short; settled (its job adopted) under the lock
             else:
                 skipped[member.name] = now_status  # live, or already waiting for a slot
         if not due:
-            return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel)
+            # Members waiting for a slot with no scheduler alive (it was killed, or never started): start one.
+            healed = chosen == "local" and record.executor == "local" and stall(paths, record) is not None
+            if healed:
+                start_scheduler(paths)
+            return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel,
+                                  scheduler_started=healed)
         if chosen == "slurm":
             from .sweep_slurm import submit_array
 
@@ -180,16 +190,18 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             skipped |= submitted.left
             due = [member for member in due if member.name not in submitted.left]
             job_ids = submitted.array_ids
+            started = False
         else:
             at = run_state.now()
             change_sweep(paths, lambda r: replace(
                 r, executor="local", queue=(*r.queue, *({"name": m.name, "at": at} for m in due)),
                 problems={name: text for name, text in r.problems.items() if name not in {m.name for m in due}}))
-            if not scheduler_alive(paths):
+            started = not scheduler_alive(paths)
+            if started:
                 start_scheduler(paths)
             job_ids = ()
     return SweepSubmitted(paths.sweep_dir, record.name, chosen, tuple(member.name for member in due), skipped,
-                          record.max_parallel, tuple(job_ids))
+                          record.max_parallel, tuple(job_ids), scheduler_started=started)
 
 
 @dataclass(frozen=True)
