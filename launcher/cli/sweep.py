@@ -52,7 +52,21 @@ def submit(args: argparse.Namespace) -> int:
     print_line(f"{result.name}: sweep of {len(result.members)} member(s), at most {result.max_parallel} at once, as {how}")
     print_line(f"sweep folder: {result.sweep_dir}")
     print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
-    return 0
+    return _refusals(result)
+
+
+def _refusals(result: Any) -> int:
+    """sbatch refused an array after others were queued: the sweep stays, its other members left for
+    `elfes resume SWEEP_DIR` (exit 3)."""
+    if not result.refused:
+        return 0
+    from .exit_codes import EXIT_NOT_NOW
+    from .output import print_error
+
+    print_error(f"{result.error}\n{len(result.refused)} member(s) were not handed over (the array(s) queued before "
+                f"run): {', '.join(result.refused)}; once the cause is fixed, `elfes resume {result.sweep_dir}` hands "
+                "them over")
+    return EXIT_NOT_NOW
 
 
 def resume(args: argparse.Namespace) -> int:
@@ -74,7 +88,8 @@ def resume(args: argparse.Namespace) -> int:
     from .exit_codes import EXIT_NOT_NOW
 
     # A member whose state.json cannot be read is left alone, and that is a problem to see to.
-    return EXIT_NOT_NOW if any(why.startswith(f"{UNREADABLE}:") for why in result.skipped.values()) else 0
+    unreadable = any(why.startswith(f"{UNREADABLE}:") for why in result.skipped.values())
+    return _refusals(result) or (EXIT_NOT_NOW if unreadable else 0)
 
 
 def cancel(args: argparse.Namespace) -> int:
