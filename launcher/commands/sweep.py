@@ -4,10 +4,13 @@
 
 Every member is validated before anything is created; then each member's run directory is created
 with its own ``job.yaml`` (overrides applied, no ``sweep``), ``sweep.json`` is written, and the members
-are handed over: on SLURM as one job array per distinct set of sbatch options (launcher/commands/sweep_slurm.py),
-locally through the sweep's scheduler, at most ``max_parallel`` at once (launcher/commands/sweep_local.py). A
-refused submission removes what it created. A member is an ordinary run directory: every verb that
-takes one works on it.
+are handed over: on SLURM as chained job arrays, one per distinct set of sbatch options and at most
+``MaxArraySize`` members each (launcher/commands/sweep_slurm.py), locally through the sweep's scheduler, at
+most ``max_parallel`` at once (launcher/commands/sweep_local.py). A submission refused before any member
+was handed over removes what it created; once an array is queued the sweep stays, and the members left
+out are recorded for ``elfes resume SWEEP_DIR``. A local sweep whose members wait with no scheduler alive
+is stalled: every verb says so, and ``elfes resume SWEEP_DIR`` starts one. A member is an ordinary run
+directory: every verb that takes one works on it.
 """
 
 from __future__ import annotations

@@ -212,3 +212,16 @@ def test_plot_of_a_sweep_with_waiting_members_draws_those_with_records(tmp_path:
     assert "of config.lr=0" in said and "not drawn (no run records yet): config.lr=1" in said
     assert "stalled: 1 member(s) wait for a slot" in said  # and nothing will start it: said here too
     assert (sweep_dir / "plot.png").is_file()
+
+
+def test_status_until_of_a_sweep_waits_for_every_member_and_exits_as_they_ended(tmp_path: Path, capsys) -> None:
+    sweep_dir = tmp_path / "sweep"
+    members = (_member(sweep_dir, 0, "lr=0", outcome="finished", best=0.9),
+               _member(sweep_dir, 1, "lr=1", outcome="cancelled", best=0.5))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="demo", executor="local", max_parallel=2, members=members))
+    assert elfes(["status", str(sweep_dir), "--until", "ended"]) == 5  # one member was cancelled
+    assert elfes(["status", str(sweep_dir), "--until", "step=5"]) == 0  # both records reached step 5
+    capsys.readouterr()
+    assert elfes(["status", str(sweep_dir), "--until", "step=6"]) == 5
+    assert "member lr=1 ended cancelled before step 6" in capsys.readouterr().err
+    assert elfes(["status", str(sweep_dir), "--until", "training"]) == 0  # each has trained
