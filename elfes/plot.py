@@ -15,7 +15,9 @@ axis. Tests read the data back by gid:
 - a vertical line per marker at its step (gid ``marker:<kind>:<attempt>:<run>``, kind: start, resume,
   requeue, stop, killed, failed); markers at one step share its height, each over its own part;
 - a label per run and step naming its markers (``SIGTERM / requeue``, ``kill``; gid ``label:<run>``),
-  above the top panel in as many rows as it takes for no label to cover another.
+  above the top panel in as many rows as it takes for no label to cover another; a label that three or
+  more runs share at one step is drawn once (``6 runs: start``; gid ``label:<n> runs``);
+- a title naming each run's interruptions, or for many runs (a sweep) their sum.
 
 Example:
     >>> figure = draw([RunCurves("quickstart", build_timeline(read_events(run_dir)))], ["train/loss"])  # doctest: +SKIP
@@ -59,6 +61,8 @@ LABEL_FONT_SIZE = 7
 LABEL_GAP_PT = 2.0  # between the panel and the first row of marker labels, and between rows
 LABEL_SPACING_PT = 8.0  # between two labels in a row
 PANEL_HEIGHT_IN = 2.3
+TITLE_CHARS = 110  # about what one line of the title holds at its font size across the figure's 9 inches
+MERGE_RUNS = 3  # a marker label that this many runs share at one step is drawn once
 # A panel whose values are all positive and span more than this factor (a loss falling from 4 to 0.05)
 # gets a log axis, its label saying so ("train/loss (log)").
 LOG_SCALE_RATIO = 20.0
@@ -92,13 +96,29 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
         ax.set_ylabel(f"{metric} (log)" if log else metric)
         ax.set_gid(f"panel:{metric}")
         ax.grid(True, alpha=0.25)
-    labels = [text for run in runs for text in _label_markers(axes[0], run, several=len(runs) > 1)]
+    labels = _label_markers(axes[0], runs)
     axes[-1].set_xlabel("optimizer step")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(handles=_legend_handles(runs), loc="upper right", fontsize=8, framealpha=0.85)
-    figure.suptitle(title or "; ".join(f"{run.name}: {describe(run.timeline)}" for run in runs), fontsize=10)
+    figure.suptitle(title or _title(runs), fontsize=10)
     _stack_labels(axes[0], labels)
     return figure
+
+
+def _title(runs: Sequence[RunCurves]) -> str:
+    """Each run's interruptions while that fits one line of the figure; else (a sweep of many members) the
+    runs counted together, so that the title is never cut at the figure's edges."""
+    each = "; ".join(f"{run.name}: {describe(run.timeline)}" for run in runs)
+    if len(runs) == 1 or len(each) <= TITLE_CHARS:
+        return each
+    counts: dict[str, int] = {}
+    for run in runs:
+        for marker in run.timeline.markers:
+            counts[marker.kind] = counts.get(marker.kind, 0) + 1
+    attempts = sum(len(run.timeline.attempts) for run in runs)
+    words = {"stop": "stop", "requeue": "requeue", "killed": "kill", "failed": "failure", "resume": "resume"}
+    parts = [f"{counts[kind]} {word}{'s' if counts[kind] > 1 else ''}" for kind, word in words.items() if kind in counts]
+    return f"{len(runs)} runs, {attempts} attempts in all" + (f": {', '.join(parts)}" if parts else "")
 
 
 def describe(timeline: Timeline) -> str:
@@ -166,19 +186,34 @@ def _draw_markers(ax, runs: Sequence[RunCurves]) -> None:
                        label="_marker")
 
 
-def _label_markers(ax, run: RunCurves, *, several: bool) -> list[Text]:
-    """One label per step above the top panel, naming every marker there (``SIGUSR2 / requeue``)."""
-    labels: dict[int, list[str]] = {}
-    for marker in run.timeline.markers:
-        labels.setdefault(marker.step, [])
-        if _short_label(run, marker) not in labels[marker.step]:
-            labels[marker.step].append(_short_label(run, marker))
+def _label_markers(ax, runs: Sequence[RunCurves]) -> list[Text]:
+    """One label per run and step above the top panel, naming every marker there (``SIGUSR2 / requeue``),
+    prefixed with the run's name when there are several runs. A label that MERGE_RUNS or more runs share at
+    one step (every member's ``start`` at step 0 in a sweep) is drawn once, naming how many runs share it."""
+    several = len(runs) > 1
+    by_step: dict[tuple[int, str], list[str]] = {}
+    for run in runs:
+        labels: dict[int, list[str]] = {}
+        for marker in run.timeline.markers:
+            labels.setdefault(marker.step, [])
+            if _short_label(run, marker) not in labels[marker.step]:
+                labels[marker.step].append(_short_label(run, marker))
+        for step, names in labels.items():
+            by_step.setdefault((step, " / ".join(names)), []).append(run.name)
     texts = []
-    for step, names in labels.items():
-        text = " / ".join(names)
-        texts.append(ax.text(step, 1.0, f"{run.name}: {text}" if several else text, transform=ax.get_xaxis_transform(),
-                             ha="center", va="bottom", fontsize=LABEL_FONT_SIZE, clip_on=False, gid=f"label:{run.name}"))
+    for (step, text), names in by_step.items():
+        if len(names) >= MERGE_RUNS:
+            shown, gid = f"{len(names)} runs: {text}", f"label:{len(names)} runs"
+            texts.append(_label(ax, step, shown, gid))
+            continue
+        for name in names:
+            texts.append(_label(ax, step, f"{name}: {text}" if several else text, f"label:{name}"))
     return texts
+
+
+def _label(ax, step: int, text: str, gid: str) -> Text:
+    return ax.text(step, 1.0, text, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                   fontsize=LABEL_FONT_SIZE, clip_on=False, gid=gid)
 
 
 def _stack_labels(ax, texts: Sequence[Text]) -> None:

@@ -208,6 +208,10 @@ def _plot(args: argparse.Namespace) -> int:
 
     result = plot.plot(args.run_dirs, output=args.output, metrics=args.metric)
     print_line(f"wrote {result.output}: {', '.join(result.metrics)} of {', '.join(run.name for run in result.runs)}")
+    if result.not_drawn:
+        print_line(f"not drawn (no run records yet): {', '.join(result.not_drawn)}")
+    for note in result.notes:
+        print_line(note)
     return EXIT_OK
 
 

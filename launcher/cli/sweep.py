@@ -52,7 +52,21 @@ def submit(args: argparse.Namespace) -> int:
     print_line(f"{result.name}: sweep of {len(result.members)} member(s), at most {result.max_parallel} at once, as {how}")
     print_line(f"sweep folder: {result.sweep_dir}")
     print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
-    return 0
+    return _refusals(result)
+
+
+def _refusals(result: Any) -> int:
+    """sbatch refused an array after others were queued: the sweep stays, its other members left for
+    `elfes resume SWEEP_DIR` (exit 3)."""
+    if not result.refused:
+        return 0
+    from .exit_codes import EXIT_NOT_NOW
+    from .output import print_error
+
+    print_error(f"{result.error}\n{len(result.refused)} member(s) were not handed over (the array(s) queued before "
+                f"run): {', '.join(result.refused)}; once the cause is fixed, `elfes resume {result.sweep_dir}` hands "
+                "them over")
+    return EXIT_NOT_NOW
 
 
 def resume(args: argparse.Namespace) -> int:
@@ -64,10 +78,18 @@ def resume(args: argparse.Namespace) -> int:
         print_line(f"{result.name}: resumed {len(result.members)} member(s) as {how}: {', '.join(result.members)}")
     else:
         print_line(f"{result.name}: no member to resume")
+    if result.scheduler_started:
+        waiting = sum(why == "waiting" for why in result.skipped.values()) + len(result.members)
+        print_line(f"{result.name}: no scheduler was alive; started one for the {waiting} waiting member(s)")
     for name, why in result.skipped.items():
         print_line(f"  left alone: {name} ({why})")
     print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
-    return 0
+    from ..rundir.sweep_status import UNREADABLE
+    from .exit_codes import EXIT_NOT_NOW
+
+    # A member whose state.json cannot be read is left alone, and that is a problem to see to.
+    unreadable = any(why.startswith(f"{UNREADABLE}:") for why in result.skipped.values())
+    return _refusals(result) or (EXIT_NOT_NOW if unreadable else 0)
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -92,6 +114,13 @@ def _counts_line(counts: dict[str, int]) -> str:
     return f"{counts.get('total', 0)} member(s): " + ", ".join(parts)
 
 
+def _step(member: Any) -> str:
+    """``40/1500``; ``-`` before the member's records name a step (a waiting member)."""
+    from .status import progress
+
+    return progress(member)
+
+
 def _sweep_table(console: Any, result: Any) -> None:
     from rich.table import Table
 
@@ -106,33 +135,84 @@ def _sweep_table(console: Any, result: Any) -> None:
             f"{member.monitor or 'metric'} {cell(member.best_metric)} @ {cell(member.best_step)}")
         checkpoint = "-" if not member.last_checkpoint else member.last_checkpoint.removeprefix(member.run_dir + "/")
         table.add_row(member.name, member.status, member.job_id or "-", str(member.attempts), str(member.requeues_used),
-                      f"{cell(member.step)}/{cell(member.planned_steps)}", best, checkpoint)
+                      _step(member), best, checkpoint)
     console.print(table)
     console.print(_counts_line(result.counts), markup=False)
     for name, problem in result.problems.items():
         console.print(f"{name}: not started: {problem}", markup=False)
+    from ..rundir.sweep_status import UNREADABLE
+
     for member in result.members:
-        if member.error and member.status == "failed":
+        if member.status == UNREADABLE:
+            console.print(f"{member.name}: {UNREADABLE}: {member.error}", markup=False)
+        elif member.error and member.status == "failed":
             console.print(f"{member.name}: error: {member.error}", markup=False)
+    if result.stalled:
+        console.print(f"sweep {result.name}: {result.stalled}", markup=False)
+
+
+def _wait_sweeps(args: argparse.Namespace, sweeps: list[str]) -> int:
+    """``status SWEEP_DIR --wait/--until``: block until every member of each sweep reaches the point."""
+    import time
+
+    from ..commands.status_wait import Until, wait_for_sweep
+    from ..rundir.lookup import UsageError
+    from .exit_codes import EXIT_INTERRUPTED, EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
+    from .output import print_error
+
+    until = Until.parse(args.until or "ended")
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        raise UsageError(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
+    deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
+    code = EXIT_OK
+    for folder in sweeps:
+        if sys.stderr.isatty():
+            print(f"elfes: waiting until every member of {folder} is at {until}", file=sys.stderr, flush=True)
+        try:
+            waited = wait_for_sweep(folder, until, deadline=deadline)
+        except KeyboardInterrupt:
+            print_line(f"\nstopped waiting; the sweep goes on (elfes status {shell_quoted(folder)})")
+            return EXIT_INTERRUPTED
+        counts = waited.counts
+        ended_code = (EXIT_RUN_FAILED if counts.get("failed") else
+                      EXIT_RUN_STOPPED if any(counts.get(word) for word in ("stopped", "cancelled", "not started"))
+                      else EXIT_OK)
+        if waited.reached:
+            outcome = ended_code if until.kind == "ended" else EXIT_OK
+        else:
+            print_error(waited.describe())
+            outcome = EXIT_NOT_NOW if (waited.timed_out or waited.stalled or waited.unreadable) else (
+                EXIT_RUN_FAILED if counts.get("failed") else EXIT_NOT_NOW if ended_code == EXIT_OK else ended_code)
+        code = code or outcome
+    return code
 
 
 def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], int]) -> int:
     """``elfes status`` of folders among which some are sweeps: a table per sweep, then the runs' table
-    (``run_status``, the CLI's own); ``--json``: one object per folder (a list for several)."""
+    (``run_status``, the CLI's own); ``--json``: one object per folder (a list for several). Exit 3 when a
+    member's ``state.json`` cannot be read; with ``--wait``/``--until``, how the wait went first."""
     from ..commands import status as status_report
-    from ..rundir.sweep_status import sweep_status
+    from ..rundir.sweep_status import UNREADABLE, sweep_status
+    from .exit_codes import EXIT_NOT_NOW, EXIT_OK
 
     sweeps = [folder for folder in args.run_dirs if is_sweep_dir(folder)]
     runs = [folder for folder in args.run_dirs if not is_sweep_dir(folder)]
+    waited = EXIT_OK
+    if args.wait or args.until is not None or args.timeout_s is not None:
+        waited = _wait_sweeps(args, sweeps)
+    results = {folder: sweep_status(folder) for folder in sweeps}
+    code = waited or (EXIT_NOT_NOW if any(result.counts.get(UNREADABLE) for result in results.values()) else EXIT_OK)
     if args.json:
-        found = {folder: sweep_status(folder).to_json() for folder in sweeps}
-        found.update((folder, result.to_json()) for folder, result in zip(runs, status_report.status(runs)))
+        found = {folder: result.to_json() for folder, result in results.items()}
+        reports = status_report.status(runs)
+        found.update((folder, result.to_json()) for folder, result in zip(runs, reports))
         data = [found[folder] for folder in args.run_dirs]
         print_line(json.dumps(data[0] if len(data) == 1 else data, indent=2))
-        return 0
+        unreadable = any(report.status == status_report.UNREADABLE for report in reports)
+        return code or (EXIT_NOT_NOW if unreadable else EXIT_OK)
     console = table_console()
     for folder in sweeps:
-        _sweep_table(console, sweep_status(folder))
+        _sweep_table(console, results[folder])
     if runs:
-        return run_status(argparse.Namespace(**{**vars(args), "run_dirs": runs}))
-    return 0
+        return code or run_status(argparse.Namespace(**{**vars(args), "run_dirs": runs}))
+    return code

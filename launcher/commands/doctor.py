@@ -87,8 +87,8 @@ class Diagnosis:
 def _scontrol(*arguments: str) -> str:
     completed = run_slurm_tool(["scontrol", *arguments])
     if completed is None:
-        raise ActionFailed("elfes doctor reads the cluster's configuration with scontrol, which is not on PATH here "
-                           "(or did not answer within 30 s); run it on the cluster's login node")
+        raise ActionFailed("elfes doctor reads the cluster's configuration with scontrol, which is not on PATH here; "
+                           "run it on the cluster's login node")
     if completed.returncode != 0:
         said = (completed.stderr or completed.stdout).strip()
         raise ActionFailed(f"scontrol {' '.join(arguments)} failed: {said or completed.returncode}; check that SLURM "

@@ -45,6 +45,8 @@ class Plotted:
     metrics: tuple[str, ...]
     runs: tuple[PlottedRun, ...]
     figure: Any  # a matplotlib Figure
+    not_drawn: tuple[str, ...] = ()  # sweep members without run records yet (waiting, just handed over)
+    notes: tuple[str, ...] = ()  # what the sweeps say of themselves (stalled)
 
 
 def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLike[str] | None = None,
@@ -67,6 +69,13 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
     if output.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"cannot write a plot to {output}: give a file name ending in .png or .svg")
     names = {run_dir: label for members in labels.values() for run_dir, label in members.items()}
+    # A sweep member that has no run records yet (it waits for a slot, or is starting) has nothing to draw.
+    not_drawn = tuple(names[str(run_dir)] for run_dir in run_dirs
+                      if str(run_dir) in names and not RunPaths(run_dir).events.is_file())
+    run_dirs = [run_dir for run_dir in run_dirs if str(run_dir) not in names or RunPaths(run_dir).events.is_file()]
+    if not run_dirs:
+        raise UsageError(f"no member of {', '.join(map(str, labels))} has run records yet (the first event is written "
+                         "once a member starts training); `elfes status` shows where they are")
     runs = _labelled([_read_run(Path(run_dir), names.get(str(run_dir))) for run_dir in run_dirs])
     try:
         chosen = select_metrics([run.timeline for run in runs], metrics)
@@ -78,7 +87,21 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
         raise ActionFailed(str(error)) from None
     figure = drawing.draw([drawing.RunCurves(run.name, run.timeline) for run in runs], chosen)
     drawing.save(figure, output)
-    return Plotted(output=output, metrics=chosen, runs=tuple(runs), figure=figure)
+    return Plotted(output=output, metrics=chosen, runs=tuple(runs), figure=figure, not_drawn=not_drawn,
+                   notes=_sweep_notes(labels))
+
+
+def _sweep_notes(labels: Mapping[str, Any]) -> tuple[str, ...]:
+    """A stalled sweep among those drawn says so (members wait and no scheduler will start them)."""
+    from ..rundir.sweep_record import load_sweep, stall
+
+    notes = []
+    for folder in labels:
+        paths = SweepPaths(folder)
+        found = stall(paths, load_sweep(paths))
+        if found:
+            notes.append(f"sweep {folder}: {found}")
+    return tuple(notes)
 
 
 def _sweep_members(folders: Sequence[str | os.PathLike[str]]) -> dict[str, dict[str, str]]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,58 @@ def _scancel(arguments: list[str], what: str) -> None:
         raise ActionFailed(f"scancel {' '.join(arguments)} failed: {completed.stderr.strip() or completed.returncode}")
 
 
+# scancel answers at once when SLURM takes the signal; when SLURM answers "Job can not be altered now, try
+# again later" it retries by itself, sleeping 5 s, then 6, 7, ... (about 95 s in all).
+SCANCEL_ANSWER_S = 2.5
+# How long a job gets to record that the signal reached it ("stopping", or its attempt ended).
+SIGNAL_SEEN_S = 20.0
+
+
+def _scancel_signal(paths: RunPaths, state: run_state.RunState, signum: signal.Signals) -> str | None:
+    """``scancel --signal=USR2 JOB`` (the job's steps get it). Slurm 22.05 answers "Job can not be altered now"
+    for an array task while other tasks of its array are pending, although the running task got the signal,
+    and scancel then retries for about 95 s. So scancel gets SCANCEL_ANSWER_S to succeed; past that the
+    run's own record decides: the job marks itself "stopping" (or ends its attempt) once the signal reached
+    it. Returns a note for the user, or raises ActionFailed saying what is known."""
+    argv = ["scancel", f"--signal={signum.name.removeprefix('SIG')}", str(state.job_id)]
+    if shutil.which("scancel") is None:
+        raise ActionFailed("cannot preempt: scancel is not on PATH here; run this on the cluster's login node")
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, said = process.communicate(timeout=SCANCEL_ANSWER_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+    else:
+        if process.returncode != 0:
+            raise ActionFailed(f"{' '.join(argv)} failed: {said.strip() or process.returncode}")
+        return None
+    attempt = state.last_attempt.number if state.last_attempt is not None else None
+    deadline = time.monotonic() + SIGNAL_SEEN_S
+    while time.monotonic() < deadline:
+        if _stop_recorded(paths, attempt):
+            return (f"SLURM answered `{' '.join(argv)}` with \"try again later\" (as it does for an array task while "
+                    "other tasks of its array are pending), but the job got the signal: it is stopping")
+        time.sleep(0.2)
+    raise ActionFailed(f"{' '.join(argv)}: SLURM kept answering \"Job can not be altered now, try again later\" (as it "
+                       "does for an array task while other tasks of its array are pending, even when the signal "
+                       f"arrived), and the job has not recorded a stop within {SIGNAL_SEEN_S:.0f} s; it may still be "
+                       f"starting. Check `elfes status {paths.run_dir}` (\"stopping\" or a new attempt: it arrived) "
+                       "before preempting again")
+
+
+def _stop_recorded(paths: RunPaths, attempt: int | None) -> bool:
+    """Whether the run recorded a stop since its attempt ``attempt``: "stopping", that attempt ended, or a later one."""
+    try:
+        state = run_state.load_state(paths)
+    except run_state.StateError:
+        return False
+    if state is None or state.last_attempt is None:
+        return False
+    last = state.last_attempt
+    return state.status == "stopping" or last.number != attempt or last.ended
+
+
 def _signal_pids(records: list[dict[str, Any]], signum: int) -> list[str]:
     targets = []
     for record in records:
@@ -80,8 +134,8 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
         raise ActionFailed(f"{run_dir}: the run is {state.status}, not running; preempt a running job "
                            "(`elfes status` shows when it runs)")
     if state.executor == "slurm":
-        _scancel([f"--signal={signum.name.removeprefix('SIG')}", str(state.job_id)], "preempt")
-        return Signalled(paths.run_dir, "slurm", state.job_id, signum.name, [f"SLURM job {state.job_id}"])
+        note = _scancel_signal(paths, state, signum)
+        return Signalled(paths.run_dir, "slurm", state.job_id, signum.name, [f"SLURM job {state.job_id}"], note=note)
     # What the command does with the signal is read before it is sent: once the task forwards it, the
     # command may be saving and exiting, and a Python process on its way out has reset its handlers.
     note = _command_takes(paths, signum)

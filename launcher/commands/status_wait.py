@@ -118,3 +118,75 @@ def wait_for(run_dir: str | os.PathLike[str], until: Until, *, deadline: float |
             return Waited(str(run_dir), until, reached, timed_out=not reached and not snapshot.ended,
                           status=status, step=progress.step)
     raise AssertionError("watch() ends with an ended snapshot")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class SweepWaited:
+    """How a wait for a sweep ended: every member ``reached`` the point, or why not (``timed_out``, a member
+    that ended before it, one whose state cannot be read, or a ``stalled`` sweep: waiting members and no
+    scheduler to start them)."""
+
+    sweep_dir: str
+    until: Until
+    reached: bool
+    timed_out: bool
+    counts: dict[str, int]
+    why: str | None = None  # what stopped the wait before every member reached the point
+    stalled: bool = False
+    unreadable: bool = False
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{status} {count}" for status, count in self.counts.items() if status != "total")
+        if self.reached:
+            return f"{self.sweep_dir}: every member reached {self.until} ({counts})"
+        if self.timed_out:
+            return (f"{self.sweep_dir}: not every member is at {self.until} when --timeout-s ran out ({counts}); "
+                    f"wait longer, or see elfes status {shlex.quote(self.sweep_dir)}")
+        return f"{self.sweep_dir}: {self.why}"
+
+
+def _member_reached(until: Until, member: Any) -> bool | None:
+    """Whether a member (a sweep_status.MemberStatus) is at ``until``: True, False (not yet), None (it never
+    will be: it ended, or was left out, short of it)."""
+    from ..rundir.sweep_status import NOT_STARTED
+
+    over = member.status in run_state.ENDED or member.status == NOT_STARTED
+    if until.kind == "ended":
+        return over
+    if until.kind == "step":
+        if member.step is not None and member.step >= until.step:
+            return True
+        return None if over else False
+    trained = member.step is not None or member.status in ("running", "stopping")
+    return True if trained else (None if over else False)
+
+
+def wait_for_sweep(sweep_dir: str | os.PathLike[str], until: Until, *, deadline: float | None = None,
+                   interval_s: float | None = None) -> SweepWaited:
+    """Wait until every member of the sweep reaches ``until`` (``ended``: finished, stopped, failed, cancelled,
+    or left out; ``step=N``: its records reached step N; ``training``: it trains or has trained), or a member
+    ends short of it, cannot be read, the sweep stalls, or ``time.monotonic()`` passes ``deadline``. Reads
+    files (one squeue per look for a SLURM sweep, every 5 s); writes nothing."""
+    from ..rundir.sweep_status import UNREADABLE, sweep_status
+
+    while True:
+        status = sweep_status(sweep_dir)
+        counts = status.counts
+        found = {member.name: _member_reached(until, member) for member in status.members}
+        if all(found.values()):
+            return SweepWaited(str(sweep_dir), until, True, False, counts)
+        unreadable = [member for member in status.members if member.status == UNREADABLE]
+        if unreadable:
+            return SweepWaited(str(sweep_dir), until, False, False, counts, unreadable=True,
+                               why=f"member {unreadable[0].name} is unreadable ({unreadable[0].error}), so the "
+                               "wait cannot tell where it is")
+        short = [name for name, reached in found.items() if reached is None]
+        if short:
+            member = next(member for member in status.members if member.name == short[0])
+            return SweepWaited(str(sweep_dir), until, False, False, counts,
+                               why=f"member {member.name} ended {member.status} before {until}")
+        if status.stalled:
+            return SweepWaited(str(sweep_dir), until, False, False, counts, stalled=True, why=status.stalled)
+        if deadline is not None and time.monotonic() >= deadline:
+            return SweepWaited(str(sweep_dir), until, False, True, counts)
+        time.sleep(interval_s if interval_s is not None else (5.0 if status.executor == "slurm" else 0.5))

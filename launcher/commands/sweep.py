@@ -4,10 +4,13 @@
 
 Every member is validated before anything is created; then each member's run directory is created
 with its own ``job.yaml`` (overrides applied, no ``sweep``), ``sweep.json`` is written, and the members
-are handed over: on SLURM as one job array per distinct set of sbatch options (launcher/commands/sweep_slurm.py),
-locally through the sweep's scheduler, at most ``max_parallel`` at once (launcher/commands/sweep_local.py). A
-refused submission removes what it created. A member is an ordinary run directory: every verb that
-takes one works on it.
+are handed over: on SLURM as chained job arrays, one per distinct set of sbatch options and at most
+``MaxArraySize`` members each (launcher/commands/sweep_slurm.py), locally through the sweep's scheduler, at
+most ``max_parallel`` at once (launcher/commands/sweep_local.py). A submission refused before any member
+was handed over removes what it created; once an array is queued the sweep stays, and the members left
+out are recorded for ``elfes resume SWEEP_DIR``. A local sweep whose members wait with no scheduler alive
+is stalled: every verb says so, and ``elfes resume SWEEP_DIR`` starts one. A member is an ordinary run
+directory: every verb that takes one works on it.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from elfes.files import write_text_atomically
 
@@ -30,14 +34,17 @@ from ..rundir.sweep_record import (
     is_sweep_dir,
     load_sweep,
     save_sweep,
+    scheduler_alive,
+    stall,
     sweep_lock,
 )
-from ..rundir.sweep_status import NOT_STARTED, WAITING, sweep_status
+from ..rundir.sweep_status import NOT_STARTED, UNREADABLE, WAITING, sweep_status
 from ..spec import SpecError
 from ..spec.sweep import SweepPlan, plan_sweep
 from ..submit import executors
+from ..submit.handover import Interrupted
 from .signalling import Signalled, cancel
-from .sweep_local import scheduler_alive, start_scheduler
+from .sweep_local import start_scheduler
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class SweepSubmitted:
     max_parallel: int
     job_ids: tuple[str, ...] = ()  # SLURM: the array job(s)
     dry_run: str | None = None
+    scheduler_started: bool = False  # local: a scheduler was started (none was alive)
+    refused: dict[str, str] = field(default_factory=dict)  # SLURM: members sbatch refused (or left after a refusal)
+    error: str | None = None  # SLURM: sbatch's refusal of an array after others were queued
 
 
 def _check_folder(plan: SweepPlan) -> None:
@@ -70,9 +80,10 @@ def _check_folder(plan: SweepPlan) -> None:
 
 def _dry_run(plan: SweepPlan, executor: str) -> str:
     if executor == "slurm":
+        from ..submit.cluster_checks import max_array_size
         from .sweep_slurm import array_scripts
 
-        return array_scripts(plan)
+        return array_scripts(plan, max_array_size())
     lines = [f"# local sweep {plan.base.name}: {len(plan.members)} member(s), at most {plan.max_parallel} at once, "
              "started in this order by a detached scheduler as slots free:"]
     lines += [f"#   {member.index}: {member.spec.run_dir}" for member in plan.members]
@@ -120,7 +131,13 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
         return SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel,
                               dry_run=_dry_run(plan, chosen))
     _check_folder(plan)
+    limit = None
+    if chosen == "slurm":
+        from ..submit.cluster_checks import max_array_size
+
+        limit = max_array_size()  # before anything is created: the arrays are cut to it
     existed = plan.sweep_dir.exists()
+    submitted = None
     try:
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
         record = _create(plan, chosen)
@@ -128,7 +145,9 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
             from .sweep_slurm import submit_array
 
             with sweep_lock(SweepPaths(plan.sweep_dir)):
-                job_ids = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit").array_ids
+                submitted = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit",
+                                         limit=limit)
+            job_ids = submitted.array_ids
         else:
             start_scheduler(SweepPaths(plan.sweep_dir))
             job_ids = ()
@@ -137,9 +156,25 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
         raise SpecError(f"{plan.source}: run_dir = {str(plan.sweep_dir)!r}: cannot be written "
                         f"({error.strerror or error}); give a folder this user can write") from None
     except BaseException:
-        _remove_created(plan, existed)
+        _remove_created(plan, existed)  # nothing was handed over: sbatch refused the first array, or a kill
         raise
-    return SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel, tuple(job_ids))
+    result = SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel, tuple(job_ids))
+    return _after_arrays(result, submitted)
+
+
+def _after_arrays(result: SweepSubmitted, submitted: Any) -> SweepSubmitted:
+    """A SLURM hand-over's end: the members sbatch refused (the arrays queued before stay: the sweep is kept),
+    and a Ctrl-C held until every array was recorded, raised now as :class:`Interrupted` (exit 130)."""
+    if submitted is None:
+        return result
+    refused = dict(submitted.refused)
+    result = replace(result, members=tuple(name for name in result.members if name not in refused), refused=refused,
+                     error=submitted.error)
+    if submitted.interrupted is not None:
+        raise Interrupted(submitted.interrupted, f"the sweep was handed over first: SLURM job array(s) "
+                          f"{', '.join(result.job_ids) or 'none'} queued (elfes status {result.sweep_dir}; "
+                          f"elfes cancel {result.sweep_dir} stops them)")
+    return result
 
 
 def sweep_paths(sweep_dir: str | os.PathLike[str]) -> SweepPaths:
@@ -166,30 +201,47 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             now_status = status[member.name].status
             if now_status in ("finished",):
                 skipped[member.name] = "finished"
+            elif now_status == UNREADABLE:
+                skipped[member.name] = f"{UNREADABLE}: {status[member.name].error}"
             elif now_status in run_state.ENDED or now_status in (NOT_STARTED, "submitted"):
                 due.append(member)  # "submitted": a hand-over cut short; settled (its job adopted) under the lock
             else:
                 skipped[member.name] = now_status  # live, or already waiting for a slot
-        if not due:
-            return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel)
-        if chosen == "slurm":
-            from .sweep_slurm import submit_array
+        if not due and record.executor == "slurm":
+            from .sweep_slurm import record_adopted_arrays
 
-            submitted = submit_array(paths, record, due, kind="resume")
+            record_adopted_arrays(paths, record)
+        if not due:
+            # Members waiting for a slot with no scheduler alive (it was killed, or never started): start one.
+            healed = chosen == "local" and record.executor == "local" and stall(paths, record) is not None
+            if healed:
+                start_scheduler(paths)
+            return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel,
+                                  scheduler_started=healed)
+        submitted = None
+        if chosen == "slurm":
+            from ..submit.cluster_checks import max_array_size
+            from .sweep_slurm import record_adopted_arrays, submit_array
+
+            submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size())
             change_sweep(paths, lambda r: replace(r, executor="slurm"))
+            record_adopted_arrays(paths, load_sweep(paths))
             skipped |= submitted.left
             due = [member for member in due if member.name not in submitted.left]
             job_ids = submitted.array_ids
+            started = False
         else:
             at = run_state.now()
             change_sweep(paths, lambda r: replace(
                 r, executor="local", queue=(*r.queue, *({"name": m.name, "at": at} for m in due)),
                 problems={name: text for name, text in r.problems.items() if name not in {m.name for m in due}}))
-            if not scheduler_alive(paths):
+            started = not scheduler_alive(paths)
+            if started:
                 start_scheduler(paths)
             job_ids = ()
-    return SweepSubmitted(paths.sweep_dir, record.name, chosen, tuple(member.name for member in due), skipped,
-                          record.max_parallel, tuple(job_ids))
+    result = SweepSubmitted(paths.sweep_dir, record.name, chosen, tuple(member.name for member in due), skipped,
+                            record.max_parallel, tuple(job_ids), scheduler_started=started)
+    return _after_arrays(result, submitted)
 
 
 @dataclass(frozen=True)

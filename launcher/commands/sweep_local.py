@@ -15,7 +15,11 @@ to kills by construction:
   the lock is free;
 - it is started by a double fork in a session of its own (its parent exits at once and is waited for),
   so the init process reaps it, and a Ctrl-C in the submitter's terminal does not reach it; it exits when
-  the queue is empty (``elfes cancel SWEEP_DIR`` empties it).
+  the queue is empty (``elfes cancel SWEEP_DIR`` empties it);
+- one member's problem (its ``state.json`` damaged, its hand-over refused) is recorded on that member
+  (``sweep.json``'s ``problems``, shown by ``elfes status SWEEP_DIR``) and the scheduler goes on with the
+  next; a scheduler that dies anyway leaves a sweep that every sweep verb calls stalled, and ``elfes
+  resume SWEEP_DIR`` starts a new one.
 
 A running member keeps its slot through preemptions: submitit's controller relaunches it as for any run.
 Torch-free.
@@ -36,38 +40,31 @@ from pathlib import Path
 
 from ..rundir import state as run_state
 from ..rundir.paths import RunPaths, SweepPaths
-from ..rundir.sweep_record import SweepRecord, change_sweep, load_sweep, sweep_lock, update_sweep
+from ..rundir.sweep_record import SweepRecord, change_sweep, load_sweep, scheduler_alive, sweep_lock, update_sweep
 from ..rundir.sweep_status import ProcessTable, member_is_live
 
 POLL_S = 0.5
 
 
-def scheduler_alive(paths: SweepPaths) -> bool:
-    """Whether a scheduler holds the sweep's scheduler lock now."""
-    try:
-        descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(descriptor)
-    return False
-
-
 def start_scheduler(paths: SweepPaths) -> int:
     """Start ``python -m elfes.launcher.commands.sweep_local SWEEP_DIR`` detached (double fork, own session, streams
-    on ``scheduler.log``); returns its pid."""
+    on ``scheduler.log``); returns its pid, or 0 when a scheduler is alive already. The scheduler lock is taken
+    before the fork and handed down to the scheduler, so that from the moment this returns every look at
+    the sweep finds a live scheduler (none is called stalled while the new one is still starting)."""
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
     reader, writer = os.pipe()
     child = os.fork()
-    if child == 0:  # the intermediate child: start the scheduler, report its pid, exit
+    if child == 0:  # the intermediate child: take the lock, start the scheduler, report its pid, exit
         try:
             os.close(reader)
+            lock = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.write(writer, b"0")  # a scheduler works the sweep already
+                os._exit(0)
             os.setsid()
             log = os.open(paths.scheduler_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             stdin = os.open(os.devnull, os.O_RDONLY)
@@ -77,10 +74,12 @@ def start_scheduler(paths: SweepPaths) -> int:
                 os.dup2(stdin, 0)
                 os.dup2(log, 1)
                 os.dup2(log, 2)
+                os.set_inheritable(lock, True)  # the lock's open file description, and so the lock, goes along
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):
                     signal.signal(signum, signal.SIG_DFL)
                 os.chdir(paths.sweep_dir)
-                os.execv(sys.executable, [sys.executable, "-m", "elfes.launcher.commands.sweep_local", str(paths.sweep_dir)])
+                os.execv(sys.executable, [sys.executable, "-m", "elfes.launcher.commands.sweep_local",
+                                          str(paths.sweep_dir), str(lock)])
             os.write(writer, str(grandchild).encode())
         finally:
             os._exit(0)
@@ -111,13 +110,15 @@ def _slots_used(record: SweepRecord, processes: ProcessTable) -> int:
     return sum(member_is_live(RunPaths(Path(member.run_dir)), processes) for member in record.members)
 
 
-def _work_queue(paths: SweepPaths) -> bool:
+def _work_queue(paths: SweepPaths, scheduler_lock: int) -> bool:
     """Hand over as many queued members as slots allow; False once the queue is empty (the scheduler
-    is then unregistered, under the same lock, so that a resume starts a new one)."""
+    is then unregistered and lets go of the scheduler lock, under the sweep's lock, so that a resume that
+    queues members from then on starts a new one)."""
     with sweep_lock(paths):
         record = load_sweep(paths)
         if not record.queue:
             change_sweep(paths, lambda r: replace(r, scheduler=None))
+            fcntl.flock(scheduler_lock, fcntl.LOCK_UN)
             return False
         free = record.max_parallel - _slots_used(record, ProcessTable.snapshot())
         queue = list(record.queue)
@@ -125,38 +126,46 @@ def _work_queue(paths: SweepPaths) -> bool:
         while queue and free > 0:
             entry = queue[0]
             member = RunPaths(Path(record.member(entry["name"]).run_dir))
-            if not _handed_over_since(member, entry["at"]):
-                try:
+            try:
+                if not _handed_over_since(member, entry["at"]):
                     _hand_over(member)
                     free -= 1
-                except Exception as error:  # a member that cannot start: recorded, the others go on
-                    problems[entry["name"]] = f"{type(error).__name__}: {error}"
-                    print(f"{run_state.now()} {entry['name']}: not started: {error}", flush=True)
+            except Exception as error:  # one member's problem (a damaged state.json, a refusal): recorded, the others go on
+                problems[entry["name"]] = f"{type(error).__name__}: {error}"
+                print(f"{run_state.now()} {entry['name']}: not started: {error}", flush=True)
             queue.pop(0)
             change_sweep(paths, lambda r, q=tuple(queue), p=dict(problems): replace(r, queue=q, problems=p))
     return True
 
 
-def run_scheduler(sweep_dir: str) -> int:
+def run_scheduler(sweep_dir: str, lock_descriptor: int | None = None) -> int:
+    """Work the sweep's queue until it is empty. ``lock_descriptor``: the scheduler lock, already held (taken
+    by :func:`start_scheduler` before it started this process); else it is taken here, or this exits at once
+    when another scheduler holds it."""
     paths = SweepPaths(Path(sweep_dir))
-    descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor = lock_descriptor
+    if descriptor is None:
+        descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            print(f"{run_state.now()} another scheduler works this sweep; exiting", flush=True)
+            return 0
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"{run_state.now()} another scheduler works this sweep; exiting", flush=True)
-        return 0
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": run_state.now()}
-    update_sweep(paths, lambda r: replace(r, scheduler=me))
-    print(f"{run_state.now()} scheduler {json.dumps(me)} started", flush=True)
-    try:
-        while _work_queue(paths):
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": run_state.now()}
+        update_sweep(paths, lambda r: replace(r, scheduler=me))
+        print(f"{run_state.now()} scheduler {json.dumps(me)} started", flush=True)
+        while _work_queue(paths, descriptor):
             time.sleep(POLL_S)
-    except Exception:
+    except Exception:  # e.g. sweep.json damaged: every sweep verb then says so, and resume starts another
         traceback.print_exc()
         return 1
+    finally:
+        os.close(descriptor)
     print(f"{run_state.now()} the queue is empty; scheduler exits", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_scheduler(sys.argv[1]))
+    raise SystemExit(run_scheduler(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None))

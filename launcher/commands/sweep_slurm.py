@@ -1,23 +1,36 @@
-"""A sweep on SLURM: one job array per distinct set of sbatch options among the members (usually one),
-task k running member k (``--array=0-<n-1>%<max_parallel>``, submitit's batch submission). Torch-free.
+"""A sweep on SLURM: job arrays, task k of an array running its member k (submitit's batch submission).
+Torch-free.
+
+Members that share their sbatch options form one array (``--array=0-<n-1>%<max_parallel>``), cut into
+several where they are more than the cluster's ``MaxArraySize`` (read from ``scontrol show config``
+before anything is created). SLURM's ``%N`` throttles one array only, so the arrays are chained: each is
+submitted with ``--dependency=afterany:<the one before>`` (the first after the sweep's arrays that are still
+queued or running, e.g. when ``elfes resume SWEEP_DIR`` adds members), and together they never run more
+than ``max_parallel`` members at once. Dependencies rather than a process that hands over the next array
+as the previous drains: nothing has to stay alive on a login node (where long processes are killed), and
+SLURM keeps the order even if the submitter dies; the cost is that an array's last tasks run without the
+next array filling the free slots.
 
 Each member's job id is ``<array job>_<task>`` (what submitit's ``JobEnvironment`` reports in the task):
 ``scontrol requeue`` of it requeues that member alone, ``squeue``/``scancel`` address it alone, and each
 member counts its own requeues in its own ``state.json``. The hand-over is one transaction per array:
 every member's submission is recorded ahead ("submitted"), then sbatch is asked once, then every member
-gets its job id; when sbatch refuses, every member's run directory is restored as it was.
+gets its job id; when sbatch refuses, every member of that array is restored as it was (the arrays queued
+before it stay, and the members left out are recorded as the sweep's problems).
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
+from ..rundir.liveness import run_slurm_tool
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
 from ..spec import JobSpec, load_spec
@@ -31,12 +44,15 @@ def _options_key(spec: JobSpec) -> str:
     return json.dumps(executors.slurm_parameters(spec), sort_keys=True, default=str)
 
 
-def _groups(specs: Sequence[tuple[str, JobSpec]]) -> list[list[tuple[str, JobSpec]]]:
-    """Members sharing their sbatch options, in order of first appearance: one array each."""
+def _groups(specs: Sequence[tuple[str, JobSpec]], limit: int | None = None) -> list[list[tuple[str, JobSpec]]]:
+    """Members sharing their sbatch options, in order of first appearance, cut into arrays of at most
+    ``limit`` tasks (the cluster's ``MaxArraySize``; None: no cut): one array each."""
     groups: dict[str, list[tuple[str, JobSpec]]] = {}
     for name, spec in specs:
         groups.setdefault(_options_key(spec), []).append((name, spec))
-    return list(groups.values())
+    size = max(1, limit) if limit is not None else None
+    return [group[start:start + size] if size else group for group in groups.values()
+            for start in (range(0, len(group), size) if size else (0,))]
 
 
 def array_line(count: int, max_parallel: int) -> str:
@@ -48,15 +64,20 @@ def _with_header(script: str, header: list[str]) -> str:
     return "\n".join([shebang, *header, rest])
 
 
-def array_scripts(plan: SweepPlan) -> str:
-    """``submit --dry-run`` of a sweep on SLURM: each array's sbatch script, its tasks named."""
+def array_scripts(plan: SweepPlan, limit: int | None = None) -> str:
+    """``submit --dry-run`` of a sweep on SLURM: each array's sbatch script, its tasks named (arrays after the
+    first start once the one before has ended: ``--dependency=afterany:<it>``)."""
     folder = SweepPaths(plan.sweep_dir).submitit
+    by_name = {member.name: member for member in plan.members}
+    groups = _groups([(member.name, member.spec) for member in plan.members], limit)
     parts = []
-    for group in _groups([(member.name, member.spec) for member in plan.members]):
-        by_name = {member.name: member for member in plan.members}
-        header = [f"# job array of sweep {plan.base.name}: {len(group)} member(s), at most {plan.max_parallel} "
-                  "at once; task k runs member k:"]
+    for number, group in enumerate(groups, start=1):
+        header = [f"# job array {number} of {len(groups)} of sweep {plan.base.name}: {len(group)} member(s), at most "
+                  f"{plan.max_parallel} at once; task k runs member k:"]
         header += [f"#   task {k}: {by_name[name].spec.run_dir}" for k, (name, _) in enumerate(group)]
+        if number > 1:
+            header.append(f"# submitted with --dependency=afterany:<job array {number - 1}>: it starts once that one "
+                          f"has ended, so that at most {plan.max_parallel} members run at once across the arrays")
         if len(group) == 1:
             header.append("# (one member: submitted as a plain job, not an array)")
             parts.append(_with_header(executors.sbatch_script(group[0][1], RunPaths(folder.parent)), header))
@@ -70,6 +91,9 @@ def array_scripts(plan: SweepPlan) -> str:
 class ArraysSubmitted:
     array_ids: list[str]  # the job arrays submitted now
     left: dict[str, str]  # member -> why it was not handed over (it has a job, or one may still be starting)
+    refused: dict[str, str] = field(default_factory=dict)  # member -> why not: sbatch refused its array (or an earlier one)
+    error: str | None = None  # sbatch's refusal of an array after others were queued
+    interrupted: int | None = None  # a stop signal (Ctrl-C) that arrived during the hand-over, held until it was done
 
 
 def _settle(member: RunPaths) -> str | None:
@@ -91,16 +115,68 @@ def _settle(member: RunPaths) -> str | None:
     return None
 
 
+def live_arrays(record: SweepRecord) -> list[str]:
+    """The sweep's recorded job arrays (and plain jobs) that SLURM still holds a task of, queued or running:
+    a new array waits for them to end, so that ``max_parallel`` holds across arrays (SLURM's ``%N`` throttles
+    one array only)."""
+    recorded = {job.job_id for job in record.jobs}
+    if not recorded:
+        return []
+    queued = run_slurm_tool(["squeue", "-h", "-r", "-u", getpass.getuser(), "-O", "ArrayJobID:|,JobID:"])
+    if queued is None or queued.returncode != 0:
+        return []
+    found = set()
+    for line in queued.stdout.splitlines():
+        array_job, _, job_id = (part.strip() for part in line.partition("|"))
+        base = array_job if array_job.isdigit() else job_id.partition("_")[0]
+        if base in recorded:
+            found.add(base)
+    return sorted(found, key=int)
+
+
+def record_adopted_arrays(paths: SweepPaths, record: SweepRecord) -> SweepRecord:
+    """Arrays that an interrupted hand-over queued and a later one adopted (members now hold a task of an
+    array ``sweep.json`` does not list) are added to its jobs. The caller holds the sweep's lock."""
+    recorded = {job.job_id for job in record.jobs}
+    found: dict[str, list[str]] = {}
+    kinds: dict[str, str] = {}
+    for member in record.members:
+        try:
+            state = run_state.load_state(RunPaths(Path(member.run_dir)))
+        except run_state.StateError:
+            continue
+        submission = state.submissions[-1] if state is not None and state.submissions else None
+        if submission is None or submission.job_id is None or submission.submitit_folder != str(paths.submitit):
+            continue
+        array_id = submission.job_id.partition("_")[0]
+        if array_id not in recorded:
+            found.setdefault(array_id, []).append(member.name)
+            kinds[array_id] = submission.kind if submission.kind in ("submit", "resume") else "resume"
+    if not found:
+        return record
+    at = run_state.now()
+    jobs = tuple(SweepJob(job_id=array_id, kind=kinds[array_id], members=tuple(names), at=at,
+                          max_parallel=record.max_parallel) for array_id, names in found.items())
+    return change_sweep(paths, lambda r: replace(r, jobs=(*r.jobs, *jobs)))
+
+
 def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[MemberRecord], *,
-                 kind: str) -> ArraysSubmitted:
-    """Hand ``members`` over as job array(s) (``kind``: "submit" or "resume"); record each member's job id in
-    its ``state.json`` and each array in ``sweep.json``. The caller holds the sweep's lock; each member's
-    submission lock is held for the whole hand-over, so that a single-run ``elfes resume`` of a member
-    cannot hand it over a second time."""
+                 kind: str, limit: int | None = None) -> ArraysSubmitted:
+    """Hand ``members`` over as job array(s) (``kind``: "submit" or "resume"): one per distinct set of sbatch
+    options, cut at ``limit`` tasks (``MaxArraySize``), each after the one before
+    (``--dependency=afterany``), the first after the sweep's arrays still queued or running: together they
+    never run more than ``max_parallel`` members at once. Each member's job id goes to its ``state.json``,
+    each array to ``sweep.json``. The caller holds the sweep's lock; each member's submission lock is held
+    for the whole hand-over, so that a single-run ``elfes resume`` of a member cannot hand it over a second
+    time. sbatch refusing the first array raises (every member's run directory as it was); refusing a later
+    one keeps what was queued and returns the members left out (``refused``). A stop signal that arrives
+    meanwhile waits for the hand-over to be recorded (``interrupted``)."""
     left: dict[str, str] = {}
+    refused: dict[str, str] = {}
     array_ids: list[str] = []
+    error_text = None
     member_paths = {member.name: RunPaths(Path(member.run_dir)) for member in members}
-    with signals_deferred(), ExitStack() as held:
+    with signals_deferred() as arrived, ExitStack() as held:
         undo = {}
         for member in members:
             held.enter_context(submission_lock(member_paths[member.name]))
@@ -110,7 +186,11 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                 left[member.name] = why
         due = [(member.name, load_spec(member_paths[member.name].spec)) for member in members
                if member.name not in left]
-        for group in _groups(due):
+        after = live_arrays(record)
+        for group in _groups(due, limit):
+            if error_text is not None:  # an earlier array was refused: this one would have waited for it
+                refused.update((name, f"not handed over: {error_text}") for name, _ in group)
+                continue
             group_paths = [member_paths[name] for name, _ in group]
             try:
                 for task, (member, (_, spec)) in enumerate(zip(group_paths, group)):
@@ -119,7 +199,15 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                     record_ahead(spec, member, "slurm", launch, submitit_folder=paths.submitit,
                                  array_task=task if len(group) > 1 else None)
                 job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(member.run_dir)) for member in group_paths],
-                                              paths, record.max_parallel)
+                                              paths, record.max_parallel, after=after)
+            except executors.SubmissionError as error:
+                for name, _ in group:
+                    undo[name].restore()
+                if not array_ids:
+                    raise
+                error_text = str(error)
+                refused.update((name, error_text) for name, _ in group)
+                continue
             except BaseException:
                 for name, _ in group:
                     undo[name].restore()
@@ -128,32 +216,33 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                 record_job(member, job_id)
             array_id = job_ids[0].partition("_")[0]
             array_ids.append(array_id)
+            after = [array_id]
             job = SweepJob(job_id=array_id, kind=kind, members=tuple(name for name, _ in group), at=run_state.now(),
                            max_parallel=record.max_parallel)
-            change_sweep(paths, lambda r, job=job: replace(r, jobs=(*r.jobs, job)))
-    return ArraysSubmitted(array_ids, left)
+            change_sweep(paths, lambda r, job=job: replace(r, jobs=(*r.jobs, job), problems={
+                name: why for name, why in r.problems.items() if name not in job.members}))
+        if refused:
+            change_sweep(paths, lambda r: replace(r, problems={**r.problems, **refused}))
+    return ArraysSubmitted(array_ids, left, refused, error_text, arrived[0] if arrived else None)
 
 
 def array_findings(spec_file: str, config: dict[str, str]) -> list[tuple[str, str, str | None]]:
-    """``elfes doctor`` of a sweep spec: each array's ``--array`` line, checked against ``MaxArraySize``
-    (level, what it says, what to change)."""
+    """``elfes doctor`` of a sweep spec: each array's ``--array`` line, cut at ``MaxArraySize`` (level, what it
+    says, what to change)."""
     from ..spec.sweep import plan_sweep
 
     plan = plan_sweep(spec_file, check_files=False)
-    groups = _groups([(member.name, member.spec) for member in plan.members])
     limit = int(config["MaxArraySize"]) if config.get("MaxArraySize", "").isdigit() else None
+    groups = _groups([(member.name, member.spec) for member in plan.members], limit)
     found = []
     for group in groups:
         line = array_line(len(group), plan.max_parallel)
-        says = (f"the sweep's {len(group)} member(s) run as one job array: {line} (task k runs member k; a preempted "
-                "member requeues alone as <array>_<k>)")
-        if limit is not None and len(group) > limit - 1:
-            found.append(("problem", says + f"; MaxArraySize={limit} allows indices up to {limit - 1}",
-                          f"split the sweep into sweeps of at most {limit - 1} members, or ask the admins to raise "
-                          "MaxArraySize"))
-        else:
-            found.append(("ok", says + (f" (MaxArraySize={limit})" if limit is not None else ""), None))
+        says = (f"{len(group)} member(s) run as one job array: {line} (task k runs member k; a preempted "
+                "member requeues alone as <array>_<k>)" + (f" (MaxArraySize={limit})" if limit is not None else ""))
+        found.append(("ok", says, None))
     if len(groups) > 1:
-        found.append(("note", f"the members differ in sbatch options, so they form {len(groups)} arrays; "
-                      f"max_parallel={plan.max_parallel} holds in each", None))
+        found.append(("note", f"the sweep's {len(plan.members)} members form {len(groups)} arrays (members that differ "
+                      "in sbatch options, or more than MaxArraySize, go to separate arrays); each starts once the one "
+                      f"before has ended (--dependency=afterany), so max_parallel={plan.max_parallel} holds across "
+                      "them", None))
     return found

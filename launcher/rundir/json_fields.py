@@ -3,7 +3,7 @@
 For files elfes writes and reads again (``state.json``): a file edited by hand or damaged on disk is
 refused with the field, its value and what it should be, never turned into a ``TypeError`` deep in a
 caller. Understands the annotations those dataclasses use: ``str``, ``int``, ``X | None``,
-``tuple[X, ...]`` and nested dataclasses. Torch-free.
+``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (taken as it is) and nested dataclasses. Torch-free.
 """
 
 from __future__ import annotations
@@ -70,6 +70,13 @@ def _read_value(hint: Any, value: Any, where: str, choices: Mapping[str, tuple[s
             raise FieldError(f"{where} is {_describe(value)}, not a list")
         item_hint = typing.get_args(hint)[0]
         return tuple(_read_value(item_hint, item, f"{where}[{index}]", choices) for index, item in enumerate(value))
+    if hint is Any:
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise FieldError(f"{where} is {_describe(value)}, not an object")
+        item_hint = typing.get_args(hint)[1]
+        return {key: _read_value(item_hint, item, f"{where}.{key}", choices) for key, item in value.items()}
     if dataclasses.is_dataclass(hint):
         return read_record(hint, value, where, choices)
     if hint is int and (not isinstance(value, int) or isinstance(value, bool)):

@@ -75,15 +75,21 @@ def local_processes(paths: RunPaths) -> dict[str, list[int]]:
     return found
 
 
+SLURM_TOOL_TIMEOUT_S = 30
+
+
 def run_slurm_tool(argv: list[str]) -> subprocess.CompletedProcess | None:
-    """Run a SLURM command (``squeue``, ``sacct``, ``scancel``) for at most 30 s; None where it is not
-    on PATH or does not answer."""
+    """Run a SLURM command (``squeue``, ``sacct``, ``scancel``) for at most 30 s; None where it is not on
+    PATH (or cannot be started). One that does not answer in time returns code 124 and says so on stderr:
+    a slow controller is not a missing program."""
     if shutil.which(argv[0]) is None:
         return None
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TOOL_TIMEOUT_S, check=False)
+    except OSError:
         return None
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} did not answer within {SLURM_TOOL_TIMEOUT_S} s")
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,12 @@ class RunState:
 
     @property
     def requeues_used(self) -> int:
-        """Relaunches so far (by the job itself, by SLURM, or resubmissions past the local start limit)."""
-        return sum(1 for attempt in self.attempts if attempt.launch == "requeue")
+        """Relaunches so far (by the job itself, by SLURM, or resubmissions past the local start limit),
+        a requeue under way included: its attempt ended "requeued" and the relaunch has not begun yet."""
+        relaunched = sum(1 for attempt in self.attempts if attempt.launch == "requeue")
+        last = self.last_attempt
+        under_way = last is not None and last.outcome == "requeued" and self.status not in ENDED
+        return relaunched + under_way
 
     @property
     def requeues_left(self) -> int:

@@ -8,6 +8,7 @@ Each member's own state stays in its run directory (``state.json``): this file n
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 from collections.abc import Callable
@@ -18,10 +19,12 @@ from typing import Any
 
 from elfes.files import exclusive_lock, write_text_atomically
 
+from .json_fields import FieldError, read_record
 from .paths import RunPaths, SweepPaths
 from .state import StateError, now
 
 FORMAT_VERSION = 1
+_FIELD_CHOICES = {"executor": ("local", "slurm"), "kind": ("submit", "resume")}
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,30 @@ class SweepRecord:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SweepRecord:
-        if data.get("version") != FORMAT_VERSION:
-            raise StateError(f"sweep.json has format version {data.get('version')!r}; this elfes reads {FORMAT_VERSION}")
-        data = dict(data)
-        data["members"] = tuple(MemberRecord(**member) for member in data["members"])
-        data["jobs"] = tuple(SweepJob(**{**job, "members": tuple(job["members"])}) for job in data.get("jobs", ()))
-        data["queue"] = tuple(data.get("queue", ()))
-        return cls(**data)
+    def from_json(cls, data: Any) -> SweepRecord:
+        """The record in ``data`` (sweep.json's content); :class:`FieldError` names the field that does not fit."""
+        if isinstance(data, dict) and data.get("version") != FORMAT_VERSION:
+            raise FieldError(f"has format version {data.get('version')!r}; this elfes reads {FORMAT_VERSION}")
+        record = read_record(cls, data, choices=_FIELD_CHOICES)
+        if record.max_parallel < 1:
+            raise FieldError(f"max_parallel is {record.max_parallel}, not an integer >= 1")
+        names = [member.name for member in record.members]
+        for index, member in enumerate(record.members):
+            if member.name in names[:index]:
+                raise FieldError(f"members[{index}].name {member.name!r} repeats an earlier member's")
+            if not os.path.isabs(member.run_dir):
+                raise FieldError(f"members[{index}].run_dir {member.run_dir!r} is not an absolute path")
+        for index, entry in enumerate(record.queue):
+            for key in ("name", "at"):
+                if key not in entry:
+                    raise FieldError(f"queue[{index}] has no {key!r}")
+            if entry["name"] not in names:
+                raise FieldError(f"queue[{index}].name {entry['name']!r} is not a member of the sweep")
+        for index, job in enumerate(record.jobs):
+            unknown = [name for name in job.members if name not in names]
+            if unknown:
+                raise FieldError(f"jobs[{index}].members names {unknown[0]!r}, not a member of the sweep")
+        return record
 
 
 def is_sweep_dir(folder: str | os.PathLike[str]) -> bool:
@@ -87,9 +106,10 @@ def load_sweep(paths: SweepPaths) -> SweepRecord:
     """The sweep recorded in ``paths``; StateError when it cannot be read."""
     try:
         return SweepRecord.from_json(json.loads(paths.record.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        raise StateError(f"{paths.record} cannot be read ({error}); it is written atomically, so it was edited or "
-                         "removed; restore it") from None
+    except (OSError, ValueError) as error:  # FieldError and JSON's errors are ValueErrors
+        raise StateError(f"{paths.record} cannot be read ({error}); elfes writes it atomically, so it was edited or "
+                         "damaged: restore it (each member's own run directory is intact: `elfes status "
+                         "SWEEP_DIR/MEMBER` shows one)") from None
 
 
 def save_sweep(paths: SweepPaths, record: SweepRecord) -> None:
@@ -115,6 +135,34 @@ def change_sweep(paths: SweepPaths, change: Callable[[SweepRecord], SweepRecord]
     if after is not before:
         save_sweep(paths, dataclasses.replace(after, updated_at=now()))
     return after
+
+
+def scheduler_alive(paths: SweepPaths) -> bool:
+    """Whether a local scheduler holds the sweep's scheduler lock now (an ``flock``: the kernel releases it
+    when the scheduler dies, however it dies)."""
+    try:
+        descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
+
+
+def stall(paths: SweepPaths, record: SweepRecord) -> str | None:
+    """Why the sweep is stalled, or None: members wait for a local slot and no scheduler is alive to start
+    them (it was killed, crashed, or never started). ``elfes resume SWEEP_DIR`` starts one."""
+    if record.executor != "local" or not record.queue or scheduler_alive(paths):
+        return None
+    last = record.scheduler
+    gone = (f"its scheduler (pid {last.get('pid')} on {last.get('host')}) is gone" if last
+            else "no scheduler was started for it")
+    return (f"stalled: {len(record.queue)} member(s) wait for a slot and {gone}, so none will start (its log: "
+            f"{paths.scheduler_log}); `elfes resume {paths.sweep_dir}` starts a scheduler")
 
 
 def member_paths(record: SweepRecord) -> list[RunPaths]:

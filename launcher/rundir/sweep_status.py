@@ -19,10 +19,12 @@ from . import state as run_state
 from .liveness import SlurmQueue, effective_state
 from .paths import RunPaths, SweepPaths
 from .status_reading import ProcessTable, needs_liveness, run_liveness, summary_from_ends
-from .sweep_record import MemberRecord, SweepRecord, load_sweep
+from .sweep_record import MemberRecord, SweepRecord, load_sweep, stall
 
 # A member without state.json: queued for a local slot, or never handed over (cancelled before it started).
 WAITING, NOT_STARTED = "waiting", "not started"
+# A member whose state.json cannot be read (edited, damaged): shown as such, never as waiting.
+UNREADABLE = "unreadable"
 # Metrics where higher is better, by a word in their name; any other is sorted lowest first.
 _HIGHER_IS_BETTER = ("acc", "f1", "auc", "score", "precision", "recall", "bleu", "map", "iou", "reward")
 
@@ -32,7 +34,7 @@ class MemberStatus:
     run_dir: str
     name: str
     overrides: dict[str, Any]
-    status: str  # a launcher.state status, "waiting" or "not started"
+    status: str  # a launcher.state status, "waiting", "not started" or "unreadable" (``error`` says why)
     executor: str | None
     job_id: str | None
     attempts: int
@@ -60,11 +62,13 @@ class SweepStatus:
     jobs: list[dict[str, Any]]
     scheduler: dict[str, Any] | None
     problems: dict[str, str]
+    stalled: str | None = None  # why waiting members will not start (no live scheduler), or None
 
     def to_json(self) -> dict[str, Any]:
         return {"sweep_dir": self.sweep_dir, "name": self.name, "executor": self.executor,
                 "max_parallel": self.max_parallel, "members": [member.to_json() for member in self.members],
-                "counts": self.counts, "jobs": self.jobs, "scheduler": self.scheduler, "problems": self.problems}
+                "counts": self.counts, "jobs": self.jobs, "scheduler": self.scheduler, "problems": self.problems,
+                "stalled": self.stalled}
 
 
 def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
@@ -99,7 +103,9 @@ def member_status(member: MemberRecord, queued: set[str], processes: ProcessTabl
     if needs_liveness(recorded):
         state = effective_state(paths, recorded, run_liveness(paths, recorded, processes, queue))
     summary = summary_from_ends(paths) if recorded is not None else None
-    if state is None:
+    if error is not None:
+        status = UNREADABLE
+    elif state is None:
         status = WAITING if member.name in queued else NOT_STARTED
     else:
         status = state.status
@@ -140,4 +146,5 @@ def sweep_status(sweep_dir: str | os.PathLike[str], record: SweepRecord | None =
     return SweepStatus(
         sweep_dir=str(paths.sweep_dir), name=record.name, executor=record.executor,
         max_parallel=record.max_parallel, members=best_first(members), counts=counts,
-        jobs=[asdict(job) for job in record.jobs], scheduler=record.scheduler, problems=dict(record.problems))
+        jobs=[asdict(job) for job in record.jobs], scheduler=record.scheduler, problems=dict(record.problems),
+        stalled=stall(paths, record))

@@ -10,6 +10,7 @@ their overrides, and each validated as a complete job spec before anything is cr
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -144,8 +145,10 @@ def plan_sweep(spec_file: str | os.PathLike[str], *, sets: Sequence[str] = (), s
     overrides_list = expand(base.sweep, cli_grid)
     names = member_names(overrides_list)
     members, problems = [], []
+    # Compared as typed values: 1, true and 1.0 are three members (Python's == calls them one).
+    typed = [json.dumps(member_overrides, sort_keys=True) for member_overrides in overrides_list]
     for index, (name, member_overrides) in enumerate(zip(names, overrides_list)):
-        earlier = next((j for j in range(index) if overrides_list[j] == member_overrides), None)
+        earlier = next((j for j in range(index) if typed[j] == typed[index]), None)
         if earlier is not None:
             problems.append(f"sweep member {index} ({name}) repeats member {earlier} ({names[earlier]}); "
                             "give each combination once")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,20 @@ def array_sbatch_script(spec: JobSpec, folder: Path, count: int, max_parallel: i
     return requote_directives(script)
 
 
-def submit_array(spec: JobSpec, tasks: list[Any], paths: SweepPaths, max_parallel: int) -> list[str]:
+def submit_array(spec: JobSpec, tasks: list[Any], paths: SweepPaths, max_parallel: int,
+                 after: Sequence[str] = ()) -> list[str]:
     """Submit one SLURM job array (submitit's batch submission, in the sweep's submitit folder) whose task k
     runs ``tasks[k]`` (a member's ``JobRuntime``); returns each task's job id (``<array>_<k>``; a plain id for
-    one member). ``spec``: any member. What submitit wrote is removed when sbatch refuses."""
+    one member). ``spec``: any member; ``after``: jobs it waits for (``--dependency=afterany:...``). What
+    submitit wrote is removed when sbatch refuses."""
     try:
         executor = slurm_executor(paths.submitit)
     except RuntimeError as error:
         raise SubmissionError(f"SLURM is not available here ({error}); submit from a SLURM login node, "
                               "or use --executor local") from None
     executor.update_parameters(**slurm_parameters(spec), array_parallelism=max_parallel)
+    if after:
+        executor.update_parameters(dependency="afterany:" + ":".join(after))
     try:
         with submitit_files_undone_on_failure(paths), executor.batch():  # type: ignore[arg-type]
             jobs = [executor.submit(task) for task in tasks]

@@ -77,3 +77,13 @@ def cluster_problems(spec: JobSpec) -> list[str]:
         qos_problem(slurm.qos) if slurm.qos else None,
     ]
     return [problem for problem in problems if problem]
+
+
+def max_array_size() -> int | None:
+    """The cluster's ``MaxArraySize`` (``scontrol show config``): a job array's task indices run from 0 to one
+    less than it, so an array holds at most this many tasks. None where scontrol does not answer."""
+    for line in _lines(["scontrol", "show", "config"]) or ():
+        name, separator, value = line.partition("=")
+        if separator and name.strip() == "MaxArraySize":
+            return int(value.strip()) if value.strip().isdigit() else None
+    return None

@@ -191,3 +191,37 @@ def test_plot_of_a_sweep_overlays_its_members_labelled_by_their_overrides(tmp_pa
     result = plot([str(sweep_dir)], metrics=["train/loss"])
     assert result.output == sweep_dir / "plot.png" and result.output.is_file()
     assert [run.name for run in result.runs] == ["config.lr=0", "config.lr=1"]
+
+
+@pytest.mark.parametrize("values", [[1, True], [0, False], [1, 1.0]])
+def test_values_equal_in_python_but_not_in_yaml_are_distinct_members(tmp_path: Path, values: list) -> None:
+    plan = plan_sweep(sweep_spec(tmp_path, {"grid": {"config.flag": values}}))
+    assert [member.spec.config["flag"] for member in plan.members] == values
+    assert [type(member.spec.config["flag"]) for member in plan.members] == [type(value) for value in values]
+    assert len({member.name for member in plan.members}) == 2
+
+
+def test_plot_of_a_sweep_with_waiting_members_draws_those_with_records(tmp_path: Path, capsys) -> None:
+    sweep_dir = tmp_path / "sweep"
+    members = (_member(sweep_dir, 0, "lr=0", outcome="finished", best=0.9),
+               _member(sweep_dir, 1, "lr=1", outcome=None, best=None))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="demo", executor="local", max_parallel=1, members=members,
+                                                 queue=({"name": "lr=1", "at": run_state.now()},)))
+    assert elfes(["plot", str(sweep_dir), "--metric", "train/loss"]) == 0
+    said = capsys.readouterr().out
+    assert "of config.lr=0" in said and "not drawn (no run records yet): config.lr=1" in said
+    assert "stalled: 1 member(s) wait for a slot" in said  # and nothing will start it: said here too
+    assert (sweep_dir / "plot.png").is_file()
+
+
+def test_status_until_of_a_sweep_waits_for_every_member_and_exits_as_they_ended(tmp_path: Path, capsys) -> None:
+    sweep_dir = tmp_path / "sweep"
+    members = (_member(sweep_dir, 0, "lr=0", outcome="finished", best=0.9),
+               _member(sweep_dir, 1, "lr=1", outcome="cancelled", best=0.5))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="demo", executor="local", max_parallel=2, members=members))
+    assert elfes(["status", str(sweep_dir), "--until", "ended"]) == 5  # one member was cancelled
+    assert elfes(["status", str(sweep_dir), "--until", "step=5"]) == 0  # both records reached step 5
+    capsys.readouterr()
+    assert elfes(["status", str(sweep_dir), "--until", "step=6"]) == 5
+    assert "member lr=1 ended cancelled before step 6" in capsys.readouterr().err
+    assert elfes(["status", str(sweep_dir), "--until", "training"]) == 0  # each has trained

@@ -80,3 +80,19 @@ def test_the_band_above_the_top_panel_is_as_tall_as_its_rows_of_labels(stops):
     title = figure._suptitle.get_window_extent(renderer)
     band = title.y0 - ax.get_window_extent(renderer).y1
     assert band <= len(rows) * (line + 2 * points) + 12 * points, (band, len(rows), line)
+
+
+def test_a_sweep_of_six_runs_has_a_title_that_fits_and_one_start_label():
+    runs = [RunCurves(f"config.lr=0.00{k} config.seed={k}", build_timeline(run_events({40} if k == 2 else set())))
+            for k in range(6)]
+    figure = draw(runs, ["train/loss"])
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    title = figure._suptitle.get_window_extent(renderer)
+    width = figure.get_window_extent(renderer)
+    assert width.x0 <= title.x0 and title.x1 <= width.x1, (figure.get_suptitle(), title, width)
+    assert figure.get_suptitle() == "6 runs, 7 attempts in all: 1 stop, 1 resume"
+    (ax,) = figure.get_axes()
+    texts = [text.get_text() for text in ax.texts]
+    assert texts.count("6 runs: start") == 1 and not any(text.endswith(": start") and "6 runs" not in text
+                                                         for text in texts), texts

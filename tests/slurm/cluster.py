@@ -173,6 +173,8 @@ class SlurmCluster:
     ``grace_time_s``: GraceTime of the ``low`` partition; ``kill_wait_s``: KillWait (the save budget of
     a cancelled job); ``cred_expire_s``: a requeued job may start again only after this. ``node_cpus``: the
     CPUs the node offers (default: what ``slurmd -C`` reports; more oversubscribes the machine, for many tiny jobs).
+    ``max_array_size``: ``MaxArraySize`` (default SLURM's, 1001). Partitions: ``low`` (the default, preemptible),
+    ``high`` (preempts ``low`` and ``shared``), ``shared`` (preemptible, up to 4 jobs per CPU).
     """
 
     # slurmd, slurmdbd and clients bind only the address the host name resolves to (CommunicationParameters=
@@ -189,6 +191,7 @@ class SlurmCluster:
         kill_wait_s: int = 10,
         cred_expire_s: int = 10,
         node_cpus: int | None = None,
+        max_array_size: int | None = None,
     ) -> None:
         # Default: a new folder in the temporary folder (munged wants every folder above its socket
         # searchable by all users: pytest's tmp_path is not).
@@ -202,6 +205,7 @@ class SlurmCluster:
         self.kill_wait_s = kill_wait_s
         self.cred_expire_s = cred_expire_s
         self.node_cpus = node_cpus
+        self.max_array_size = max_array_size
         self.hostname = socket.gethostname().split(".")[0]
         self.ports: dict[str, int] = {}
         self.created: list[str] = []  # top-level entries of directory this cluster made
@@ -714,6 +718,8 @@ class SlurmCluster:
         ]
         if self.user_signal:
             lines.append("SlurmctldParameters=preempt_send_user_signal")
+        if self.max_array_size is not None:
+            lines.append(f"MaxArraySize={self.max_array_size}")
         if self.node_cpus is not None:
             lines.append("SlurmdParameters=config_overrides")  # slurmd takes the configured CPUs, not the machine's
         if self.accounting:
@@ -730,6 +736,9 @@ class SlurmCluster:
             f"PartitionName=low Nodes={node_names} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
             f"PreemptMode=REQUEUE GraceTime={self.grace_time_s}",
             f"PartitionName=high Nodes={node_names} MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
+            # Up to 4 jobs share each CPU: many tiny jobs run at once (a throttle, not the CPUs, limits them).
+            f"PartitionName=shared Nodes={node_names} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE "
+            f"GraceTime={self.grace_time_s} OverSubscribe=FORCE:4",
         ]
         return "\n".join(lines) + "\n"
 
@@ -775,6 +784,7 @@ class SlurmCluster:
                 "kill_wait_s": self.kill_wait_s,
                 "cred_expire_s": self.cred_expire_s,
                 "node_cpus": self.node_cpus,
+                "max_array_size": self.max_array_size,
             },
             **self._manifest_extra(),
         }

@@ -5,7 +5,8 @@ Without the SLURM, munge and MariaDB binaries these tests skip, saying how to in
 gets it with an empty queue, and a failing test's report carries what the daemons logged during it.
 
 - ``slurm_available`` (session): only the skip/fail rule, for tests that start daemons themselves.
-- ``slurm_cluster`` (session): the single-node cluster, in whatever preemption configuration it has.
+- ``slurm_cluster`` (session): the single-node cluster, in whatever preemption configuration it has
+  (``MaxArraySize=10``; partitions ``low``, ``high`` and ``shared``, where 4 jobs share a CPU).
 - ``slurm``: the single-node cluster for one test; its jobs are cancelled at the end.
 - ``slurm_user_signal`` / ``slurm_plain_sigterm``: the same with ``preempt_send_user_signal`` on / off.
 - ``slurm_env``: ``SLURM_CONF`` set in ``os.environ`` for the test (for in-process submitit).
@@ -25,6 +26,8 @@ from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
 from two_hosts import NamespacesUnavailable, TwoHostCluster, missing_network_programs
 
 REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
+# The single-node cluster's MaxArraySize: low, so that a sweep of a few tiny members spans several arrays.
+MAX_ARRAY_SIZE = 10
 LOG_MARKS = pytest.StashKey[dict]()  # on a test item: {cluster: log sizes when the test began}
 CLUSTER_TIMINGS = pytest.StashKey[dict]()  # on the config: {"single node": timings_s, ...}
 
@@ -89,7 +92,7 @@ def _test_cluster(cluster: SlurmCluster, request: pytest.FixtureRequest) -> Iter
 @pytest.fixture(scope="session")
 def slurm_cluster(slurm_available: None, request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     """The private single-node cluster (a new folder in the temporary folder), for the session."""
-    yield from _session_cluster(SlurmCluster(), "single-node", request)
+    yield from _session_cluster(SlurmCluster(max_array_size=MAX_ARRAY_SIZE), "single-node", request)
 
 
 @pytest.fixture

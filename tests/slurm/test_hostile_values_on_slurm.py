@@ -92,7 +92,7 @@ def test_a_partition_account_or_qos_the_cluster_lacks_is_refused_before_anything
     cases = {
         "partition": ({"partition": "nosuch"},
                       'slurm.partition = "nosuch": no partition "nosuch" on this cluster; its partitions are low '
-                      "(the default), high."),
+                      "(the default), high, shared."),
         "partitions": ({"partition": "high,nosuch"}, 'no partition "nosuch" on this cluster'),
         "account": ({"account": "nobody"},
                     'slurm.account = "nobody": not an account of user root on this cluster (sacctmgr lists root).'),

@@ -375,5 +375,5 @@ def test_doctor_tells_what_preemption_time_limit_and_cancel_do_in_both_configura
     high["slurm"]["partition"] = "nowhere"
     (tmp_path / "nowhere.yaml").write_text(json.dumps(high))
     unknown = elfes(slurm, "doctor", str(tmp_path / "nowhere.yaml"), check=False)
-    assert unknown.returncode == 2 and "slurm.partition = 'nowhere': no such partition (partitions: high, low)" in (
+    assert unknown.returncode == 2 and "slurm.partition = 'nowhere': no such partition (partitions: high, low, shared)" in (
         unknown.stderr)

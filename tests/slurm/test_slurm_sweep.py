@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-from cluster import SlurmCluster
+from cluster import SlurmCluster, wait_for
 from run_comparison import assert_runs_bitwise_equal
 from test_slurm_preemption import (
     ELFES,
+    REPOSITORY,
     diagnostics,
     elfes,
     preempt_with_a_high_job,
@@ -172,8 +176,177 @@ def test_a_sweep_submitter_killed_mid_hand_over_leaves_each_member_one_trainer(
         assert [a.outcome for a in state.attempts] == ["finished"], diagnostics(run_dir)
         if kill_at == "after-the-pickles":
             assert state.job_id.partition("_")[0] == array  # the interrupted hand-over's task, adopted
+            assert array in {job.job_id for job in load_sweep(SweepPaths(sweep_dir)).jobs}  # and recorded
         else:
             assert not state.job_id.startswith(f"{array}_")  # its task was cancelled, the member handed over anew
     if kill_at == "before-the-pickles":
         tasks = slurm.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", array).stdout.splitlines()
         assert tasks and {task.split()[0] for task in tasks} == {"CANCELLED"}, tasks  # "CANCELLED by 0"
+
+
+# -- many tiny members: arrays cut at MaxArraySize, chained so that max_parallel holds across them -----------------
+def chain_sweep(folder: Path, name: str, members: list[dict[str, Any]], *, max_parallel: int, units: int = 20) -> Path:
+    """A sweep of torch-free chain_command members (``members``: each one's overrides) in partition ``shared``,
+    where 4 jobs share a CPU: the throttle, not the CPUs, limits how many run at once."""
+    spec = folder / f"{name}.yaml"
+    spec.write_text(json.dumps({
+        "name": name, "workdir": str(REPOSITORY), "run_dir": str(folder / name),
+        "command": ["{python}", "-m", "tests.slurm.chain_command", "--run-dir", "{run_dir}", "--units", str(units)],
+        "config": {"member": 0, "hold": ""},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 0.25,
+                      "timeout_min": 5},
+        "slurm": {"partition": "shared", "signal_delay_s": 60}, "requeue": {"max_requeues": 3},
+        "env": {"PYTHONPATH": str(REPOSITORY)},
+        "sweep": {"members": members, "max_parallel": max_parallel},
+    }))
+    return spec
+
+
+def task_intervals(slurm: SlurmCluster, arrays: list[str], tasks: int) -> list[tuple[str, datetime, datetime]]:
+    """Every run of every task of ``arrays`` (requeued runs too, from ``sacct --duplicates``): (task, start, end),
+    once sacct has all ``tasks`` completed (slurmdbd records them a moment after they end)."""
+    found: list[tuple[str, datetime, datetime]] = []
+
+    def complete() -> bool:
+        listed = slurm.run("sacct", "-n", "-X", "-P", "--duplicates", "-o", "JobID,Start,End,State",
+                           "-j", ",".join(arrays)).stdout.splitlines()
+        found[:] = []
+        completed = set()
+        for line in listed:
+            task, start, end, state = line.split("|", 3)
+            if start not in ("Unknown", "None", "") and end not in ("Unknown", "None", ""):
+                found.append((task, datetime.fromisoformat(start), datetime.fromisoformat(end)))
+                if state.startswith("COMPLETED"):
+                    completed.add(task)
+        return len(completed) == tasks
+
+    wait_for(complete, timeout_s=60, what=f"sacct to record {tasks} completed tasks", interval_s=0.5)
+    return found
+
+
+def most_at_once(intervals: list[tuple[str, datetime, datetime]]) -> int:
+    """The most task runs alive at one time ([start, end): one that ends as another starts is not two)."""
+    moments = sorted([(start, 1) for _, start, _ in intervals] + [(end, -1) for _, _, end in intervals],
+                     key=lambda moment: (moment[0], moment[1]))
+    alive = peak = 0
+    for _, change in moments:
+        alive += change
+        peak = max(peak, alive)
+    return peak
+
+
+def test_a_sweep_larger_than_max_array_size_runs_as_chained_arrays_never_above_max_parallel(
+    slurm_user_signal: SlurmCluster, tmp_path: Path
+) -> None:
+    """25 members against MaxArraySize=10: three arrays (10, 10, 5), each after the one before, never more than
+    max_parallel=4 tasks at once (sacct), every member finished once; one preempted in the second array while
+    its siblings wait (`elfes preempt` answers at once) resumes bitwise."""
+    from chain_command import expected
+
+    slurm = slurm_user_signal
+    assert slurm.max_array_size == 10
+    hold = tmp_path / "hold"
+    hold.touch()
+    held = 12  # in the second array
+    members = [{"config.member": k} if k != held else {"config.member": k, "config.hold": str(hold)} for k in range(25)]
+    spec = chain_sweep(tmp_path, "many", members, max_parallel=4)
+    dry = elfes(slurm, "submit", str(spec), "--executor", "slurm", "--dry-run").stdout
+    assert dry.count("#SBATCH --array=") == 3 and "--dependency=afterany:<job array 2>" in dry
+    assert not (tmp_path / "many").exists()
+    submitted = elfes(slurm, "submit", str(spec), "--executor", "slurm")
+    sweep_dir = tmp_path / "many"
+    record = load_sweep(SweepPaths(sweep_dir))
+    assert [len(job.members) for job in record.jobs] == [10, 10, 5], submitted.stdout
+    arrays = [job.job_id for job in record.jobs]
+    run_dirs = {int(member.overrides["config.member"]): Path(member.run_dir) for member in record.members}
+    target = run_dirs[held]
+    assert state_of(target).job_id == f"{arrays[1]}_2"
+
+    wait_run(target, lambda: (s := state_of(target)).status == "running" and s.attempts and (
+        RunPaths(target).run_dir / "chain.json").is_file(), "the held member of the second array to run")
+    siblings = slurm.run("squeue", "-h", "-r", "-t", "PD", "-j", arrays[1], "-o", "%i").stdout.split()
+    assert siblings, "other tasks of its array wait (SLURM then answers `scancel --signal` with `try again later`)"
+    began = time.monotonic()
+    preempted = elfes(slurm, "preempt", str(target))
+    assert time.monotonic() - began < 25 and "sent SIGUSR2" in preempted.stdout, preempted
+    wait_run(target, lambda: state_of(target).attempts[0].outcome == "requeued", "the preempted member's requeue")
+    hold.unlink()
+
+    for k, run_dir in run_dirs.items():
+        state = wait_ended(run_dir, "finished")
+        assert len(state.submissions) == 1, diagnostics(run_dir)
+        assert [a.outcome for a in state.attempts] == (["requeued", "finished"] if k == held else ["finished"])
+        assert json.loads((run_dir / "chain.json").read_text()) == expected(k, 20), diagnostics(run_dir)
+    assert state_of(target).requeues_used == 1
+    intervals = task_intervals(slurm, arrays, 25)
+    assert most_at_once(intervals) <= 4, intervals
+    assert most_at_once(intervals) >= 3  # the throttle, not the CPUs, held them back
+    for before, after in zip(arrays, arrays[1:]):
+        ended = max(end for task, _, end in intervals if task.startswith(f"{before}_"))
+        started = min(start for task, start, _ in intervals if task.startswith(f"{after}_"))
+        assert started >= ended, (before, after, intervals)
+
+
+SBATCH_WRAPPER = """#!/bin/bash
+# sbatch as the test wants it: the Nth call refused ({refuse}), or the submitter Ctrl-C'd while it waits for sbatch.
+calls=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $calls > {count}
+if [ -e {refuse} ] && [ "$calls" = "$(cat {refuse})" ]; then
+    echo "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified" >&2
+    exit 1
+fi
+if [ -e {interrupt} ]; then kill -INT $PPID; fi
+exec {sbatch} "$@"
+"""
+
+
+def test_a_refused_second_array_keeps_the_sweep_and_resume_chains_after_the_live_array(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """sbatch refuses the second of two arrays: the first stays queued, its members' folders stay, the refused
+    members are recorded (exit 3). `elfes resume SWEEP_DIR` while the first array still runs hands them over as
+    an array that waits for it (max_parallel holds across both), and a Ctrl-C during that hand-over is held
+    until it is recorded (exit 130)."""
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    count, refuse, interrupt = tmp_path / "calls", tmp_path / "refuse", tmp_path / "interrupt"
+    (folder / "sbatch").write_text(SBATCH_WRAPPER.format(count=count, refuse=refuse, interrupt=interrupt,
+                                                         sbatch=shutil.which("sbatch")))
+    (folder / "sbatch").chmod(0o755)
+    environment = {**slurm.env, "PATH": f"{folder}:{os.environ['PATH']}"}
+    refuse.write_text("2")
+    spec = chain_sweep(tmp_path, "split", [{"config.member": k} for k in range(12)], max_parallel=3)
+    refused = subprocess.run([ELFES, "submit", str(spec), "--executor", "slurm"], capture_output=True, text=True,
+                             timeout=180, env=environment)
+    assert refused.returncode == 3, refused
+    assert "Invalid account" in refused.stderr and "2 member(s) were not handed over" in refused.stderr
+    sweep_dir = tmp_path / "split"
+    record = load_sweep(SweepPaths(sweep_dir))
+    (first,) = record.jobs
+    assert len(first.members) == 10 and sorted(record.problems) == [m.name for m in record.members[10:]]
+    left = [Path(member.run_dir) for member in record.members[10:]]
+    assert all(state_of(run_dir) is None and (run_dir / "job.yaml").is_file() for run_dir in left)
+    status = json.loads(elfes(slurm, "status", str(sweep_dir), "--json").stdout)
+    assert status["counts"]["not started"] == 2
+
+    refuse.unlink()
+    interrupt.touch()
+    assert slurm.run("squeue", "-h", "-j", first.job_id, "-o", "%i").stdout.strip(), "the first array still runs"
+    resumed = subprocess.run([ELFES, "resume", str(sweep_dir)], capture_output=True, text=True, timeout=180,
+                             env=environment)
+    assert resumed.returncode == 130, resumed
+    assert "interrupted by SIGINT; the sweep was handed over first" in resumed.stderr
+    record = load_sweep(SweepPaths(sweep_dir))
+    assert [len(job.members) for job in record.jobs] == [10, 2] and not record.problems
+    second = record.jobs[1].job_id
+    dependency = slurm.run("scontrol", "show", "job", second).stdout
+    assert f"afterany:{first.job_id}" in dependency or "Dependency=(null)" in dependency  # (null): it was met already
+    for member in record.members:
+        state = wait_ended(Path(member.run_dir), "finished")
+        assert [a.outcome for a in state.attempts] == ["finished"]
+    intervals = task_intervals(slurm, [first.job_id, second], 12)
+    assert most_at_once(intervals) <= 3, intervals
+    ended = max(end for task, _, end in intervals if task.startswith(f"{first.job_id}_"))
+    assert min(start for task, start, _ in intervals if task.startswith(f"{second}_")) >= ended, (second, intervals)

@@ -1,0 +1,196 @@
+"""A local sweep that never stalls unnoticed: a sweep folder left without a live scheduler (its submitter
+killed before it started one, or the scheduler killed) is called stalled by every look at it and healed by
+`elfes resume SWEEP_DIR`; a damaged member record is shown as such and costs the scheduler nothing; a
+`sweep.json` of the wrong shape is refused by every verb with the file and the fix. The members are
+torch-free `command:` jobs that end at once, so nothing trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from test_local_jobs import REPOSITORY
+
+from elfes.launcher.cli.main import main as elfes
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.liveness import local_processes
+from elfes.launcher.rundir.paths import RunPaths, SweepPaths
+from elfes.launcher.rundir.sweep_record import load_sweep, update_sweep
+from elfes.launcher.spec.sweep import plan_sweep
+
+GONE_PID = 4194999  # above any kernel's pid_max: no process has it
+TIMEOUT_S = 120
+
+
+def command_sweep(folder: Path, name: str = "heal", *, members: int = 2) -> Path:
+    """A sweep spec of ``members`` torch-free command jobs that exit 0 at once, one at a time."""
+    spec = {
+        "name": name, "command": ["{python}", "-c", "pass"], "workdir": str(REPOSITORY), "run_dir": str(folder / name),
+        "resources": {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
+                      "timeout_min": 5},
+        "sweep": {"grid": {"env.MEMBER": [str(k) for k in range(members)]}, "max_parallel": 1},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def created_without_scheduler(spec: Path) -> SweepPaths:
+    """The sweep folder as `elfes submit` leaves it when killed right after writing sweep.json: every member
+    queued, no scheduler started."""
+    from elfes.launcher.commands.sweep import _create
+
+    plan = plan_sweep(spec)
+    plan.sweep_dir.mkdir(parents=True)
+    _create(plan, "local")
+    return SweepPaths(plan.sweep_dir)
+
+
+def wait_until(condition, what: str, paths: SweepPaths) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            log = paths.scheduler_log.read_text() if paths.scheduler_log.exists() else "(no scheduler.log)"
+            pytest.fail(f"timed out waiting for {what}\nsweep.json: {paths.record.read_text()}\nscheduler.log:\n{log}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[SweepPaths]]:
+    """Sweeps whose scheduler and members are killed at teardown, whatever the test left running."""
+    sweeps: list[SweepPaths] = []
+    yield sweeps
+    for paths in sweeps:
+        try:
+            record = load_sweep(paths)
+        except run_state.StateError:
+            continue
+        pid = (record.scheduler or {}).get("pid")
+        try:
+            if pid and b"sweep_local" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+        for member in record.members:
+            processes = local_processes(RunPaths(member.run_dir))
+            for found in processes["controller"] + processes["task"]:
+                try:
+                    os.kill(found, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def test_a_sweep_without_a_live_scheduler_is_called_stalled_and_resume_starts_one(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    paths = created_without_scheduler(command_sweep(tmp_path))
+    leftovers.append(paths)
+    update_sweep(paths, lambda r: __import__("dataclasses").replace(
+        r, scheduler={"pid": GONE_PID, "host": "here", "started_at": run_state.now()}))  # a scheduler SIGKILLed
+
+    assert elfes(["status", str(paths.sweep_dir)]) == 0
+    shown = capsys.readouterr().out
+    assert f"stalled: 2 member(s) wait for a slot and its scheduler (pid {GONE_PID} on here) is gone" in shown
+    assert f"elfes resume {paths.sweep_dir}" in shown
+    assert "n/a" not in shown  # a waiting member has no step yet: "-"
+    assert json.loads(_json_status(paths, capsys))["stalled"].startswith("stalled: 2 member(s)")
+    # A wait on a stalled sweep would never end: it says why at once (exit 3).
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended"]) == 3
+    assert "stalled: 2 member(s) wait for a slot" in capsys.readouterr().err
+
+    assert elfes(["resume", str(paths.sweep_dir)]) == 0
+    said = capsys.readouterr().out
+    assert "no scheduler was alive; started one for the 2 waiting member(s)" in said
+    # --until ended waits for every member (it returned at once before).
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0, \
+        capsys.readouterr()
+    record = load_sweep(paths)
+    states = [run_state.load_state(RunPaths(member.run_dir)) for member in record.members]
+    assert [state.status for state in states] == ["finished", "finished"]
+    assert [len(state.submissions) for state in states] == [1, 1]  # each handed over once
+    wait_until(lambda: load_sweep(paths).scheduler is None, "the scheduler to exit", paths)
+    assert not load_sweep(paths).queue and json.loads(_json_status(paths, capsys))["stalled"] is None
+
+
+def _json_status(paths: SweepPaths, capsys) -> str:
+    capsys.readouterr()
+    elfes(["status", str(paths.sweep_dir), "--json"])
+    return capsys.readouterr().out
+
+
+def test_a_damaged_member_record_is_shown_unreadable_and_the_scheduler_goes_on_past_it(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    from elfes.launcher.commands.sweep_local import run_scheduler
+
+    paths = created_without_scheduler(command_sweep(tmp_path))
+    leftovers.append(paths)
+    record = load_sweep(paths)
+    damaged, good = (RunPaths(member.run_dir) for member in record.members)
+    damaged.state.write_text('{"status": 5}')
+
+    assert elfes(["status", str(paths.sweep_dir)]) == 3
+    shown = capsys.readouterr().out
+    assert "unreadable: " in shown and "status is 5 (an integer), not a string" in shown
+    data = json.loads(_json_status(paths, capsys))
+    (member,) = [m for m in data["members"] if m["run_dir"] == str(damaged.run_dir)]
+    assert member["status"] == "unreadable" and "state.json" in member["error"]
+    assert data["counts"] == {"unreadable": 1, "waiting": 1, "total": 2}
+
+    # The scheduler works the queue (the damaged member first): it records that member's problem and goes on.
+    assert run_scheduler(str(paths.sweep_dir)) == 0
+    capsys.readouterr()
+    after = load_sweep(paths)
+    assert not after.queue and list(after.problems) == [record.members[0].name]
+    assert "StateError" in after.problems[record.members[0].name]
+    assert run_state.load_state(good).submissions  # the good one was handed over
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", "1"]) == 3
+    assert "unreadable" in capsys.readouterr().err
+
+    # `elfes resume SWEEP_DIR` leaves the damaged member alone and says so (exit 3).
+    assert elfes(["resume", str(paths.sweep_dir)]) == 3
+    said = capsys.readouterr().out
+    assert f"left alone: {record.members[0].name} (unreadable: " in said
+
+
+@pytest.mark.parametrize("content", [[], None, "members-run-dir", "queue-entry", "not-json"])
+def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path, capsys, content) -> None:
+    paths = created_without_scheduler(command_sweep(tmp_path))
+    good = json.loads(paths.record.read_text())
+    if content == "members-run-dir":
+        good["members"][0]["run_dir"] = 7
+        text = json.dumps(good)
+    elif content == "queue-entry":
+        good["queue"] = [1]
+        text = json.dumps(good)
+    elif content == "not-json":
+        text = "{"
+    else:
+        text = json.dumps(content)
+    paths.record.write_text(text)
+    for verb in (["status"], ["status", "--json"], ["resume"], ["cancel"], ["plot"]):
+        assert elfes([verb[0], str(paths.sweep_dir), *verb[1:]]) == 3, verb
+        error = capsys.readouterr().err
+        assert f"{paths.record} cannot be read" in error and "restore it" in error, (verb, error)
+        assert "Traceback" not in error
+
+
+def test_a_requeue_under_way_counts_before_the_relaunch() -> None:
+    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=3)
+    state = run_state.mark_pending(state, job_id="7_1")
+    state = run_state.begin_attempt(state, token="7_1:0/1", job_id="7_1", launch="submit", hosts=["h"], world_size=1)
+    state = run_state.end_attempt(state, token="7_1:0/1", outcome="requeued", signal="SIGUSR2", step=3)
+    assert (state.status, state.requeues_used, state.requeues_left) == ("requeued", 1, 2)
+    state = run_state.begin_attempt(state, token="7_1:1/1", job_id="7_1", launch="requeue", hosts=["h"], world_size=1)
+    assert state.requeues_used == 1  # the relaunch is the same requeue
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-n", "0"]))
