@@ -44,6 +44,8 @@ def _submit(args: argparse.Namespace) -> int:
     verb = "continues" if result.continued else "submitted"
     print_line(f"{result.name}: {verb} as {result.executor} job {result.job_id}{_submission_note(result)}")
     print_line(f"run directory: {result.run_dir}")
+    if result.code:
+        print_line(f"code: {result.code}")
     if args.follow:
         from .follow import follow
 
@@ -57,9 +59,11 @@ def _resume(args: argparse.Namespace) -> int:
         return sweep.resume(args)
     from ..commands import submission
 
-    result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets)
+    result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets, code=args.code)
     print_line(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`"
            f"{_submission_note(result)}")
+    if result.code:
+        print_line(f"code: {result.code}")
     print_line(f"run directory: {result.run_dir}")
     if not args.follow:
         return EXIT_OK

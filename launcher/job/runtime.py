@@ -10,7 +10,8 @@ and calls it. In order, on every rank:
    count from 1 across the whole run, ``elfes resume`` included), the rank's standard streams go to
    ``logs/attempt-<A>/rank-<R>.out|err``, and the task's pid is recorded (``pids/rank-<R>.json``) so
    ``elfes preempt`` can signal it. Rank 0 records the attempt in ``state.json``.
-3. The spec's ``env`` is applied, ``workdir`` becomes the working folder and goes on ``sys.path``,
+3. The spec's ``env`` is applied, the code snapshot the run records (``code.json``; else ``workdir``) becomes
+   the working folder and goes on ``sys.path``, where the working tree it copies is no longer,
    the torch distributed variables are exported (submitit's ``TorchDistributedEnvironment``) and,
    with ``gpus_per_node: 0``, ``ACCELERATE_USE_CPU=1`` (so a plain ``Accelerator()`` forms a gloo group).
 4. ``entrypoint``: the engine is imported (torch, seconds), a ``StopRequest`` takes over the signals
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import state as run_state
+from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from .command import run_command
@@ -170,7 +172,9 @@ class _Attempt:
     # -- the whole attempt --------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         try:
-            self.spec = _load_spec(self.paths)
+            recorded = _load_spec(self.paths)
+            self.recorded_workdir = str(recorded.workdir)  # the working tree a code snapshot copies
+            self.spec = job_spec(recorded, self.paths)  # its workdir: the code snapshot, when the run has one
             self.max_requeues = self.spec.requeue.max_requeues
             print(f"elfes: attempt {self.attempt} ({self.launch}) of {self.paths.run_dir}: rank {self.start.rank} of "
                   f"{self.start.world_size} on {self.start.host}, {self.start.executor} job {self.start.job_id}; "
@@ -201,8 +205,12 @@ class _Attempt:
     def _prepare_process(self) -> None:
         for name, value in (self.spec.env or {}).items():
             os.environ[str(name)] = str(value)
-        workdir = str(self.spec.workdir)
+        workdir = str(self.spec.workdir)  # the code snapshot, when the run has one
         os.chdir(workdir)
+        source = self.recorded_workdir
+        if source != workdir:
+            # Nothing of the job's code may come from the working tree the snapshot copies.
+            sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != source]
         if workdir not in sys.path:
             sys.path.insert(0, workdir)
         self.rendezvous = reserve_rendezvous_port(self.paths, self.start, self.token)
