@@ -55,12 +55,14 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import state as run_state
-from ..rundir.code_record import job_spec
+from ..rundir.code_record import job_spec, load_code_record
+from ..rundir.provenance import changes_at
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from .command import run_command
 from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
 from .outcome import Decision, decide
+from .provenance import collect
 from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
@@ -222,6 +224,7 @@ class _Attempt:
         from elfes.engine import StopRequest  # torch: seconds; the flags cover this time
 
         main = load_entrypoint(self.spec.entrypoint)
+        self._record_provenance()  # torch is imported now: its versions, threads and device are known
         resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
         if note is not None:
             print(f"elfes: {note}", flush=True)
@@ -252,6 +255,7 @@ class _Attempt:
 
     # -- command jobs -------------------------------------------------------------------------------------------
     def _run_command(self) -> tuple[str | None, int | None]:
+        self._record_provenance()
         if cancel_requested(self.paths, self.before):
             self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
         end = run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
@@ -262,6 +266,23 @@ class _Attempt:
         return end.stop_reason, end.step
 
     # -- recording and acting -----------------------------------------------------------------------------------
+    def _record_provenance(self) -> None:
+        """Rank 0: record what this attempt runs on (launcher/rundir/provenance.py) and name in its log what changed
+        since the previous attempt that threatens a bitwise resume. A failure to record only warns."""
+        if not self.is_main:
+            return
+        try:
+            provenance = collect(code=load_code_record(self.paths), local_rank=self.start.local_rank)
+            state = run_state.update_state(self.paths, lambda s: run_state.record_provenance(
+                s, token=self.token, provenance=provenance))
+        except (OSError, run_state.StateError) as error:
+            print(f"elfes: warning: the provenance of attempt {self.attempt} was not recorded: {error}",
+                  file=sys.stderr, flush=True)
+            return
+        print(f"elfes: attempt {self.attempt} runs on {provenance.describe()}", flush=True)
+        for change in changes_at(state, self.attempt):
+            print(f"elfes: warning: {change}", file=sys.stderr, flush=True)
+
     def _update(self, change: Callable[[run_state.RunState | None], run_state.RunState]) -> None:
         run_state.update_state(self.paths, change)
 
