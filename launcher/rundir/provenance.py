@@ -51,6 +51,13 @@ class Provenance:
     elfes: str | None = None
     code: CodeProvenance | None = None  # None: no snapshot; the attempt imported the workdir as it was
 
+    @classmethod
+    def from_json(cls, data: Any) -> Provenance:
+        """The provenance in ``data`` (its ``dataclasses.asdict`` form); FieldError names a field that does not fit."""
+        from .json_fields import read_record
+
+        return read_record(cls, data)
+
     def describe(self) -> str:
         """A short line: ``torch 2.13.0, CUDA 12.8, cuDNN 91000, NVIDIA H200, 8 threads; code snapshot ...``."""
         parts = [f"Python {self.python}", f"torch {self.torch or '?'}"]

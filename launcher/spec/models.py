@@ -247,7 +247,8 @@ class JobSpec(_Section):
         "python, torchrun, elfes). Exit code 0 is finished, 128 + a stop signal's number paused, anything else failed.",
     )
     workdir: Path = Field(
-        Path("."), validate_default=True, description="Folder the job runs in and imports the entrypoint from; relative to the spec file."
+        Path("."), validate_default=True, description="Folder of the job's code, relative to the spec file; the job runs in (and imports the entrypoint from) "
+        "its snapshot (see snapshot), or in it with snapshot: false."
     )
     run_dir: Path = Field(..., description="Folder of every file of the run; relative to the spec file.")
     config: dict[str, Any] = Field(

@@ -5,9 +5,9 @@ run imports from (or, for a ``command:``, runs in), so that a job requeued after
 What is copied (:func:`select`): in a git work tree, the files git lists under ``workdir``, tracked or
 untracked but not ignored (``git ls-files --cached --others --exclude-standard``), so ``.venv``,
 ``runs/`` and whatever else ``.gitignore`` names stay out; elsewhere, the whole folder (``.git``,
-``__pycache__`` and ``*.pyc`` left out). The run directory (or sweep folder) itself is never copied,
-``snapshot.exclude`` patterns leave more out, ``snapshot.include`` patterns bring ignored files in, and a
-selection over ``snapshot.max_mb`` is refused before anything is created (:class:`SnapshotTooLarge`,
+``__pycache__``, ``*.pyc`` and other runs' directories left out). The run directory (or sweep folder) is
+never copied, ``snapshot.exclude`` patterns leave more out, ``snapshot.include`` patterns bring ignored
+files in, and a selection over ``snapshot.max_mb`` is refused before anything is created (:class:`SnapshotTooLarge`,
 naming the largest files). :func:`take` copies the selection into ``code/<N>/`` below the run
 directory, under a temporary name renamed into place.
 
@@ -96,16 +96,24 @@ def matches(relative: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(candidate, pattern.rstrip("/")) for pattern in patterns for candidate in candidates)
 
 
+def _is_run_folder(folder: Path) -> bool:
+    """A run directory (its recorded spec and state) or a sweep folder: never code, never copied."""
+    return ((folder / "job.yaml").is_file() and (folder / "state.json").is_file()) or (folder / "sweep.json").is_file()
+
+
 def _walk(workdir: Path, leave_out: Sequence[Path]) -> list[str]:
     found = []
     for folder, folders, files in os.walk(workdir):
         here = Path(folder)
         folders[:] = sorted(name for name in folders if not _left_out(here / name, leave_out)
-                            and not any(fnmatch.fnmatchcase(name, pattern) for pattern in ALWAYS_LEFT_OUT))
-        for name in sorted(files):
+                            and not any(fnmatch.fnmatchcase(name, pattern) for pattern in ALWAYS_LEFT_OUT)
+                            and not _is_run_folder(here / name))
+        linked = [name for name in folders if (here / name).is_symlink()]  # copied as links, not followed
+        folders[:] = [name for name in folders if name not in linked]
+        for name in sorted([*files, *linked]):
             if not any(fnmatch.fnmatchcase(name, pattern) for pattern in ALWAYS_LEFT_OUT):
                 found.append((here / name).relative_to(workdir).as_posix())
-    return found
+    return sorted(found)
 
 
 def _left_out(path: Path, leave_out: Sequence[Path]) -> bool:
@@ -217,7 +225,7 @@ def next_folder(parent: Path) -> Path:
 
 def take(selection: Selection, parent: Path) -> Path:
     """Copy ``selection`` into a new ``parent/<N>/`` (built under a temporary name, renamed into place) and return
-    it. File modes and times are kept; symbolic links are copied as links."""
+    it. File modes and times are kept; symbolic links are copied as links (what they point to is not copied)."""
     destination = next_folder(parent)
     building = parent / f".{destination.name}.{os.getpid()}.partial"
     parent.mkdir(parents=True, exist_ok=True)

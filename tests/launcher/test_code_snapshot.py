@@ -112,8 +112,11 @@ def test_a_folder_outside_git_is_copied_whole_without_caches(tmp_path: Path) -> 
     (project / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"")
     (project / "runs" / "demo").mkdir(parents=True)
     (project / "runs" / "demo" / "state.json").write_text("{}")
+    (project / "shared").symlink_to(project / "pkg")  # a link is copied as a link
     selection = select(project, Snapshot(), leave_out=[project / "runs" / "demo"])
-    assert selection.files == ("pkg/model.py", "train.py") and selection.git is None
+    assert selection.files == ("pkg/model.py", "shared", "train.py") and selection.git is None
+    copy = take(selection, tmp_path / "code")
+    assert (copy / "shared").is_symlink() and (copy / "shared" / "model.py").is_file()
 
 
 def test_a_workdir_over_the_limit_is_refused_before_anything_is_created(tmp_path: Path, capsys) -> None:
