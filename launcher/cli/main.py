@@ -56,6 +56,12 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     if sweep.any_sweep([args.run_dir]):
+        if args.code != "snapshot":
+            from ..rundir.lookup import UsageError
+
+            raise UsageError(f"--code {args.code}: a sweep's members run the one snapshot taken when the sweep was "
+                             "submitted; resume a member alone with --code current (elfes resume SWEEP_DIR/MEMBER "
+                             "--code current), or submit the sweep again into another run_dir")
         return sweep.resume(args)
     from ..commands import submission
 

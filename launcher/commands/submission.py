@@ -189,14 +189,16 @@ def _finish(arrived: list[int], result: Submitted) -> Submitted:
 
 
 def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run: bool = False,
-           sets: Sequence[str] = ()) -> Submitted:
+           sets: Sequence[str] = (), code: str = "current") -> Submitted:
     """Validate ``spec_file`` (with the ``--set`` texts ``sets`` applied), create its run directory,
     record the spec and the submission, submit.
 
     ``dry_run``: return the sbatch script or local command instead, touching nothing. Into a run
     directory that already holds a run, the spec continues it from ``last`` when it differs only in
     fields that may change (UsageError naming the others); a run without checkpoints takes any spec.
-    A finished run is refused (StateError) unless the spec raises its budget.
+    A finished run is refused (StateError) unless the spec raises its budget. ``code``: "current" takes a fresh
+    code snapshot of the spec's workdir; "recorded" keeps the one the run directory's ``code.json`` names (a sweep
+    member handed over by the sweep's scheduler runs the sweep's snapshot).
     """
     source = Path(spec_file)
     spec = load_spec_with(source, sets)
@@ -205,12 +207,15 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     executors.check_executor(spec, chosen)
     paths = RunPaths(spec.run_dir)
     changed = _changes(spec, described, paths) if paths.run_dir.is_dir() else None  # before anything is written
-    code = plan_submit(spec, described)  # a snapshot over its size limit is refused here
+    if code == "recorded" and load_code_record(paths) is not None:
+        plan = CodePlan(keep=True)
+    else:
+        plan = plan_submit(spec, described)  # a snapshot over its size limit is refused here
     if dry_run:
-        job = spec.model_copy(update={"workdir": code.job_folder(paths, spec)})
+        job = spec.model_copy(update={"workdir": plan.job_folder(paths, spec)})
         return Submitted(paths.run_dir, spec.name, chosen, None, None, changed is not None,
                          executors.dry_run(job, paths, chosen), changed=changed or ())
-    return _transaction(spec, paths, chosen, "submit", described, code)
+    return _transaction(spec, paths, chosen, "submit", described, plan)
 
 
 def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets: Sequence[str] = (),

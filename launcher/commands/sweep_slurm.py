@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
+from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
 from ..spec import JobSpec, load_spec
@@ -108,8 +109,9 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
             why = _settle(member_paths[member.name])
             if why is not None:
                 left[member.name] = why
-        due = [(member.name, load_spec(member_paths[member.name].spec)) for member in members
-               if member.name not in left]
+        # Each member's spec as its job sees it: workdir is the sweep's code snapshot (the member's code.json).
+        due = [(member.name, job_spec(load_spec(member_paths[member.name].spec), member_paths[member.name]))
+               for member in members if member.name not in left]
         for group in _groups(due):
             group_paths = [member_paths[name] for name, _ in group]
             try:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from run_comparison import assert_runs_bitwise_equal
+from snapshot_project import TRAIN, git, make_project, set_scale
 from test_local_jobs import Runs, outcomes, preempt, tasks_running, trained_to, wait_ended, wait_for
 
 from elfes.launcher.cli.main import main as elfes
@@ -33,29 +33,7 @@ from elfes.launcher.spec.models import Snapshot
 from elfes.launcher.submit.code_plan import plan_resume
 from elfes.launcher.submit.snapshot import SnapshotTooLarge, check_size, select, take
 
-TRAIN = Path(__file__).with_name("snapshot_train.py")
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="the git work tree cases need git")
-
-
-def git(folder: Path, *arguments: str) -> str:
-    return subprocess.run(["git", "-C", str(folder), "-c", "user.name=elfes-test", "-c", "user.email=test@elfes",
-                           *arguments], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def make_project(folder: Path) -> Path:
-    """A git work tree with the snapshot job as train.py, runs/ ignored, one commit."""
-    folder.mkdir(parents=True)
-    shutil.copy(TRAIN, folder / "train.py")
-    (folder / ".gitignore").write_text("runs/\n*.bin\n")
-    git(folder, "init", "-q")
-    git(folder, "add", "-A")
-    git(folder, "commit", "-q", "-m", "the submitted code")
-    return folder
-
-
-def set_scale(project: Path, scale: float) -> None:
-    train = project / "train.py"
-    train.write_text(train.read_text().replace("SCALE = 1.0  #", f"SCALE = {scale}  #"))
 
 
 def write_spec(project: Path, name: str, **fields: Any) -> Path:
