@@ -5,11 +5,12 @@ run imports from (or, for a ``command:``, runs in), so that a job requeued after
 What is copied (:func:`select`): in a git work tree, the files git lists under ``workdir``, tracked or
 untracked but not ignored (``git ls-files --cached --others --exclude-standard``), so ``.venv``,
 ``runs/`` and whatever else ``.gitignore`` names stay out; elsewhere, the whole folder (``.git``,
-``__pycache__``, ``*.pyc`` and other runs' directories left out). The run directory (or sweep folder) is
-never copied, ``snapshot.exclude`` patterns leave more out, ``snapshot.include`` patterns bring ignored
-files in, and a selection over ``snapshot.max_mb`` is refused before anything is created (:class:`SnapshotTooLarge`,
-naming the largest files). :func:`take` copies the selection into ``code/<N>/`` below the run
-directory, under a temporary name renamed into place.
+``__pycache__``, ``*.pyc``, virtual environments and other runs' directories left out). The run
+directory (or sweep folder) is never copied, ``snapshot.exclude`` patterns leave more out,
+``snapshot.include`` patterns bring ignored files in, and a selection over ``snapshot.max_mb`` is
+refused before anything is created (:class:`SnapshotTooLarge`, naming the largest files). :func:`take`
+copies the selection into ``code/<N>/`` below the run directory, under a temporary name renamed into
+place.
 
 Not submitit's ``helpers.RsyncSnapshot``: it needs ``rsync`` (absent from a bare Debian and from many
 laptops), snapshots the whole git repository rather than the workdir, leaves untracked files out,
@@ -97,8 +98,9 @@ def matches(relative: str, patterns: Iterable[str]) -> bool:
 
 
 def _is_run_folder(folder: Path) -> bool:
-    """A run directory (its recorded spec and state) or a sweep folder: never code, never copied."""
-    return ((folder / "job.yaml").is_file() and (folder / "state.json").is_file()) or (folder / "sweep.json").is_file()
+    """A run directory (its recorded spec and state), a sweep folder or a virtual environment: never copied."""
+    return (((folder / "job.yaml").is_file() and (folder / "state.json").is_file()) or (folder / "sweep.json").is_file()
+            or (folder / "pyvenv.cfg").is_file())
 
 
 def _walk(workdir: Path, leave_out: Sequence[Path]) -> list[str]:
