@@ -154,6 +154,23 @@ def test_a_changed_environment_between_attempts_is_named_as_a_threat() -> None:
     assert run_state.RunState.from_json(data) == state
 
 
+def test_status_shows_what_the_latest_attempt_ran_on_and_names_a_change(tmp_path: Path, capsys) -> None:
+    from run_fixtures import make_run
+
+    paths = make_run(tmp_path, outcome="stopped")
+    before = Provenance(python="3.11.7", torch="2.13.0", threads=2)
+    run_state.update_state(paths, lambda s: run_state.record_provenance(s, token=s.attempts[0].token,
+                                                                         provenance=before))
+    run_state.update_state(paths, lambda s: run_state.begin_attempt(s, token="9:1", job_id="9", launch="resume",
+                                                                    hosts=["node-b"], world_size=2))
+    after = dataclasses.replace(before, threads=8)
+    run_state.update_state(paths, lambda s: run_state.record_provenance(s, token="9:1", provenance=after))
+    assert elfes(["status", str(paths.run_dir)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # the console may wrap long lines
+    assert "latest attempt ran on Python 3.11.7, torch 2.13.0, CPU build, 8 threads; code: workdir as it was" in shown
+    assert "attempt 2 runs the torch thread count 8, attempt 1 ran 2: a threat to bitwise resume" in shown
+
+
 # -- end to end on the local executor ---------------------------------------------------------------------------
 @pytest.fixture
 def runs(tmp_path: Path):
