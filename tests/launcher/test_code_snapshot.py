@@ -117,6 +117,15 @@ def test_a_workdir_over_the_limit_is_refused_before_anything_is_created(tmp_path
         check_size(select(project, Snapshot()), Snapshot(max_mb=0.5), source="spec")
 
 
+def test_the_job_starts_in_its_snapshot_or_with_snapshot_false_in_workdir(tmp_path: Path, capsys) -> None:
+    project = make_project(tmp_path / "project")
+    for name, fields, folder in (("copied", {}, project / "runs" / "copied" / "code" / "1"),
+                                 ("uncopied", {"snapshot": False}, project)):
+        assert elfes(["submit", str(write_spec(project, name, **fields)), "--executor", "local", "--dry-run"]) == 0
+        assert f"\ncd {folder}\n" in capsys.readouterr().out
+    assert not (project / "runs").exists()  # a dry run creates nothing
+
+
 def test_resume_names_the_files_changed_since_the_snapshot(tmp_path: Path) -> None:
     project = make_project(tmp_path / "project")
     spec = load_spec(write_spec(project, "demo"))
