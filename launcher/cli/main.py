@@ -44,6 +44,8 @@ def _submit(args: argparse.Namespace) -> int:
     verb = "continues" if result.continued else "submitted"
     print_line(f"{result.name}: {verb} as {result.executor} job {result.job_id}{_submission_note(result)}")
     print_line(f"run directory: {result.run_dir}")
+    if result.code:
+        print_line(f"code: {result.code}")
     if args.follow:
         from .follow import follow
 
@@ -54,12 +56,20 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     if sweep.any_sweep([args.run_dir]):
+        if args.code != "snapshot":
+            from ..rundir.lookup import UsageError
+
+            raise UsageError(f"--code {args.code}: a sweep's members run the one snapshot taken when the sweep was "
+                             "submitted; resume a member alone with --code current (elfes resume SWEEP_DIR/MEMBER "
+                             "--code current), or submit the sweep again into another run_dir")
         return sweep.resume(args)
     from ..commands import submission
 
-    result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets)
+    result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets, code=args.code)
     print_line(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`"
            f"{_submission_note(result)}")
+    if result.code:
+        print_line(f"code: {result.code}")
     print_line(f"run directory: {result.run_dir}")
     if not args.follow:
         return EXIT_OK

@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to run it (default: the executor of its last submission)")
     set_option(resume, "the recorded spec (the budget, resources, SLURM options, requeue cap, env; not what "
                "changes the math once the run has checkpoints)")
+    resume.add_argument("--code", choices=("snapshot", "current"), default="snapshot",
+                        help="snapshot (default): run the code snapshot the run was submitted with, saying which "
+                        "files of workdir changed since; current: take a fresh snapshot of workdir as it is now")
     resume.add_argument("--follow", action="store_true", help="show the job live until it ends")
 
     validate = verb("validate", "Check a job spec without submitting it; creates nothing.")

@@ -122,6 +122,8 @@ def print_status(console: Console, results: Sequence[Any]) -> None:
         for result in results:
             console.print(_run_block(result, with_attempts=single))
     for result in results:
+        if single and result.ran_on:
+            console.print(f"{result.name or result.run_dir}: latest attempt ran on {result.ran_on}", markup=False)
         if result.error:
             console.print(f"{result.name or result.run_dir}: error: {result.error}", markup=False)
         for note in result.notes:

@@ -208,6 +208,7 @@ class Rehearsal:
             say("the straight runs differ: resume cannot be judged, so the interrupted run is skipped")
         verdict = ("not reproducible" if not straight.identical else
                    "exact" if resumed is not None and resumed.identical else "not resumable")
+        notes += runs.environment_notes()
         report = Report(verdict, str(self.source), str(self.folder), self.options.seed, self.options.executor,
                         interruptions, straight, resumed, requested=[p.kind for p in self._plan(length, 0)],
                         kinds=KINDS, retried=retried, notes=notes, runs=runs.runs)

@@ -5,6 +5,7 @@ run's pace), waiting on its state, and ending what is left alive on the way out.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from elfes.files import write_text_atomically
 from ..rundir import state as run_state
 from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks, run_slurm_tool
 from ..rundir.paths import RunPaths
+from ..rundir.provenance import Provenance, changes_between
 from ..spec import JobSpec
 from .logs import EventTail
 from .rehearsal_plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
@@ -87,6 +89,21 @@ class ScratchRuns:
     say: Callable[[str], None] = print
     show: Show | None = None
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    provenance: dict[str, list[tuple[int, Provenance | None]]] = field(default_factory=dict)
+
+    def environment_notes(self) -> list[str]:
+        """Every change of a bitwise field (torch, CUDA, cuDNN, GPU model, threads) from the first attempt of the
+        first run to any attempt of any run: what makes a rehearsal's comparison say little about the job."""
+        recorded = [(name, number, provenance) for name, attempts in self.provenance.items()
+                    for number, provenance in attempts if provenance is not None]
+        if not recorded:
+            return []
+        first_name, first_number, first = recorded[0]
+        notes = []
+        for name, number, provenance in recorded[1:]:
+            for change in changes_between(first, provenance, earlier=first_number, later=number):
+                notes.append(f"{name} vs {first_name}: {change}")
+        return notes
 
     def submit(self, name: str) -> Path:
         data = yaml.safe_load(self.spec.to_yaml())
@@ -135,6 +152,10 @@ class ScratchRuns:
             self.show(name, follower.poll(), follower.total)
         self.runs[name]["wall_s"] = round(time.time() - self.runs[name].pop("started_at"), 1)
         self.runs[name]["attempts"] = len(state.attempts)
+        # What each attempt ran on (launcher/rundir/provenance.py): the report shows it and names changes.
+        self.runs[name]["provenance"] = [dataclasses.asdict(attempt.provenance) if attempt.provenance else None
+                                         for attempt in state.attempts]
+        self.provenance[name] = [(attempt.number, attempt.provenance) for attempt in state.attempts]
         if state.status != "finished":
             raise RehearsalFailed(failure(paths, state))
         return state

@@ -12,9 +12,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..rundir import state as run_state
+from ..rundir.code_record import load_code_record
 from ..rundir.liveness import SlurmQueue, effective_state
 from ..rundir.lookup import run_paths
 from ..rundir.paths import RunPaths
+from ..rundir.provenance import environment_changes
 from ..rundir.status_reading import ProcessTable, recorded_name, run_liveness, summary_from_ends
 
 UNREADABLE = "unreadable"  # the status of a run whose state.json cannot be read
@@ -47,6 +49,8 @@ class Status:
     notes: list[str] = field(default_factory=list)
     queue_reason: str | None = None  # why SLURM holds the job ("BeginTime" after a requeue, "Resources", ...)
     restart_count: int | None = None  # SLURM's restarts of the job (preemptions, requeues), while it is queued
+    code: dict[str, Any] | None = None  # code.json: the code snapshot the job runs (None: none, it runs workdir)
+    ran_on: str | None = None  # the latest attempt's provenance in one short line (attempts[].provenance: all of it)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +106,15 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
                      "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
     notes.extend(live.notes)  # a command job's task holding a stop signal says why
+    if state is not None:
+        notes.extend(environment_changes(state))
+    try:
+        code = load_code_record(paths)
+    except run_state.StateError as error:
+        code = None
+        notes.append(str(error))
+    ran_on = next((attempt.provenance.describe() for attempt in reversed(state.attempts)
+                   if attempt.provenance is not None), None) if state is not None else None
     summary = summary_from_ends(paths)
     return Status(
         run_dir=str(paths.run_dir),
@@ -127,6 +140,8 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes=notes,
         queue_reason=live.queue_reason,
         restart_count=live.restarts,
+        code=asdict(code) if code is not None else None,
+        ran_on=ran_on,
     )
 
 

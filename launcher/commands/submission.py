@@ -27,7 +27,9 @@ from ..rundir.lost_cause import describe_lost
 from ..rundir.paths import RunPaths
 from ..spec import JobSpec, SpecError, read_spec_data, validate_spec_data
 from ..spec.overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
+from ..rundir.code_record import job_spec, load_code_record
 from ..submit import executors
+from ..submit.code_plan import CodePlan, carry_out, plan_resume, plan_submit, prune_older
 from ..submit.continuation import CHANGEABLE_FIELDS, budget_raised, extend_hint, refused_changes
 from ..submit.handover import (
     Interrupted,
@@ -51,6 +53,7 @@ class Submitted:
     dry_run: str | None = None  # the sbatch script or local command of a dry run
     changed: tuple[str, ...] = ()  # fields of the recorded spec this submission changed
     adopted: bool = False  # the job was started by an interrupted submission; none was started now
+    code: str | None = None  # what the job runs: its code snapshot, kept or fresh, and the workdir's changes since
 
 
 def _recorded(paths: RunPaths) -> JobSpec | None:
@@ -134,7 +137,7 @@ def _finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) 
             f"raise its budget: {extend_hint(paths, recorded)}")
 
 
-def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str) -> Submitted:
+def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan) -> Submitted:
     """Everything a submission writes, under the lock, with stop signals deferred; undone when refused."""
     with signals_deferred() as arrived:
         undo = RunDirUndo(paths)
@@ -156,9 +159,11 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                 if changed is None or changed:
                     write_text_atomically(paths.spec, spec.to_yaml())
                 paths.cancel_marker.unlink(missing_ok=True)
-                job_id = executors.submit(spec, paths, executor, JobRuntime(str(paths.run_dir)))
+                record = carry_out(code, paths, undo)
+                job_id = executors.submit(job_spec(spec, paths), paths, executor, JobRuntime(str(paths.run_dir)))
                 handed_over = True
                 state = record_job(paths, job_id)
+                prune_older(paths, record)
         except OSError as error:
             if not handed_over:
                 undo.restore()
@@ -172,7 +177,8 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                                       "was") from None
             raise
     return _finish(arrived, Submitted(paths.run_dir, spec.name, executor, state.job_id, state.status,
-                                      changed is not None, changed=changed or ()))
+                                      changed is not None, changed=changed or (),
+                                      code=record.describe() if record is not None and code.note is None else code.note))
 
 
 def _finish(arrived: list[int], result: Submitted) -> Submitted:
@@ -183,14 +189,16 @@ def _finish(arrived: list[int], result: Submitted) -> Submitted:
 
 
 def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run: bool = False,
-           sets: Sequence[str] = ()) -> Submitted:
+           sets: Sequence[str] = (), code: str = "current") -> Submitted:
     """Validate ``spec_file`` (with the ``--set`` texts ``sets`` applied), create its run directory,
     record the spec and the submission, submit.
 
     ``dry_run``: return the sbatch script or local command instead, touching nothing. Into a run
     directory that already holds a run, the spec continues it from ``last`` when it differs only in
     fields that may change (UsageError naming the others); a run without checkpoints takes any spec.
-    A finished run is refused (StateError) unless the spec raises its budget.
+    A finished run is refused (StateError) unless the spec raises its budget. ``code``: "current" takes a fresh
+    code snapshot of the spec's workdir; "recorded" keeps the one the run directory's ``code.json`` names (a sweep
+    member handed over by the sweep's scheduler runs the sweep's snapshot).
     """
     source = Path(spec_file)
     spec = load_spec_with(source, sets)
@@ -199,16 +207,24 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     executors.check_executor(spec, chosen)
     paths = RunPaths(spec.run_dir)
     changed = _changes(spec, described, paths) if paths.run_dir.is_dir() else None  # before anything is written
+    if code == "recorded" and load_code_record(paths) is not None:
+        plan = CodePlan(keep=True)
+    else:
+        plan = plan_submit(spec, described)  # a snapshot over its size limit is refused here
     if dry_run:
+        job = spec.model_copy(update={"workdir": plan.job_folder(paths, spec)})
         return Submitted(paths.run_dir, spec.name, chosen, None, None, changed is not None,
-                         executors.dry_run(spec, paths, chosen), changed=changed or ())
-    return _transaction(spec, paths, chosen, "submit", described)
+                         executors.dry_run(job, paths, chosen), changed=changed or ())
+    return _transaction(spec, paths, chosen, "submit", described, plan)
 
 
-def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets: Sequence[str] = ()) -> Submitted:
+def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets: Sequence[str] = (),
+           code: str = "snapshot") -> Submitted:
     """Submit a stopped, cancelled or failed run again (on its executor, or on ``executor``); it continues
     from ``last``. ``sets`` change the recorded spec (the budget, resources, SLURM options, ...): a
-    finished run continues when they raise its budget."""
+    finished run continues when they raise its budget. ``code``: "snapshot" runs the code snapshot the run
+    was submitted with (``Submitted.code`` names the workdir's files changed since), "current" takes a fresh
+    one of the workdir as it is now (launcher/submit/code_plan.py)."""
     paths = run_paths(run_dir)
     if not paths.spec.is_file():
         raise UsageError(f"{run_dir}: no recorded spec ({paths.spec.name}); submit the job with `elfes submit`")
@@ -217,13 +233,14 @@ def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets
         raise UsageError(f"--set run_dir: `elfes resume` continues {paths.run_dir} itself; to start a fresh run "
                          "elsewhere, `elfes submit SPEC --set run_dir=NEW_FOLDER`")
     described = describe_source(paths.spec, overrides)
-    # The entrypoint must still be there.
+    # The entrypoint must still be there, unless the job runs a recorded snapshot of the code.
+    keeps_snapshot = code == "snapshot" and load_code_record(paths) is not None
     spec = validate_spec_data(apply_overrides(read_spec_data(paths.spec), overrides), source=described,
-                              base=paths.run_dir)
+                              base=paths.run_dir, check_files=not keeps_snapshot)
     state = run_state.load_state(paths)
     if state is None:
         raise UsageError(f"{run_dir}: no state.json (the job was never submitted); use `elfes submit`")
     chosen = executors.choose_executor(executor) if executor is not None else state.executor
     executors.check_executor(spec, chosen)
     _changes(spec, described, paths)  # refused fields: before anything is written
-    return _transaction(spec, paths, chosen, "resume", described)
+    return _transaction(spec, paths, chosen, "resume", described, plan_resume(spec, paths, described, code))

@@ -2,7 +2,8 @@
 ``elfes resume SWEEP_DIR`` (only the members that are not finished) and ``elfes cancel SWEEP_DIR``
 (every live member). Torch-free.
 
-Every member is validated before anything is created; then each member's run directory is created
+Every member is validated before anything is created; then the sweep's one code snapshot is taken
+(``SWEEP_DIR/code/1/``, which every member's ``code.json`` names), each member's run directory is created
 with its own ``job.yaml`` (overrides applied, no ``sweep``), ``sweep.json`` is written, and the members
 are handed over: on SLURM as chained job arrays, one per distinct set of sbatch options and at most
 ``MaxArraySize`` members each (launcher/commands/sweep_slurm.py), locally through the sweep's scheduler, at
@@ -25,6 +26,7 @@ from typing import Any
 from elfes.files import write_text_atomically
 
 from ..rundir import state as run_state
+from ..rundir.code_record import new_code_record, save_code_record
 from ..rundir.lookup import UsageError
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import (
@@ -42,7 +44,9 @@ from ..rundir.sweep_status import NOT_STARTED, UNREADABLE, WAITING, sweep_status
 from ..spec import SpecError
 from ..spec.sweep import SweepPlan, plan_sweep
 from ..submit import executors
+from ..submit.code_plan import CodePlan, plan_submit
 from ..submit.handover import Interrupted
+from ..submit.snapshot import take
 from .signalling import Signalled, cancel
 from .sweep_local import start_scheduler
 
@@ -91,13 +95,30 @@ def _dry_run(plan: SweepPlan, executor: str) -> str:
     return "\n".join(lines) + "\n" + executors.local_plan(plan.members[0].spec, RunPaths(plan.members[0].spec.run_dir))
 
 
-def _create(plan: SweepPlan, executor: str) -> SweepRecord:
-    """The sweep folder, each member's run directory with its recorded spec, and ``sweep.json``."""
+def _code_plan(plan: SweepPlan) -> CodePlan:
+    """One code snapshot for the whole sweep (refused here when too large): its members may not differ in
+    ``workdir`` or ``snapshot``."""
+    first = plan.members[0].spec
+    for member in plan.members[1:]:
+        for name in ("workdir", "snapshot"):
+            if getattr(member.spec, name) != getattr(first, name):
+                raise SpecError(f"{plan.source}: sweep member {member.index} ({member.name}) has another {name} than "
+                                f"member 0; the members of a sweep run one code snapshot: do not sweep {name}")
+    return plan_submit(first, plan.source, leave_out=(plan.sweep_dir,))
+
+
+def _create(plan: SweepPlan, executor: str, code: CodePlan) -> SweepRecord:
+    """The sweep folder, its one code snapshot, each member's run directory with its recorded spec and its
+    ``code.json`` naming that snapshot, and ``sweep.json``."""
     members = tuple(MemberRecord(member.index, member.name, str(member.spec.run_dir), member.overrides)
                     for member in plan.members)
+    snapshot = None
+    if code.selection is not None:
+        snapshot = new_code_record(take(code.selection, SweepPaths(plan.sweep_dir).code), code.selection, "submit")
     for member in plan.members:
         member.spec.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomically(RunPaths(member.spec.run_dir).spec, member.spec.to_yaml())
+        save_code_record(RunPaths(member.spec.run_dir), snapshot)
     at = run_state.now()
     queue = tuple({"name": member.name, "at": at} for member in members) if executor == "local" else ()
     record = SweepRecord(name=plan.base.name, executor=executor, max_parallel=plan.max_parallel, members=members,
@@ -112,6 +133,7 @@ def _remove_created(plan: SweepPlan, existed: bool) -> None:
         return
     for member in plan.members:
         shutil.rmtree(member.spec.run_dir, ignore_errors=True)
+    shutil.rmtree(SweepPaths(plan.sweep_dir).code, ignore_errors=True)  # a sweep folder holds one sweep
     for file in (SweepPaths(plan.sweep_dir).record, SweepPaths(plan.sweep_dir).lock):
         file.unlink(missing_ok=True)
 
@@ -127,6 +149,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
         except executors.ExecutorError as error:
             raise executors.ExecutorError(f"sweep member {member.index} ({member.name}): {error}") from None
     names = tuple(member.name for member in plan.members)
+    code = _code_plan(plan)  # before anything is created
     if dry_run:
         return SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel,
                               dry_run=_dry_run(plan, chosen))
@@ -140,7 +163,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     submitted = None
     try:
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-        record = _create(plan, chosen)
+        record = _create(plan, chosen, code)
         if chosen == "slurm":
             from .sweep_slurm import submit_array
 

@@ -100,7 +100,7 @@ def _hand_over(paths: RunPaths) -> None:
     from .submission import resume, submit
 
     if run_state.load_state(paths) is None:
-        result = submit(paths.spec, executor="local")
+        result = submit(paths.spec, executor="local", code="recorded")  # the sweep's snapshot, taken at its submission
     else:
         result = resume(paths.run_dir, executor="local")
     print(f"{run_state.now()} {paths.run_dir.name}: {result.executor} job {result.job_id}", flush=True)

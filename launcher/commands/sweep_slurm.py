@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
+from ..rundir.code_record import job_spec
 from ..rundir.liveness import run_slurm_tool
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
@@ -184,8 +185,9 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
             why = _settle(member_paths[member.name])
             if why is not None:
                 left[member.name] = why
-        due = [(member.name, load_spec(member_paths[member.name].spec)) for member in members
-               if member.name not in left]
+        # Each member's spec as its job sees it: workdir is the sweep's code snapshot (the member's code.json).
+        due = [(member.name, job_spec(load_spec(member_paths[member.name].spec), member_paths[member.name]))
+               for member in members if member.name not in left]
         after = live_arrays(record)
         for group in _groups(due, limit):
             if error_text is not None:  # an earlier array was refused: this one would have waited for it

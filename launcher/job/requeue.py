@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..rundir import state as run_state
+from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths
 from ..spec import load_spec_with
 from ..submit import executors
@@ -81,7 +82,7 @@ def resubmit_local(paths: RunPaths, task: Any) -> None:
     with submission_lock(paths):
         record_ahead(spec, paths, "local", "requeue")
         try:
-            job_id = executors.submit(spec, paths, "local", task)
+            job_id = executors.submit(job_spec(spec, paths), paths, "local", task)  # the run's code snapshot
         except (executors.SubmissionError, executors.ExecutorError) as error:
             message = str(error)
             run_state.update_state(paths, lambda s: run_state.mark_submission_failed(s, error=message))

@@ -10,7 +10,8 @@ and calls it. In order, on every rank:
    count from 1 across the whole run, ``elfes resume`` included), the rank's standard streams go to
    ``logs/attempt-<A>/rank-<R>.out|err``, and the task's pid is recorded (``pids/rank-<R>.json``) so
    ``elfes preempt`` can signal it. Rank 0 records the attempt in ``state.json``.
-3. The spec's ``env`` is applied, ``workdir`` becomes the working folder and goes on ``sys.path``,
+3. The spec's ``env`` is applied, the code snapshot the run records (``code.json``; else ``workdir``) becomes
+   the working folder and goes on ``sys.path``, where the working tree it copies is no longer,
    the torch distributed variables are exported (submitit's ``TorchDistributedEnvironment``) and,
    with ``gpus_per_node: 0``, ``ACCELERATE_USE_CPU=1`` (so a plain ``Accelerator()`` forms a gloo group).
 4. ``entrypoint``: the engine is imported (torch, seconds), a ``StopRequest`` takes over the signals
@@ -54,11 +55,14 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import state as run_state
+from ..rundir.code_record import job_spec, load_code_record
+from ..rundir.provenance import changes_at
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from .command import run_command
 from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
 from .outcome import Decision, decide
+from .provenance import collect
 from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
@@ -170,7 +174,9 @@ class _Attempt:
     # -- the whole attempt --------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         try:
-            self.spec = _load_spec(self.paths)
+            recorded = _load_spec(self.paths)
+            self.recorded_workdir = str(recorded.workdir)  # the working tree a code snapshot copies
+            self.spec = job_spec(recorded, self.paths)  # its workdir: the code snapshot, when the run has one
             self.max_requeues = self.spec.requeue.max_requeues
             print(f"elfes: attempt {self.attempt} ({self.launch}) of {self.paths.run_dir}: rank {self.start.rank} of "
                   f"{self.start.world_size} on {self.start.host}, {self.start.executor} job {self.start.job_id}; "
@@ -201,8 +207,12 @@ class _Attempt:
     def _prepare_process(self) -> None:
         for name, value in (self.spec.env or {}).items():
             os.environ[str(name)] = str(value)
-        workdir = str(self.spec.workdir)
+        workdir = str(self.spec.workdir)  # the code snapshot, when the run has one
         os.chdir(workdir)
+        source = self.recorded_workdir
+        if source != workdir:
+            # Nothing of the job's code may come from the working tree the snapshot copies.
+            sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != source]
         if workdir not in sys.path:
             sys.path.insert(0, workdir)
         self.rendezvous = reserve_rendezvous_port(self.paths, self.start, self.token)
@@ -214,6 +224,7 @@ class _Attempt:
         from elfes.engine import StopRequest  # torch: seconds; the flags cover this time
 
         main = load_entrypoint(self.spec.entrypoint)
+        self._record_provenance()  # torch is imported now: its versions, threads and device are known
         resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
         if note is not None:
             print(f"elfes: {note}", flush=True)
@@ -244,6 +255,7 @@ class _Attempt:
 
     # -- command jobs -------------------------------------------------------------------------------------------
     def _run_command(self) -> tuple[str | None, int | None]:
+        self._record_provenance()
         if cancel_requested(self.paths, self.before):
             self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
         end = run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
@@ -254,6 +266,23 @@ class _Attempt:
         return end.stop_reason, end.step
 
     # -- recording and acting -----------------------------------------------------------------------------------
+    def _record_provenance(self) -> None:
+        """Rank 0: record what this attempt runs on (launcher/rundir/provenance.py) and name in its log what changed
+        since the previous attempt that threatens a bitwise resume. A failure to record only warns."""
+        if not self.is_main:
+            return
+        try:
+            provenance = collect(code=load_code_record(self.paths), local_rank=self.start.local_rank)
+            state = run_state.update_state(self.paths, lambda s: run_state.record_provenance(
+                s, token=self.token, provenance=provenance))
+        except (OSError, run_state.StateError) as error:
+            print(f"elfes: warning: the provenance of attempt {self.attempt} was not recorded: {error}",
+                  file=sys.stderr, flush=True)
+            return
+        print(f"elfes: attempt {self.attempt} runs on {provenance.describe()}", flush=True)
+        for change in changes_at(state, self.attempt):
+            print(f"elfes: warning: {change}", file=sys.stderr, flush=True)
+
     def _update(self, change: Callable[[run_state.RunState | None], run_state.RunState]) -> None:
         run_state.update_state(self.paths, change)
 

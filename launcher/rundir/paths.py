@@ -19,6 +19,9 @@ RUN_DIR/
   cancel-requested              marker left by `elfes cancel` before it signals the job
   .submit.lock                  held while a submission or resume writes the run directory
   .state.lock                   held while state.json is read, changed and rewritten (launcher/rundir/state.py)
+  code.json                     the code snapshot every attempt runs (launcher/rundir/code_record.py); none with
+                                `snapshot: false`
+  code/<N>/                     that snapshot: a copy of the spec's workdir taken at submission (launcher/submit/snapshot.py)
   pids/rank-<R>.starts          starts of rank R in the current local job (submitit sets no restart count)
   pids/master-port.json         the job's rendezvous port, chosen free by rank 0 for this start
   pids/command-<R>.json         the process group of rank R's `command:` while it runs (pgid, host, notice)
@@ -70,6 +73,17 @@ class RunPaths:
     def state_lock(self) -> Path:
         """Held (``fcntl.flock``) while ``state.json`` is read, changed and rewritten."""
         return self.run_dir / ".state.lock"
+
+    @property
+    def code_record(self) -> Path:
+        """``code.json``: where the job's code snapshot lives and what it was taken from (written atomically by
+        ``submit``/``resume``; read by every attempt). Absent when the spec says ``snapshot: false``."""
+        return self.run_dir / "code.json"
+
+    @property
+    def code(self) -> Path:
+        """The folder of the run's code snapshots, one ``code/<N>/`` per snapshot taken (older ones pruned)."""
+        return self.run_dir / "code"
 
     @property
     def cancel_marker(self) -> Path:
@@ -178,6 +192,7 @@ class SweepPaths:
     ```
     SWEEP_DIR/
       sweep.json          the members (name, run directory, overrides), the jobs, the local queue
+      code/<N>/           the code snapshot every member runs (each member's code.json names it)
       <member>/           a complete run directory (RunPaths), e.g. lr=0.001,seed=0/
       submitit/           submitit's folder of the SLURM job array(s)
       scheduler.log       the local sweep scheduler's output
@@ -208,6 +223,11 @@ class SweepPaths:
     @property
     def scheduler_log(self) -> Path:
         return self.sweep_dir / "scheduler.log"
+
+    @property
+    def code(self) -> Path:
+        """The folder of the sweep's code snapshots (``code/<N>/``), taken once per sweep submission."""
+        return self.sweep_dir / "code"
 
     @property
     def submitit(self) -> Path:

@@ -45,6 +45,7 @@ from elfes.files import exclusive_lock, write_text_atomically
 
 from .json_fields import FieldError, read_record
 from .paths import RunPaths
+from .provenance import Provenance
 
 FORMAT_VERSION = 1
 
@@ -119,6 +120,7 @@ class Attempt:
     signal: str | None = None  # the signal that ended it (e.g. "SIGUSR2"), if one did
     step: int | None = None  # the optimizer step saved in `last` when it ended, if known
     error: str | None = None  # why it failed, or why a stop could not requeue
+    provenance: Provenance | None = None  # what it ran on (launcher/rundir/provenance.py), once rank 0 recorded it
 
     @property
     def ended(self) -> bool:
@@ -279,6 +281,15 @@ def begin_attempt(
     attempt = Attempt(number=len(attempts) + 1, token=token, job_id=str(job_id), launch=launch, started_at=now(),
                       hosts=tuple(hosts), world_size=world_size)
     return _replace(state, status="running", job_id=str(job_id), attempts=(*attempts, attempt), stopping_signal=None)
+
+
+def record_provenance(state: RunState, *, token: str, provenance: Provenance) -> RunState:
+    """Rank 0 records what the attempt ``token`` runs on (its code and environment). No-op for an unknown token."""
+    index = next((i for i, attempt in enumerate(state.attempts) if attempt.token == token), None)
+    if index is None:
+        return state
+    attempt = dataclasses.replace(state.attempts[index], provenance=provenance)
+    return _replace(state, attempts=(*state.attempts[:index], attempt, *state.attempts[index + 1:]))
 
 
 def mark_stopping(state: RunState, *, signal: str | None) -> RunState:

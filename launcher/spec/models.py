@@ -12,7 +12,7 @@ import os
 import re
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -192,6 +192,41 @@ class Requeue(_Section):
     )
 
 
+class Snapshot(_Section):
+    """The copy of workdir that every attempt runs (RUN_DIR/code/<N>/, taken at submission): a git work tree's
+    tracked files plus its untracked files that are not ignored, else the whole folder."""
+
+    exclude: list[StrictStr] = Field(
+        default_factory=list,
+        description='Patterns of files or folders under workdir left out of the snapshot, e.g. ["data", "*.ckpt"] '
+        "(shell-style, matched against the path relative to workdir and each of its parent folders).",
+    )
+    include: list[StrictStr] = Field(
+        default_factory=list,
+        description='Patterns of files under workdir copied although git ignores them, e.g. ["build/*.so"] '
+        "(glob patterns relative to workdir; ** spans folders).",
+    )
+    max_mb: float = Field(
+        100, gt=0, strict=True,
+        description="Largest snapshot in MB (10**6 bytes), a number > 0; a bigger one is refused before anything is "
+        "created, naming the largest files.",
+    )
+
+    @field_validator("exclude", "include")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        errors = []
+        for index, pattern in enumerate(patterns):
+            problem = control_character_problem(pattern)
+            if problem is None and (not pattern.strip() or pattern.startswith("/") or ".." in Path(pattern).parts):
+                problem = "must be a non-empty pattern relative to workdir, without a leading / or .."
+            if problem:
+                errors.append(_error((index,), pattern, "snapshot_pattern", problem))
+        if errors:
+            raise ValidationError.from_exception_data("snapshot", errors)
+        return patterns
+
+
 class JobSpec(_Section):
     """One training job: code, configuration, resources, cluster options and requeue policy."""
 
@@ -212,7 +247,8 @@ class JobSpec(_Section):
         "python, torchrun, elfes). Exit code 0 is finished, 128 + a stop signal's number paused, anything else failed.",
     )
     workdir: Path = Field(
-        Path("."), validate_default=True, description="Folder the job runs in and imports the entrypoint from; relative to the spec file."
+        Path("."), validate_default=True, description="Folder of the job's code, relative to the spec file; the job runs in (and imports the entrypoint from) "
+        "its snapshot (see snapshot), or in it with snapshot: false."
     )
     run_dir: Path = Field(..., description="Folder of every file of the run; relative to the spec file.")
     config: dict[str, Any] = Field(
@@ -226,7 +262,16 @@ class JobSpec(_Section):
         description='Environment variables exported before the tasks start, e.g. {OMP_NUM_THREADS: "1"}; '
         "values are strings (quote numbers).",
     )
+    snapshot: Snapshot | Literal[False] = Field(
+        default_factory=Snapshot,
+        description=(Snapshot.__doc__ or "") + " false: no copy, every attempt imports from workdir as it is then.",
+    )
     sweep: Sweep | None = Field(None, description=Sweep.__doc__)  # expanded by launcher/spec/sweep.py
+
+    @field_validator("snapshot", mode="before")
+    @classmethod
+    def _snapshot_on(cls, value: Any) -> Any:
+        return {} if value is True else value  # `snapshot: true` is the default snapshot
 
     @field_validator("workdir", "run_dir", mode="before")
     @classmethod

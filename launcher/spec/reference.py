@@ -43,8 +43,14 @@ def fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> Iterator[tuple
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         annotation = field.annotation
+        # A section that may also be turned off (`snapshot: false`) is a section with its fields listed.
+        options = [option for option in getattr(annotation, "__args__", ()) if option is not type(None)]
+        switchable = next((option for option in options if isinstance(option, type) and issubclass(option, BaseModel)),
+                          None) if len(options) == 2 else None
+        if switchable is not None:
+            annotation = switchable
         section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
-        kind = "section" if section else _type_name(annotation)
+        kind = ("section or false" if switchable is not None else "section") if section else _type_name(annotation)
         yield path, kind, _default(field), " ".join((field.description or "").split())
         if section:
             yield from fields(annotation, f"{path}.")

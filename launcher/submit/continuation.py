@@ -26,6 +26,7 @@ CHANGEABLE_FIELDS: tuple[str, ...] = (
     *(f"config.{key}" for key in BUDGET_KEYS),
     "resources.timeout_min", "resources.cpus_per_task", "resources.mem_gb",
     "slurm", "requeue.max_requeues", "env",
+    "snapshot",  # what is copied; the code each attempt ran is in its provenance
 )
 
 

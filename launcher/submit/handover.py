@@ -15,6 +15,7 @@ its task: it is cancelled, and the run is handed over anew. Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -69,9 +70,10 @@ class RunDirUndo:
     """What a submission may change in a run directory, taken before it writes: :meth:`restore` undoes
     what this submission wrote and nothing that another process wrote meanwhile (a job it did not start
     records its attempts in ``state.json``; ``elfes cancel`` leaves its marker; another submission may
-    have created the folder). The recorded spec and the cancel marker are put back byte for byte,
-    ``state.json`` when its latest submission is still this process's own, and a folder this
-    submission created is removed only when what it holds is this submission's alone. The executors
+    have created the folder). The recorded spec and ``code.json`` are put back byte for byte, with
+    ``state.json``, when its latest submission is still this process's own (a code snapshot it took is
+    then removed); the cancel marker always; a folder this submission created is removed only when
+    what it holds is this submission's alone. The executors
     undo their own files in submitit's folder (launcher/submit/executors.py)."""
 
     def __init__(self, paths: RunPaths) -> None:
@@ -82,6 +84,7 @@ class RunDirUndo:
             self.created.append(folder)
             folder = folder.parent
         self.files: dict[Path, bytes | None] = {}
+        self.snapshots: list[Path] = []  # code snapshot folders this submission took (launcher/submit/snapshot.py)
         self.take()
 
     def take(self) -> None:
@@ -89,7 +92,8 @@ class RunDirUndo:
         another submission may have written while this one waited for it."""
         locks = (self.paths.submit_lock, self.paths.state_lock)  # as before this submission created them
         self.files = {path: path.read_bytes() if path.is_file() else None
-                      for path in (self.paths.spec, self.paths.state, self.paths.cancel_marker)} | {
+                      for path in (self.paths.spec, self.paths.state, self.paths.cancel_marker,
+                                   self.paths.code_record)} | {
                       lock: self.files[lock] if lock in self.files else (lock.read_bytes() if lock.is_file() else None)
                       for lock in locks}
 
@@ -122,7 +126,11 @@ class RunDirUndo:
             if self.files[lock] is None:
                 lock.unlink(missing_ok=True)
         if ours:
-            for path in (self.paths.spec, self.paths.state):
+            for folder in self.snapshots:
+                shutil.rmtree(folder, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    folder.parent.rmdir()  # the snapshots' folder, when this one was its only snapshot
+            for path in (self.paths.spec, self.paths.state, self.paths.code_record):
                 content = self.files[path]
                 if content is None:
                     path.unlink(missing_ok=True)

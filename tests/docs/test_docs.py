@@ -43,6 +43,7 @@ TESTED = {
     "spec/set": "test_the_spec_examples_validate",
     "run-directory/tree": "test_the_run_directory_tree_names_what_runpaths_names",
     "run-directory/states": "test_the_state_diagram_names_every_status",
+    "run-directory/snapshot": "test_the_snapshot_section_of_the_guide_validates_with_its_defaults",
     "slurm/cluster": "tests/slurm/test_cluster.py::test_the_cluster_commands_of_the_slurm_guide_start_and_stop_it",
     "data/augmented.py": "test_the_data_examples_of_the_guide_resume_bitwise",
     "data/streaming.py": "test_the_data_examples_of_the_guide_resume_bitwise",
@@ -187,10 +188,22 @@ def test_the_run_directory_tree_names_what_runpaths_names():
     tree = block("run-directory/tree").text
     paths = RunPaths("RUN_DIR")
     named = [paths.spec, paths.state, paths.events, paths.tensorboard, paths.plot, paths.checkpoints,
-             paths.rank_log(7, 3), paths.pid_file(3), paths.submitit, paths.cancel_marker]
+             paths.rank_log(7, 3), paths.pid_file(3), paths.submitit, paths.cancel_marker, paths.code_record]
     listed = {line.split()[0].replace("<A>", "7").replace("<R>", "3").rstrip("/") for line in tree.splitlines()[1:]}
     assert {str(path.relative_to(paths.run_dir)) for path in named} <= listed
     assert "pids/command-3.json" in listed and "pids/command-" in (REPOSITORY / "launcher/rundir/paths.py").read_text()
+
+
+def test_the_snapshot_section_of_the_guide_validates_with_its_defaults(tmp_path):
+    import yaml
+
+    from elfes.launcher.rundir.paths import RunPaths
+    from elfes.launcher.spec.models import JobSpec, Snapshot
+
+    section = yaml.safe_load(block("run-directory/snapshot").text)
+    spec = JobSpec.model_validate({"name": "demo", "entrypoint": "train:main", "run_dir": str(tmp_path), **section})
+    assert spec.snapshot.max_mb == Snapshot().max_mb  # "the default"
+    assert "code/<N>/" in block("run-directory/tree").text and str(RunPaths("RUN_DIR").code) == "RUN_DIR/code"
 
 
 def test_the_state_diagram_names_every_status():

@@ -179,7 +179,8 @@ def test_a_full_disk_after_training_is_named_not_lost_to_a_kill(runs: Runs, tmp_
         runs.folder = disk
         run_dir, code, followed = submit_following(
             runs, "full", config={**CONFIG, "epochs": 1},
-            entrypoint="tests.launcher.fault_entrypoints:fills_the_disk_after_training")
+            entrypoint="tests.launcher.fault_entrypoints:fills_the_disk_after_training",
+            snapshot=False)  # a copy of the repository would not fit in 1 MB: the job fills the disk itself
         assert code == 4 and f"the file system of {run_dir} is full" in followed, followed
         status = wait_lost(run_dir)
         assert [attempt["outcome"] for attempt in status["attempts"]] == ["lost"]

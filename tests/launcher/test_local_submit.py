@@ -147,7 +147,8 @@ def test_a_commands_bare_python_is_the_jobs_interpreter_on_a_path_without_it(tmp
                               env=launch_environment(PATH="/usr/local/bin:/usr/bin:/bin"), capture_output=True,
                               text=True, timeout=120)
     assert followed.returncode == 0, followed.stdout + followed.stderr
-    assert (tmp_path / "interpreter.txt").read_text() == str(Path(sys.executable).with_name("python"))
+    # The command ran in the run's code snapshot (code/1), a copy of its workdir.
+    assert (tmp_path / "run" / "code" / "1" / "interpreter.txt").read_text() == str(Path(sys.executable).with_name("python"))
 
 
 def test_submit_follow_on_a_terminal_draws_the_progress_bar(tmp_path: Path, cleanup):

@@ -110,6 +110,13 @@ def test_the_quickstart_with_one_interruption_of_each_kind_is_exact(tmp_path, ca
     assert all(i["step"] is not None and i["attempt"] and i["landed"] for i in report["interruptions"])
     assert report["runs"]["interrupted"]["attempts"] == 4
     assert report["differences"]["tensors"] == [] and report["differences"]["first_diverging_step"] is None
+    import torch
+
+    # What each run ran on is reported (a kill before its start may leave an attempt without a record).
+    for name in ("straight-1", "straight-2", "interrupted"):
+        recorded = report["runs"][name]["provenance"]
+        assert recorded[0]["torch"] == torch.__version__ and recorded[0]["code"]["origin"] == "submit", recorded
+    assert not any("threat to bitwise resume" in note for note in report["notes"])
     folder = tmp_path / "run.rehearsal"
     assert sorted(p.name for p in folder.iterdir()) == ["report.json"]  # scratch runs removed after exact
     assert json.loads((folder / "report.json").read_text())["verdict"] == "exact"

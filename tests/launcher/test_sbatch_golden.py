@@ -42,7 +42,7 @@ def test_the_dry_run_prints_the_golden_sbatch_script_and_touches_nothing(project
     # What the golden file must say, whatever else submitit adds.
     for line in ("#SBATCH --requeue", "#SBATCH --signal=USR2@300", "#SBATCH --open-mode=append",
                  "#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --job-name=golden-4x8", "#SBATCH --chdir=/SPEC_DIR",
+                 "#SBATCH --job-name=golden-4x8", "#SBATCH --chdir=/SPEC_DIR/runs/golden/code/1",  # the code snapshot
                  "#SBATCH --output=/SPEC_DIR/runs/golden/submitit/%j_0_log.out", "export MESSAGE='two words'",
                  "module load cuda/12.4"):
         assert line in script.splitlines(), line

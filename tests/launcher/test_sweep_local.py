@@ -152,6 +152,13 @@ def test_a_2x2_grid_with_max_parallel_2_runs_all_four_bitwise_equal_to_each_alon
     for run_dir, (lr, seed) in zip(members, [(0.001, 0), (0.001, 1), (0.003, 0), (0.003, 1)]):
         assert yaml.safe_load(RunPaths(run_dir).spec.read_text())["config"]["lr"] == lr
         assert_twin(run_dir, twins(lr, seed))
+    # One code snapshot for the whole sweep, taken at its submission; every member ran it.
+    snapshot = SweepPaths(sweep_dir).code / "1"
+    assert [entry.name for entry in SweepPaths(sweep_dir).code.iterdir()] == ["1"]
+    assert (snapshot / "tests" / "launcher" / "sweep_entrypoints.py").is_file()
+    for run_dir in members:
+        assert not RunPaths(run_dir).code.exists()
+        assert [a.provenance.code.path for a in state_of(run_dir).attempts] == [str(snapshot)]
 
 
 def test_a_preempted_member_requeues_alone_and_ends_bitwise(sweeps: Sweeps, twins, tmp_path: Path) -> None:

@@ -81,8 +81,10 @@ def test_a_job_with_hostile_values_runs_with_its_directives_intact(slurm: SlurmC
     assert fields["Partition"] == "low"
     assert queued_comment(slurm, job_id) == COMPOSITE
     shown = slurm.run("scontrol", "show", "job", job_id).stdout
-    assert f"WorkDir={workdir}\n" in shown and f"StdOut={run_dir / 'submitit' / job_id}_0_log.out\n" in shown
-    assert json.loads((run_dir / "seen.json").read_text()) == {"cwd": str(workdir), "hostile": COMPOSITE}
+    snapshot = run_dir / "code" / "1"  # the job runs in its code snapshot, a copy of workdir
+    assert f"WorkDir={snapshot}\n" in shown and f"StdOut={run_dir / 'submitit' / job_id}_0_log.out\n" in shown
+    assert json.loads((run_dir / "seen.json").read_text()) == {"cwd": str(snapshot), "hostile": COMPOSITE}
+    assert json.loads((run_dir / "code.json").read_text())["source"] == str(workdir)
     assert not list(tmp_path.rglob("pwned*")) and not list(workdir.parent.rglob("pwned*"))
 
 

@@ -236,6 +236,38 @@ def test_preempted_with_the_user_signal_requeues_itself_and_resumes_bitwise(
     assert_bitwise_equal_to(run_dir, expected, tasks)
 
 
+def test_an_edit_before_a_preemption_does_not_reach_the_relaunch_on_slurm(slurm_user_signal: SlurmCluster,
+                                                                         tmp_path: Path):
+    """The job's train.py (a project of its own, a git work tree) is edited while the job runs, then `elfes
+    preempt`: SLURM's relaunch runs the code snapshot taken at submission, not the edited file, and ends bitwise
+    equal to a straight (local) run of the submitted code."""
+    from snapshot_project import make_project, set_scale
+
+    project = make_project(tmp_path / "project")
+    specs = {}
+    for name, delay in (("straight", 0.0), ("edited", 0.3)):
+        specs[name] = tmp_path / f"{name}.yaml"
+        specs[name].write_text(json.dumps({
+            "name": name, "entrypoint": "train:main", "workdir": str(project), "run_dir": str(tmp_path / name),
+            "config": {"epochs": 2, "step_delay_s": delay},
+            "resources": {"tasks_per_node": 1, "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 10},
+            "slurm": {"partition": "low", "signal_delay_s": 60}, "env": {"OMP_NUM_THREADS": "1"}}))
+    assert "as local job" in elfes(None, "submit", str(specs["straight"]), "--executor", "local").stdout
+    assert "as slurm job" in elfes(slurm_user_signal, "submit", str(specs["edited"]), "--executor", "slurm").stdout
+    run_dir = tmp_path / "edited"
+    wait_run(run_dir, lambda: training_from(run_dir, 2), "attempt 1 to train to step 2")
+    set_scale(project, 3.0)  # the author edits the code while the job runs
+    elfes(slurm_user_signal, "preempt", str(run_dir))
+    state = wait_ended(run_dir, "finished")
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit"), ("finished", None, "requeue")], diagnostics(run_dir)
+    assert "SCALE = 1.0" in RunPaths(run_dir).rank_log(2, 0).read_text()  # the submitted code, not the edit
+    snapshot = str(RunPaths(run_dir).code / "1")
+    assert [attempt.provenance.code.path for attempt in state.attempts] == [snapshot, snapshot]
+    assert all(attempt.provenance.threads == 1 and attempt.provenance.torch for attempt in state.attempts)
+    wait_ended(tmp_path / "straight", "finished")
+    assert_runs_bitwise_equal(run_dir, tmp_path / "straight")
+
+
 def test_preempted_with_plain_sigterm_waits_and_is_requeued_by_slurm_bitwise(
     slurm_plain_sigterm: SlurmCluster, tmp_path: Path, reference: Callable[[int], Path]
 ):

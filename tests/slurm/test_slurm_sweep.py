@@ -107,6 +107,10 @@ def test_an_array_member_preempted_requeues_alone_and_all_end_bitwise(
     for run_dir, lr in zip(members, LRS):
         wait_ended(twins(lr), "finished")
         assert_runs_bitwise_equal(run_dir, twins(lr))
+    # The sweep's one code snapshot, taken at its submission, is what every attempt of every member ran.
+    snapshot = str(SweepPaths(sweep_dir).code / "1")
+    assert [entry.name for entry in SweepPaths(sweep_dir).code.iterdir()] == ["1"]
+    assert {a.provenance.code.path for run_dir in members for a in state_of(run_dir).attempts} == {snapshot}
 
 
 # -- a hand-over of the array cut short by a SIGKILL -----------------------------------------------------------

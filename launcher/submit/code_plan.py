@@ -1,0 +1,120 @@
+"""What a submission does with the run's code snapshot, decided before anything is written and carried
+out inside the hand-over transaction (launcher/commands/submission.py):
+
+- ``elfes submit`` takes a fresh snapshot of the spec's workdir (``kind="submit"``);
+- ``elfes resume`` keeps the recorded one, and says which files of the workdir changed since it was taken;
+  ``elfes resume --code current`` takes a fresh one (``kind="current"``), recorded as such;
+- ``snapshot: false`` takes none and removes ``code.json``: the job imports the workdir as it is.
+
+A snapshot over the size limit is refused here, before anything is created. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..rundir.code_record import CodeRecord, load_code_record, new_code_record, save_code_record
+from ..rundir.paths import RunPaths
+from ..spec import JobSpec
+from .handover import RunDirUndo
+from .snapshot import Selection, SnapshotError, changed_files, check_size, next_folder, prune, select, take
+
+CODE_CHOICES = ("snapshot", "current")  # `elfes resume --code`
+SHOWN_CHANGES = 10
+
+
+@dataclass(frozen=True)
+class CodePlan:
+    """A fresh snapshot of ``selection`` (recorded with ``kind``), the recorded one kept (``keep``), or none."""
+
+    selection: Selection | None = None
+    kind: str = "submit"
+    keep: bool = False
+    note: str | None = None  # what the submitter tells the user about the code the job runs
+
+    def job_folder(self, paths: RunPaths, spec: JobSpec) -> Path:
+        """Where the job will run, without taking anything (``submit --dry-run``)."""
+        if self.selection is not None:
+            return next_folder(paths.code)
+        record = load_code_record(paths) if self.keep else None
+        return Path(record.path) if record is not None else spec.workdir
+
+
+def _selection(spec: JobSpec, source: str, leave_out: tuple[Path, ...]) -> Selection:
+    assert spec.snapshot is not False
+    try:
+        selection = select(spec.workdir, spec.snapshot, leave_out=(spec.run_dir, *leave_out))
+    except OSError as error:
+        raise SnapshotError(f"{source}: workdir = {str(spec.workdir)!r} cannot be read for the code snapshot "
+                            f"({error.strerror or error})") from None
+    check_size(selection, spec.snapshot, source=source)
+    return selection
+
+
+def plan_submit(spec: JobSpec, source: str, *, leave_out: tuple[Path, ...] = ()) -> CodePlan:
+    """``elfes submit``: a fresh snapshot (refused here when over ``snapshot.max_mb``), or none."""
+    if spec.snapshot is False:
+        return CodePlan(note="snapshot: false: every attempt imports the workdir as it is when it starts")
+    return CodePlan(selection=_selection(spec, source, leave_out), kind="submit")
+
+
+def plan_resume(spec: JobSpec, paths: RunPaths, source: str, code: str) -> CodePlan:
+    """``elfes resume``: keep the recorded snapshot (``code="snapshot"``), naming the workdir's changes since,
+    or take a fresh one (``code="current"``, or a run without one whose spec wants one)."""
+    if code not in CODE_CHOICES:
+        raise ValueError(f"--code must be one of {', '.join(CODE_CHOICES)}; got {code!r}")
+    if spec.snapshot is False:
+        if code == "current":
+            raise SnapshotError(f"{source}: --code current takes a fresh code snapshot, but the spec says snapshot: "
+                                "false; drop --code current (the job imports the workdir as it is), or --set "
+                                "snapshot=true")
+        return CodePlan(note="snapshot: false: the job imports the workdir as it is when it starts")
+    record = load_code_record(paths)
+    if code == "current" or record is None or not Path(record.path).is_dir():
+        why = ("--code current" if code == "current" else
+               "the run had no code snapshot" if record is None else f"its snapshot {record.path} is gone")
+        selection = _selection(spec, source, ())
+        return CodePlan(selection=selection, kind="current",
+                        note=f"a fresh code snapshot of {spec.workdir} ({why}); the job runs the code as it is now")
+    return CodePlan(keep=True, note=_changes_note(spec, record, source))
+
+
+def _changes_note(spec: JobSpec, record: CodeRecord, source: str) -> str:
+    kept = f"the resume runs the code snapshot taken at {record.taken_at[:19]} ({record.path})"
+    if not spec.workdir.is_dir():
+        return f"{kept}; the workdir {spec.workdir} is gone"
+    try:
+        now = select(spec.workdir, spec.snapshot, leave_out=(spec.run_dir,))
+    except (OSError, SnapshotError):
+        return kept
+    changes = changed_files(Path(record.path), now)
+    if not changes:
+        return f"{kept}; the workdir has not changed since"
+    shown = "; ".join(changes[:SHOWN_CHANGES]) + (f"; and {len(changes) - SHOWN_CHANGES} more"
+                                                   if len(changes) > SHOWN_CHANGES else "")
+    return (f"the workdir {spec.workdir} changed since the code snapshot ({shown}); {kept}, not the changed files "
+            "(`elfes resume --code current` runs the code as it is now)")
+
+
+def carry_out(plan: CodePlan, paths: RunPaths, undo: RunDirUndo) -> CodeRecord | None:
+    """Inside the hand-over, under the submission lock: take the planned snapshot and record it in
+    ``code.json`` (``undo`` removes both if the hand-over is refused), keep the recorded one, or record none."""
+    if plan.keep:
+        return load_code_record(paths)
+    if plan.selection is None:
+        save_code_record(paths, None)
+        return None
+    folder = take(plan.selection, paths.code)
+    undo.snapshots.append(folder)
+    record = new_code_record(folder, plan.selection, plan.kind)
+    save_code_record(paths, record)
+    return record
+
+
+def prune_older(paths: RunPaths, record: CodeRecord | None) -> None:
+    """Once the job is handed over: remove the run's snapshots other than the one it runs."""
+    if record is not None and Path(record.path).parent == paths.code:
+        prune(paths.code, Path(record.path))
+    elif record is None and paths.code.is_dir():
+        prune(paths.code, paths.code / "none")

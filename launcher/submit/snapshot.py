@@ -1,0 +1,285 @@
+"""The code snapshot: a copy of the spec's ``workdir`` taken at submission, which every attempt of the
+run imports from (or, for a ``command:``, runs in), so that a job requeued after its author edited
+``train.py``, pulled a branch or switched one still runs the code it was submitted with.
+
+What is copied (:func:`select`): in a git work tree, the files git lists under ``workdir``, tracked or
+untracked but not ignored (``git ls-files --cached --others --exclude-standard``), so ``.venv``,
+``runs/`` and whatever else ``.gitignore`` names stay out; elsewhere, the whole folder (``.git``,
+``__pycache__``, ``*.pyc``, virtual environments and other runs' directories left out). The run
+directory (or sweep folder) is never copied, ``snapshot.exclude`` patterns leave more out,
+``snapshot.include`` patterns bring ignored files in, and a selection over ``snapshot.max_mb`` is
+refused before anything is created (:class:`SnapshotTooLarge`, naming the largest files). :func:`take`
+copies the selection into ``code/<N>/`` below the run directory, under a temporary name renamed into
+place.
+
+Not submitit's ``helpers.RsyncSnapshot``: it needs ``rsync`` (absent from a bare Debian and from many
+laptops), snapshots the whole git repository rather than the workdir, leaves untracked files out,
+``git clone``s the repository into the snapshot (its ``.git`` too) and changes the submitting process's
+working folder while it is entered. Here the copy is plain Python; ``git`` is asked only for the file
+list and the commit (its argument lists never pass through a shell). Torch-free.
+
+>>> selection = select(spec.workdir, spec.snapshot, leave_out=[spec.run_dir])   # reads, creates nothing
+>>> check_size(selection, spec.snapshot, field="snapshot.max_mb")               # SnapshotTooLarge if over
+>>> folder = take(selection, RunPaths(spec.run_dir).code)                      # code/1, code/2, ...
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from ..spec.models import Snapshot, SpecError
+
+GIT_TIMEOUT_S = 60.0
+ALWAYS_LEFT_OUT = (".git", "__pycache__", "*.pyc")  # in a folder that is not a git work tree
+
+
+class SnapshotError(SpecError):
+    """The workdir cannot be snapshotted as the spec asks (too large, unreadable); nothing was created."""
+
+
+class SnapshotTooLarge(SnapshotError):
+    pass
+
+
+@dataclass(frozen=True)
+class GitState:
+    """What git says of the workdir: its commit, and whether the snapshot differs from it (and how)."""
+
+    commit: str | None  # HEAD, None in a repository without commits
+    dirty: bool  # tracked files changed, or untracked (not ignored) files copied
+    diff_sha256: str | None  # sha256 of `git diff --binary HEAD` under workdir plus the copied untracked files
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The files a snapshot of ``workdir`` copies (paths relative to it), their sizes, and git's view."""
+
+    workdir: Path
+    files: tuple[str, ...]
+    sizes: dict[str, int] = field(repr=False)
+    git: GitState | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def largest(self, count: int = 5) -> list[tuple[str, int]]:
+        return sorted(self.sizes.items(), key=lambda item: (-item[1], item[0]))[:count]
+
+
+def _git(workdir: Path, *arguments: str) -> subprocess.CompletedProcess[bytes] | None:
+    if shutil.which("git") is None:
+        return None
+    try:
+        return subprocess.run(["git", "-C", str(workdir), *arguments], capture_output=True, timeout=GIT_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _in_git_work_tree(workdir: Path) -> bool:
+    found = _git(workdir, "rev-parse", "--is-inside-work-tree")
+    return found is not None and found.returncode == 0 and found.stdout.strip() == b"true"
+
+
+def matches(relative: str, patterns: Iterable[str]) -> bool:
+    """Whether ``relative`` (a posix path under workdir) or one of its parent folders matches a pattern."""
+    path = PurePosixPath(relative)
+    candidates = [str(path), path.name, *(str(parent) for parent in path.parents if str(parent) != "."),
+                  *path.parts[:-1]]
+    return any(fnmatch.fnmatchcase(candidate, pattern.rstrip("/")) for pattern in patterns for candidate in candidates)
+
+
+def _is_run_folder(folder: Path) -> bool:
+    """A run directory (its recorded spec and state), a sweep folder or a virtual environment: never copied."""
+    return (((folder / "job.yaml").is_file() and (folder / "state.json").is_file()) or (folder / "sweep.json").is_file()
+            or (folder / "pyvenv.cfg").is_file())
+
+
+def _walk(workdir: Path, leave_out: Sequence[Path]) -> list[str]:
+    found = []
+    for folder, folders, files in os.walk(workdir):
+        here = Path(folder)
+        folders[:] = sorted(name for name in folders if not _left_out(here / name, leave_out)
+                            and not any(fnmatch.fnmatchcase(name, pattern) for pattern in ALWAYS_LEFT_OUT)
+                            and not _is_run_folder(here / name))
+        linked = [name for name in folders if (here / name).is_symlink()]  # copied as links, not followed
+        folders[:] = [name for name in folders if name not in linked]
+        for name in sorted([*files, *linked]):
+            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in ALWAYS_LEFT_OUT):
+                found.append((here / name).relative_to(workdir).as_posix())
+    return sorted(found)
+
+
+def _left_out(path: Path, leave_out: Sequence[Path]) -> bool:
+    return any(path == folder or folder in path.parents for folder in leave_out)
+
+
+def _git_files(workdir: Path) -> list[str] | None:
+    listed = _git(workdir, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".")
+    if listed is None or listed.returncode != 0:
+        return None
+    found = []
+    for name in listed.stdout.decode(errors="surrogateescape").split("\0"):
+        if not name:
+            continue
+        path = workdir / name
+        if path.is_dir() and not path.is_symlink():  # a submodule: its files as they are
+            found += [f"{name}/{inner}" for inner in _walk(path, ())]
+        elif path.exists() or path.is_symlink():  # a tracked file deleted from the tree is not copied
+            found.append(name)
+    return sorted(set(found))
+
+
+def _git_state(workdir: Path, files: Sequence[str]) -> GitState | None:
+    head = _git(workdir, "rev-parse", "--verify", "-q", "HEAD")
+    if head is None:
+        return None
+    commit = head.stdout.decode().strip() if head.returncode == 0 and head.stdout.strip() else None
+    digest = hashlib.sha256()
+    dirty = False
+    if commit is not None:
+        diff = _git(workdir, "diff", "--binary", "HEAD", "--", ".")
+        if diff is not None and diff.returncode == 0 and diff.stdout:
+            dirty = True
+            digest.update(diff.stdout)
+    untracked = _git(workdir, "ls-files", "-z", "--others", "--exclude-standard", "--", ".")
+    wanted = set(files)
+    for name in sorted(untracked.stdout.decode(errors="surrogateescape").split("\0") if untracked else ()):
+        if name and name in wanted:
+            dirty = True
+            digest.update(name.encode(errors="surrogateescape") + b"\0" + _file_digest(workdir / name) + b"\0")
+    if commit is None:
+        dirty = bool(files)
+    return GitState(commit=commit, dirty=dirty, diff_sha256=digest.hexdigest() if dirty else None)
+
+
+def _file_digest(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        pass
+    return digest.digest()
+
+
+def select(workdir: Path, options: Snapshot, *, leave_out: Sequence[Path] = ()) -> Selection:
+    """The files a snapshot of ``workdir`` copies with ``options`` (``snapshot.exclude``/``include``), without the
+    folders in ``leave_out`` (the run directory). Reads only. :class:`SnapshotError` when a file cannot be read."""
+    workdir = Path(os.path.abspath(workdir))
+    leave_out = [Path(os.path.abspath(folder)) for folder in leave_out]
+    git = _in_git_work_tree(workdir)
+    listed = _git_files(workdir) if git else None
+    if listed is None:
+        git = False
+        listed = _walk(workdir, leave_out)
+    chosen = {name for name in listed if not _left_out(workdir / name, leave_out)}
+    for pattern in options.include:
+        for path in workdir.glob(pattern):
+            if (path.is_file() or path.is_symlink()) and not _left_out(path, leave_out):
+                chosen.add(path.relative_to(workdir).as_posix())
+            elif path.is_dir():
+                chosen.update(f"{path.relative_to(workdir).as_posix()}/{inner}" for inner in _walk(path, leave_out))
+    files = sorted(name for name in chosen if not matches(name, options.exclude))
+    sizes = {}
+    for name in files:
+        try:
+            sizes[name] = (workdir / name).lstat().st_size
+        except OSError as error:
+            raise SnapshotError(f"workdir = {str(workdir)!r}: {name} cannot be read for the code snapshot "
+                                f"({error.strerror or error}); fix it, or leave it out with snapshot.exclude") from None
+    return Selection(workdir=workdir, files=tuple(files), sizes=sizes,
+                     git=_git_state(workdir, files) if git else None)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def check_size(selection: Selection, options: Snapshot, *, source: str) -> None:
+    """Refuse (:class:`SnapshotTooLarge`) a selection over ``options.max_mb``, naming its largest files."""
+    limit = options.max_mb * 1e6
+    if selection.total_bytes <= limit:
+        return
+    largest = ", ".join(f"{name} ({_mb(size)})" for name, size in selection.largest())
+    raise SnapshotTooLarge(
+        f"{source}: snapshot: the code snapshot of workdir = {str(selection.workdir)!r} would copy "
+        f"{len(selection.files)} files, {_mb(selection.total_bytes)}, over snapshot.max_mb = {options.max_mb:g}; the "
+        f"largest: {largest}. Leave files out with snapshot.exclude (e.g. exclude: [{selection.largest(1)[0][0]!r}]), "
+        "have git ignore them, raise snapshot.max_mb, or turn the snapshot off with snapshot: false (then every "
+        "attempt imports workdir as it is when it starts)")
+
+
+def next_folder(parent: Path) -> Path:
+    """``parent/<N>``: one above the highest snapshot number in ``parent`` (``1`` in a new one)."""
+    numbers = [int(entry.name) for entry in parent.iterdir() if entry.name.isdigit()] if parent.is_dir() else []
+    return parent / str(max(numbers, default=0) + 1)
+
+
+def take(selection: Selection, parent: Path) -> Path:
+    """Copy ``selection`` into a new ``parent/<N>/`` (built under a temporary name, renamed into place) and return
+    it. File modes and times are kept; symbolic links are copied as links (what they point to is not copied)."""
+    destination = next_folder(parent)
+    building = parent / f".{destination.name}.{os.getpid()}.partial"
+    parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        for name in selection.files:
+            source, target = selection.workdir / name, building / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_symlink():
+                os.symlink(os.readlink(source), target)
+            else:
+                shutil.copy2(source, target)
+        building.mkdir(parents=True, exist_ok=True)  # an empty selection is an empty folder
+        os.rename(building, destination)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return destination
+
+
+def prune(parent: Path, keep: Path) -> None:
+    """Remove every snapshot in ``parent`` but ``keep`` (and leftovers of copies a kill cut short)."""
+    if not parent.is_dir():
+        return
+    for entry in parent.iterdir():
+        if entry.name != keep.name and (entry.name.isdigit() or entry.name.endswith(".partial")):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def changed_files(snapshot: Path, selection: Selection) -> list[str]:
+    """How the files of ``selection`` (the workdir now) differ from the ``snapshot`` folder: ``"changed: a.py"``,
+    ``"added: b.py"``, ``"removed: c.py"``, sorted by path."""
+    now = set(selection.files)
+    before = set() if not snapshot.is_dir() else {
+        path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file() or path.is_symlink()}
+    found = []
+    for name in sorted(now | before):
+        if name not in before:
+            found.append(f"added: {name}")
+        elif name not in now:
+            found.append(f"removed: {name}")
+        elif not _same(selection.workdir / name, snapshot / name):
+            found.append(f"changed: {name}")
+    return found
+
+
+def _same(left: Path, right: Path) -> bool:
+    if left.is_symlink() or right.is_symlink():
+        return left.is_symlink() and right.is_symlink() and os.readlink(left) == os.readlink(right)
+    try:
+        if left.stat().st_size != right.stat().st_size:
+            return False
+        return left.read_bytes() == right.read_bytes()
+    except OSError:
+        return False
