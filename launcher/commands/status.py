@@ -47,6 +47,7 @@ class Status:
     notes: list[str] = field(default_factory=list)
     queue_reason: str | None = None  # why SLURM holds the job ("BeginTime" after a requeue, "Resources", ...)
     restart_count: int | None = None  # SLURM's restarts of the job (preemptions, requeues), while it is queued
+    failures_used: int = 0  # failed attempts retried (requeue.max_failures); each attempt's `failure` says why
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,6 +128,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes=notes,
         queue_reason=live.queue_reason,
         restart_count=live.restarts,
+        failures_used=state.failures_used if state is not None else 0,
     )
 
 
