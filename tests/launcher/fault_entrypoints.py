@@ -80,3 +80,18 @@ def sleeps_at_step_7(job: Any) -> Any:
             time.sleep(3600)
 
     return _fails_at(job, 7, fault)
+
+
+def slow_evaluation(job: Any) -> Any:
+    """The quickstart job whose evaluation batches take ``eval_delay_s`` (popped from the config) each: an
+    evaluation of several batches lasts longer than a hang timeout shorter than it, while each batch does not."""
+    config = dict(job.config)
+    delay = float(config.pop("eval_delay_s", 0.0))
+    job.config = config
+
+    def step(model, batch):
+        if not model.training:
+            time.sleep(delay)
+        return quickstart.step(model, batch)
+
+    return quickstart.run(job, step)

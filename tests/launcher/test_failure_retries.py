@@ -85,3 +85,49 @@ def test_a_failure_is_retried_from_last_and_one_that_repeats_is_not(runs: Runs, 
     assert state.error.endswith("failed twice at step 7: not retried")
     status = _status_json(always)
     assert status["status"] == "failed" and "failed twice at step 7: not retried" in status["error"]
+
+
+def _time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_hung_rank_is_killed_with_its_stacks_logged_and_retried(runs: Runs, reference: Callable[[], Path]) -> None:
+    """Rank 1 sleeps for good at step 7 in the first attempt (requeue.hang_timeout_s: 20): no update boundary
+    for 20 s, so every rank's stacks go to its log and the attempt is killed within the timeout plus the
+    watchdog's grace, then retried; the run ends bitwise equal to a straight run. Meanwhile a job whose
+    evaluations take longer than its hang timeout (a beat per batch) is never taken for hung."""
+    from elfes.launcher.job.watchdog import GRACE_S, PEER_EXIT_S, POLL_S
+
+    straight = reference()
+    hung = runs.submit("hung", tasks=2, entrypoint="tests.launcher.fault_entrypoints:sleeps_at_step_7",
+                       config={**CONFIG, "step_delay_s": 0.05, "fault_rank": 1, "fault_attempts": [1]},
+                       requeue={"max_requeues": 5, "max_failures": 1, "hang_timeout_s": 20})
+    evaluating = runs.submit("evaluating", tasks=1, entrypoint="tests.launcher.fault_entrypoints:slow_evaluation",
+                             config={**CONFIG, "validation_samples": 192, "eval_delay_s": 2.0},
+                             requeue={"max_requeues": 5, "hang_timeout_s": 5})
+
+    state = wait_ended(hung, "finished")
+    assert [(a.outcome, a.launch) for a in state.attempts] == [("failed", "submit"), ("finished", "requeue")], \
+        diagnostics(hung)
+    failure = state.attempts[0].failure
+    assert failure.category == "hang" and failure.retried and failure.step == 7, diagnostics(hung)
+    assert failure.cause == "hang: no update boundary within requeue.hang_timeout_s = 20 s"
+    from test_local_jobs import events
+
+    # attempt 1 logged step 6 first (attempt 2 trains it again)
+    step_6 = min(_time(e["time"]) for e in events(hung) if e.get("event") == "train" and e.get("step") == 6)
+    silent_s = _time(state.attempts[0].ended_at) - step_6
+    assert 20 <= silent_s <= 20 + 2 * POLL_S + GRACE_S + PEER_EXIT_S, (silent_s, diagnostics(hung))
+    logs = RunPaths(hung).attempt_logs(1)
+    for rank in (0, 1):
+        text = (logs / f"rank-{rank}.err").read_text()
+        assert "elfes: hang: " in text and "Thread 0x" in text, text  # faulthandler: every thread's stack
+    sleeping = (logs / "rank-1.err").read_text()
+    assert 'fault_entrypoints.py", line' in sleeping and " in fault" in sleeping, sleeping
+    wait_ended(straight, "finished")
+    assert_runs_bitwise_equal(hung, straight)
+
+    state = wait_ended(evaluating, "finished")
+    assert [a.outcome for a in state.attempts] == ["finished"], diagnostics(evaluating)
+    durations = [e["duration_s"] for e in events(evaluating) if e.get("event") == "evaluation"]
+    assert durations and max(durations) > 5, durations  # longer than the timeout, and not a hang
