@@ -49,6 +49,7 @@ class FailureReport:
     step: int | None = None  # the step it failed at (the update being computed), if known
     updated: bool = False  # whether this rank reached an update boundary in this attempt
     peer_lost: bool = False  # a collective's error for a vanished peer: a consequence, not the cause
+    final: str | None = None  # why this failure cannot pass on a retry (e.g. the resume point was refused)
 
     @classmethod
     def of_exception(cls, error: BaseException, *, rank: int, host: str, at: float, step: int | None,
@@ -107,6 +108,8 @@ def decide_failure(
     it; ``failures_used``: failures retried before it. Every rank decides alike from the same inputs."""
     failure = Failure(category=cause.category, cause=cause.cause, retried=True, rank=cause.rank, host=cause.host,
                       step=cause.step, updated=cause.updated)
+    if cause.final is not None:
+        return dataclasses.replace(failure, retried=False, reason=f"not retried: {cause.final}")
     earlier = previous.failure if previous is not None and previous.outcome == "failed" else None
     if earlier is not None and (failure.same_as(earlier) or not (failure.updated or earlier.updated)):
         where = f"at step {cause.step}" if cause.step is not None else "before its first update"

@@ -168,6 +168,7 @@ class _Attempt:
         self.heartbeat: Any = None  # the engine's Heartbeat of an entrypoint job (its StopRequest's)
         self.failing = threading.Lock()  # one failure path per task (the main thread's or the watchdog's)
         self.decider = False  # this rank ended the attempt as failed (and carries a retry out)
+        self.final_failure: str | None = None  # why a failure now cannot pass on a retry
         self.started_at = run_state.now()
         redirect_standard_streams(paths, attempt=self.attempt, rank=self.start.rank)
         if self.is_main:
@@ -232,7 +233,11 @@ class _Attempt:
         from elfes.engine import StopRequest  # torch: seconds; the flags cover this time
 
         main = load_entrypoint(self.spec.entrypoint)
-        resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
+        try:
+            resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
+        except Exception:
+            self.final_failure = "the checkpoint to resume from was refused; a retry would refuse it again"
+            raise
         if note is not None:
             print(f"elfes: {note}", flush=True)
         stop = StopRequest()
@@ -311,6 +316,8 @@ class _Attempt:
             error, rank=self.start.rank, host=self.start.host, at=time.time(),
             step=heartbeat.failing_step() if heartbeat is not None else None,
             updated=heartbeat is not None and heartbeat.updates > 0)
+        if self.final_failure is not None:
+            report = dataclasses.replace(report, final=self.final_failure)
         spec = getattr(self, "spec", None)
         if spec is not None and spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
             report = dataclasses.replace(report, category="exit")

@@ -64,6 +64,12 @@ def test_the_failure_budget_is_counted_apart_and_ends_the_retries() -> None:
     assert not decide_failure(report(), previous=None, failures_used=0, max_failures=0).retried
 
 
+def test_a_failure_a_retry_cannot_pass_is_not_retried() -> None:
+    refused = dataclasses.replace(report(step=None, updated=False), final="the checkpoint to resume from was refused")
+    failure = decide_failure(refused, previous=None, failures_used=0, max_failures=3)
+    assert not failure.retried and failure.reason == "not retried: the checkpoint to resume from was refused"
+
+
 def test_the_cause_is_the_first_hand_error_not_a_peers_lost_connection() -> None:
     lost = report(0, at=99.0, error=RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234"))
     assert lost.peer_lost and lost.category == "lost"
