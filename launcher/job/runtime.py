@@ -273,7 +273,8 @@ class _Attempt:
         end = run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
                           executor=self.start.executor, started_at=self.started_at, rank=self.start.rank,
                           attempt=self.attempt, kill_wait_s=self.spec.resources.kill_wait_s,
-                          watching=self._stopping_watcher)
+                          watching=self._stopping_watcher,
+                          cancelling=lambda: cancel_requested(self.paths, self.before))
         self.command_note = end.note
         return end.stop_reason, end.step
 
