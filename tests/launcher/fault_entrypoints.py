@@ -95,3 +95,14 @@ def slow_evaluation(job: Any) -> Any:
         return quickstart.step(model, batch)
 
     return quickstart.run(job, step)
+
+
+def raises_then_sleeps_at_step_7(job: Any) -> Any:
+    """Rank 1 raises at step 7 in attempt 1 and sleeps for good at step 7 in attempt 2 (``fault_attempts``)."""
+    def fault() -> None:
+        if job.attempt == 1:
+            raise RuntimeError("the loss is NaN at step 7")
+        while True:
+            time.sleep(3600)
+
+    return _fails_at(job, 7, fault)
