@@ -8,14 +8,13 @@ in test_failure_rules.py.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from run_comparison import assert_runs_bitwise_equal
-from test_local_jobs import CONFIG, Runs, diagnostics, wait_ended
+from test_local_jobs import CONFIG, Runs, diagnostics, events, wait_ended
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
@@ -112,8 +111,6 @@ def test_a_hung_rank_is_killed_with_its_stacks_logged_and_retried(runs: Runs, re
     failure = state.attempts[0].failure
     assert failure.category == "hang" and failure.retried and failure.step == 7, diagnostics(hung)
     assert failure.cause == "hang: no update boundary within requeue.hang_timeout_s = 20 s"
-    from test_local_jobs import events
-
     # attempt 1 logged step 6 first (attempt 2 trains it again)
     step_6 = min(_time(e["time"]) for e in events(hung) if e.get("event") == "train" and e.get("step") == 6)
     silent_s = _time(state.attempts[0].ended_at) - step_6
