@@ -319,6 +319,8 @@ class _Attempt:
             updated=heartbeat is not None and heartbeat.updates > 0)
         if self.final_failure is not None:
             report = dataclasses.replace(report, final=self.final_failure)
+        elif not isinstance(error, Exception):  # KeyboardInterrupt: a second SIGINT asked for no save
+            report = dataclasses.replace(report, final="interrupted on purpose (a second SIGINT), not a failure")
         spec = getattr(self, "spec", None)
         if spec is not None and spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
             report = dataclasses.replace(report, category="exit")
