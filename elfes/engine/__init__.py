@@ -11,6 +11,7 @@ from .checkpoint import CheckpointError, Weights
 from .config import Interval, Monitor, TrainConfig, TrainState
 from .evaluator import Evaluator
 from .groups import weight_decay_groups
+from .heartbeat import Heartbeat
 from .metrics import MaxMetric, MeanMetric, Metric, RootMeanSquareMetric, SumMetric
 from .objective import Objective, Step, StepOutput
 from .schedule import WarmupDecay
@@ -28,6 +29,7 @@ if torch.distributed.is_available():
 __all__ = [
     "CheckpointError",
     "Evaluator",
+    "Heartbeat",
     "Interval",
     "MaxMetric",
     "MeanMetric",

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .data import iterate_sparing_workers
+from .heartbeat import Heartbeat
 from .loss import loss_path
 from .metrics import MetricAccumulator
 from .objective import Objective, Step
@@ -68,22 +69,25 @@ class Evaluator:
             for name, loader in dataloaders.items()
         }
 
-    def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
-        """Evaluate ``model`` (prepared or plain) on every loader: ``{loader: {metric: value}}``."""
+    def evaluate(self, model: nn.Module, *, heartbeat: Heartbeat | None = None) -> dict[str, dict[str, float]]:
+        """Evaluate ``model`` (prepared or plain) on every loader: ``{loader: {metric: value}}``.
+        ``heartbeat`` gets a beat per batch (a watchdog then tells a long evaluation from a hang)."""
         module = self.accelerator.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=True)
         modes = [(submodule, submodule.training) for submodule in module.modules()]
         training_rng = capture_rng()
         module.eval()
         try:
-            return {name: self._evaluate_loader(module, loader) for name, loader in self.dataloaders.items()}
+            return {name: self._evaluate_loader(module, loader, heartbeat) for name, loader in self.dataloaders.items()}
         finally:
             for submodule, training in modes:  # a user's frozen submodule stays in eval mode
                 submodule.train(training)
             restore_rng(training_rng)
 
-    def _evaluate_loader(self, module: nn.Module, loader: DataLoader) -> dict[str, float]:
+    def _evaluate_loader(self, module: nn.Module, loader: DataLoader, heartbeat: Heartbeat | None) -> dict[str, float]:
         accumulator = MetricAccumulator()
         for batch in iterate_sparing_workers(loader):
+            if heartbeat is not None:
+                heartbeat.beat("evaluating")
             counts = self.loss.batch_counts(batch)
             with torch.set_grad_enabled(self.requires_grad):
                 output = self.step(module, batch)

@@ -311,7 +311,7 @@ class TrainingSession:
         """
         state, weights = self.state, self.evaluation_weights
         started = time.perf_counter()
-        results = self.evaluate(weights=weights)
+        results = self.evaluate(weights=weights, heartbeat=self.stop.heartbeat)
         duration = time.perf_counter() - started
         self.clock.evaluation_s += duration
         self.progress.last_evaluation = self.position()
@@ -356,6 +356,7 @@ class TrainingSession:
         ``async_checkpoints`` (the loop waits only for the previous write and the snapshot), else now."""
         state, directory = self.state, self.directory
         started = time.perf_counter()
+        self.stop.heartbeat.beat("checkpointing")
         waited = self.collect_write(wait=True)
         name = CheckpointName(state.step, state.batches)
         asynchronous = self.config.async_checkpoints and reason in ("interval", "best")
@@ -382,6 +383,7 @@ class TrainingSession:
             blocked = time.perf_counter() - started
             self.log("checkpoint", **record, bytes=size, duration_s=time.perf_counter() - writing, blocked_s=blocked)
         self.clock.checkpoint_s += blocked
+        self.stop.heartbeat.beat("boundary")
 
     def collect_write(self, *, wait: bool) -> float:
         """Record the background write once it has ended (waiting for it when ``wait``), or raise its

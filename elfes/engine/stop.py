@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from .heartbeat import Heartbeat
+
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Signals whose stop is final: when ranks saw different signals, one of these decides the outcome.
 _TERMINATING = ("SIGINT", "SIGTERM")
@@ -25,9 +27,13 @@ class StopRequest:
     >>> with stop.catch_signals():          # main thread of every rank
     ...     state = trainer.train(config, checkpoint_dir=run_dir / "checkpoints", stop=stop)
     >>> stop.reason                         # e.g. "SIGTERM", or None when training ended normally
+
+    ``heartbeat`` is where the trainer reports its progress (update boundaries, evaluation batches,
+    checkpoint writes), for a watchdog in another thread (the launcher's hang watchdog reads it).
     """
 
     def __init__(self) -> None:
+        self.heartbeat = Heartbeat()
         self._reason: str | None = None
         self._signal: str | None = None
         self._signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS

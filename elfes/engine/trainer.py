@@ -29,6 +29,7 @@ from .data import TrainingData, check_process_group
 from .ema import ExponentialMovingAverage
 from .evaluator import Evaluator
 from .events import Budget, LogInterval, RunSetup
+from .heartbeat import Heartbeat
 from .loss import loss_path
 from .objective import Objective, Step
 from .process_group import hold_process_group, release_process_groups
@@ -155,7 +156,10 @@ class Trainer:
         run = self._session(config, checkpoint_dir, stop)
         try:
             run.start(resume_from, metadata or {})
-            return self._loop(run)  # its stop and final saves collect any write in flight
+            run.stop.heartbeat.started(self.state.step)
+            state = self._loop(run)  # its stop and final saves collect any write in flight
+            run.stop.heartbeat.beat("ended")
+            return state
         except BaseException as error:
             try:  # never leave with a checkpoint write in flight
                 run.collect_write(wait=True)
@@ -198,6 +202,7 @@ class Trainer:
                 epoch_ended = False
                 while not (epoch_ended or early_stop or run.budget_spent()):
                     started = time.perf_counter()
+                    run.stop.heartbeat.beat("training")
                     window, size = self._next_window(batches)
                     if window is None:  # a stream without __len__ ended at this boundary: so does its epoch
                         evaluate, checkpoint = run.end_stream_epoch()
@@ -207,6 +212,7 @@ class Trainer:
                         window, size, run.stop, self.state, self.progress.weight_reference, run.rule, run.announce_stop
                     )
                     epoch_ended = run.advance(result, time.perf_counter() - started)
+                    run.stop.heartbeat.reached(self.state.step)
 
                     evaluate = run.evaluation_due(result, epoch_ended)
                     checkpoint = run.checkpoint_due(result, epoch_ended)
@@ -229,8 +235,9 @@ class Trainer:
             return None, 0
         return itertools.chain([first], itertools.islice(batches, self.accumulation_steps - 1)), self.accumulation_steps
 
-    def evaluate(self, *, weights: Weights = "raw") -> dict[str, dict[str, float]]:
+    def evaluate(self, *, weights: Weights = "raw", heartbeat: Heartbeat | None = None) -> dict[str, dict[str, float]]:
         """Evaluate the raw or EMA weights with the trainer's evaluator. Call on every rank.
+        ``heartbeat`` (the training call's) gets a beat per evaluation batch.
 
         >>> trainer.evaluate(weights="ema")["validation"]["loss"]
         """
@@ -239,8 +246,8 @@ class Trainer:
         self._check_weight_choice(weights)
         if weights == "ema":
             with self.ema.swapped_in():
-                return self.evaluator.evaluate(self.model)
-        return self.evaluator.evaluate(self.model)
+                return self.evaluator.evaluate(self.model, heartbeat=heartbeat)
+        return self.evaluator.evaluate(self.model, heartbeat=heartbeat)
 
     def save_model(self, path: Path, *, weights: Weights = "raw") -> None:
         """Write the raw or EMA weights as a plain state dict (no DDP or compile prefixes).

@@ -57,7 +57,7 @@ class Attempt:
     end_step: int | None
     last_step: int
     stop_signal: str | None = None  # the stop's signal (or reason when code requested it)
-    failure: str | None = None  # the exception's type name
+    failure: str | None = None  # the exception's type name, or the launcher's account (cause, retried or not)
     cancelled: bool = False  # the launcher recorded the stop as a cancel (`elfes cancel`)
 
 
@@ -199,7 +199,7 @@ def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[st
 
 
 def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, outcome: str | None,
-             followed: bool) -> Attempt:
+             followed: bool, failure_label: str | None = None) -> Attempt:
     first = events[0]
     kind = "start" if first.get("event") == "started" else ("requeue" if launch == "requeue" else "resume")
     start_step = _state_step(first) if first.get("event") in START_EVENTS else None
@@ -217,6 +217,10 @@ def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, o
             stop_signal = str(requested.get("signal") or end_event.get("reason") or "stop requested")
         elif end == "failed":
             failure = str(end_event.get("exception") or "exception")
+    if failure_label is not None and end in ("failed", "killed", "running"):
+        # The launcher's account of the failure: the cause (another rank's, or a hang that left no end
+        # record) and whether it was retried, instead of what this rank's records say.
+        end, failure = "failed", failure_label
     return Attempt(number=number, launch=kind, start_step=start_step, end=end, end_step=end_step,
                    last_step=max(steps, default=start_step), stop_signal=stop_signal, failure=failure,
                    cancelled=end == "stopped" and outcome == "cancelled")
@@ -236,13 +240,16 @@ def _markers(attempt: Attempt) -> list[Marker]:
 
 
 def build_timeline(events: Iterable[Mapping[str, Any]], *, launches: Sequence[str | None] | None = None,
-                   outcomes: Sequence[str | None] | None = None) -> Timeline:
+                   outcomes: Sequence[str | None] | None = None,
+                   failures: Sequence[str | None] | None = None) -> Timeline:
     """Derive attempts, markers and per-metric kept/lost series from a run's events. Any process.
 
     ``launches`` (optional) says how each start event came about, in order: ``"requeue"`` marks a
     relaunch by the launcher (``elfes plot`` reads it from ``state.json``); without it every
     ``resumed`` event is a ``resume``. ``outcomes`` (optional) says how the launcher recorded each
-    attempt's end: ``"cancelled"`` marks a stop as a cancel.
+    attempt's end: ``"cancelled"`` marks a stop as a cancel. ``failures`` (optional) names each failed
+    attempt's cause as the launcher recorded it (``"RuntimeError, retried"``; None for others): the
+    failure marker says that, and an attempt killed for a hang is drawn as a failure.
 
     Example:
         >>> events = [{"event": "started", "state": {"step": 0}},
@@ -257,10 +264,11 @@ def build_timeline(events: Iterable[Mapping[str, Any]], *, launches: Sequence[st
         [('start', 0), ('killed', 10), ('resume', 5)]
     """
     groups = _split_attempts(events)
-    launches, outcomes = list(launches or ()), list(outcomes or ())
+    launches, outcomes, failures = list(launches or ()), list(outcomes or ()), list(failures or ())
     attempts = [
         _attempt(number, group, launches[number - 1] if number <= len(launches) else None,
-                 outcomes[number - 1] if number <= len(outcomes) else None, number < len(groups))
+                 outcomes[number - 1] if number <= len(outcomes) else None, number < len(groups),
+                 failures[number - 1] if number <= len(failures) else None)
         for number, group in enumerate(groups, start=1)
     ]
     # An attempt's point at step s is lost when a later attempt starts below s: that step was trained again.

@@ -31,12 +31,17 @@ def _state_lines(before: Any, after: Any) -> list[str]:
                          f"{after.executor} job {attempt.job_id}; requeues used {after.requeues_used} of "
                          f"{after.max_requeues}")
         if attempt.ended and (previous is None or not previous.ended):
+            retried = attempt.failure is not None and attempt.failure.retried
             lines.append(f"attempt {attempt.number} ended {attempt.outcome}"
+                         + (" (retrying)" if retried else "")
                          + (f" ({attempt.signal})" if attempt.signal else "")
                          + (f" at step {attempt.step}" if attempt.step is not None else "")
                          + (f": {attempt.error}" if attempt.error else ""))
     if before is None or before.status != after.status:
-        lines.append(f"run {after.status}" + (f" ({after.stopping_signal})" if after.stopping_signal else ""))
+        last = after.last_attempt
+        retrying = after.status == "requeued" and last is not None and last.failure is not None and last.failure.retried
+        lines.append(f"run {'failed (retrying)' if retrying else after.status}"
+                     + (f" ({after.stopping_signal})" if after.stopping_signal else ""))
     return lines
 
 

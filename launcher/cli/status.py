@@ -39,12 +39,20 @@ def _short_checkpoint(result: Any) -> str:
     return result.last_checkpoint.removeprefix(result.run_dir.rstrip("/") + "/")
 
 
+def _retrying(result: Any) -> bool:
+    """Whether the run is requeued because its latest attempt failed and is retried."""
+    failure = result.attempts[-1].get("failure") if result.attempts else None
+    return result.status == "requeued" and bool(failure and failure.get("retried"))
+
+
 def _status(result: Any) -> str:
-    """The run's status with SLURM's queue state and reason: ``pending [PENDING (BeginTime)]``."""
+    """The run's status with SLURM's queue state and reason: ``pending [PENDING (BeginTime)]``; a run
+    requeued after a failure is ``failed (retrying)``."""
+    status = "failed (retrying)" if _retrying(result) else result.status
     if not result.queue_state:
-        return result.status
+        return status
     queue = f"{result.queue_state} ({result.queue_reason})" if result.queue_reason else result.queue_state
-    return f"{result.status} [{queue}]"
+    return f"{status} [{queue}]"
 
 
 def _job(result: Any) -> str:
@@ -53,7 +61,17 @@ def _job(result: Any) -> str:
 
 
 def _requeues(result: Any) -> str:
-    return f"{result.requeues_used} used, {_cell(result.requeues_left)} left"
+    failures = getattr(result, "failures_used", 0)
+    return (f"{result.requeues_used} used, {_cell(result.requeues_left)} left"
+            + (f"; {failures} failure{'s' if failures > 1 else ''} retried" if failures else ""))
+
+
+def _outcome(attempt: dict[str, Any]) -> str:
+    """``failed (retried)``, ``failed (not retried)`` for a failure the runtime decided on; else the outcome."""
+    failure = attempt.get("failure")
+    if failure is None:
+        return attempt["outcome"] or "-"
+    return f"{attempt['outcome']} ({'retried' if failure['retried'] else 'not retried'})"
 
 
 def _time(text: str | None) -> str:
@@ -63,7 +81,7 @@ def _time(text: str | None) -> str:
 
 def _attempt_cells(attempt: dict[str, Any]) -> list[str]:
     return [str(attempt["number"]), attempt["launch"], attempt["job_id"], ",".join(attempt["hosts"]) or "-",
-            _time(attempt["started_at"]), _time(attempt["ended_at"]), attempt["outcome"] or "-",
+            _time(attempt["started_at"]), _time(attempt["ended_at"]), _outcome(attempt),
             attempt["signal"] or "-", _cell(attempt["step"])]
 
 
@@ -122,6 +140,10 @@ def print_status(console: Console, results: Sequence[Any]) -> None:
         for result in results:
             console.print(_run_block(result, with_attempts=single))
     for result in results:
+        for attempt in result.attempts[:-1]:  # earlier failures: their causes, and whether each was retried
+            if attempt.get("failure") is not None and attempt.get("error"):
+                console.print(f"{result.name or result.run_dir}: attempt {attempt['number']} failed: {attempt['error']}",
+                              markup=False)
         if single and result.ran_on:
             console.print(f"{result.name or result.run_dir}: latest attempt ran on {result.ran_on}", markup=False)
         if result.error:

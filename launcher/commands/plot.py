@@ -125,8 +125,21 @@ def _read_run(run_dir: Path, label: str | None = None) -> PlottedRun:
     state = run_state.load_state(paths)
     recorded = _recorded_attempts(events, state.attempts if state is not None else ())
     timeline = build_timeline(events, launches=[attempt and attempt.launch for attempt in recorded],
-                              outcomes=[attempt and attempt.outcome for attempt in recorded])
+                              outcomes=[attempt and attempt.outcome for attempt in recorded],
+                              failures=[failure_label(attempt) for attempt in recorded])
     return PlottedRun(run_dir=run_dir, name=label or _run_name(paths), timeline=timeline)
+
+
+def failure_label(attempt: run_state.Attempt | None) -> str | None:
+    """A failed attempt's cause in a few words, and whether it was retried: ``"RuntimeError, retried"``,
+    ``"hang, not retried"``; None for an attempt without a recorded failure."""
+    failure = attempt.failure if attempt is not None else None
+    if failure is None:
+        return None
+    cause = "hang" if failure.category == "hang" else failure.cause.partition(":")[0]
+    if failure.category == "lost":
+        cause = "rank lost"
+    return f"{cause}, {'retried' if failure.retried else 'not retried'}"
 
 
 def _run_name(paths: RunPaths) -> str:

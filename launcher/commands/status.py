@@ -51,6 +51,7 @@ class Status:
     restart_count: int | None = None  # SLURM's restarts of the job (preemptions, requeues), while it is queued
     code: dict[str, Any] | None = None  # code.json: the code snapshot the job runs (None: none, it runs workdir)
     ran_on: str | None = None  # the latest attempt's provenance in one short line (attempts[].provenance: all of it)
+    failures_used: int = 0  # failed attempts retried (requeue.max_failures); each attempt's `failure` says why
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,6 +143,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         restart_count=live.restarts,
         code=asdict(code) if code is not None else None,
         ran_on=ran_on,
+        failures_used=state.failures_used if state is not None else 0,
     )
 
 

@@ -11,7 +11,8 @@ is the one that catches):
   catches SIGINT and SIGTERM), is sent as SIGTERM, and an exit 128 + SIGTERM is the requeue asked for;
 * a signal that no member catches or ignores yet (the command may be importing torch, when the default
   action would end it) is held, saying so at once (the run's log, ``elfes status``), for at most
-  FORWARD_HOLD_S after the command started; then it is sent anyway.
+  FORWARD_HOLD_S after the command started; then it is sent anyway. A cancel (``elfes cancel``'s
+  SIGTERM) is never held: the command ends now, cancelled, even when its default action kills it.
 
 A SIGTERM or SIGINT stop that the group outlives by ``kill_wait_s`` ends in SIGKILL on the local
 executor (SLURM escalates by itself, after its KillWait). Members left running after the leader ended
@@ -68,10 +69,12 @@ def run_command(
     attempt: int,
     kill_wait_s: int,
     watching: Callable[[Callable[[], str | None]], AbstractContextManager],
+    cancelling: Callable[[], bool] = lambda: False,
 ) -> CommandEnd:
     """Run ``argv`` to the end of its whole process group, forwarding stop signals.
 
     ``watching(probe)``: a context that marks the run "stopping" once ``probe`` names a signal (rank 0).
+    ``cancelling()``: whether ``elfes cancel`` asked for this stop; a cancel's SIGTERM is never held.
     """
     end_leftover_group(paths, rank, kill_wait_s)
     with child_subreaper():
@@ -79,7 +82,8 @@ def run_command(
         record = {"pgid": group.pgid, "host": socket.gethostname(), "attempt": attempt}
         write_command_record(paths, rank, record)
         forwarding = _Forwarding(group, flags, executor=executor, kill_wait_s=kill_wait_s,
-                                 announce=lambda notice: write_command_record(paths, rank, {**record, "notice": notice}))
+                                 announce=lambda notice: write_command_record(paths, rank, {**record, "notice": notice}),
+                                 cancelling=cancelling)
         try:
             with watching(lambda: flags.received[0].name if flags.received else None):
                 while group.poll():
@@ -113,9 +117,9 @@ class _Forwarding:
     """The stop signals this task received, on their way to the command's group; the kill deadline."""
 
     def __init__(self, group: CommandGroup, flags: SignalFlags, *, executor: str, kill_wait_s: int,
-                 announce: Callable[[str | None], None]) -> None:
+                 announce: Callable[[str | None], None], cancelling: Callable[[], bool] = lambda: False) -> None:
         self.group, self.flags, self.executor, self.kill_wait_s = group, flags, executor, kill_wait_s
-        self.announce = announce
+        self.announce, self.cancelling = announce, cancelling
         self.requeue = requeue_signal()
         self.started = time.monotonic()
         self.seen = 0
@@ -169,6 +173,9 @@ class _Forwarding:
                      f"SIGINT and SIGTERM): sent SIGTERM for {requested.name}; when the command exits "
                      f"{128 + signal.SIGTERM} (128 + SIGTERM) after saving `last`, the requeue that "
                      f"{requested.name} asked for goes ahead")
+            elif view.untouched_by_all(requested) and requested.name in TERMINATING_SIGNALS and self.cancelling():
+                _say(f"{requested.name} (elfes cancel): no process of the command catches it; sent at once, as a "
+                     "cancel is not held (its default action ends the command without saving)")
             elif view.untouched_by_all(requested) and time.monotonic() - self.started < FORWARD_HOLD_S:
                 return False
             elif view.untouched_by_all(requested):

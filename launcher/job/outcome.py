@@ -108,6 +108,7 @@ def command_stop_reason(
       signal, the requeue that was asked for.
     * 0 after a delivered stop: finished only when the run's records say it finished (``records_finished``);
       otherwise the stop's outcome, with a note naming the protocol.
+    * killed by a terminating stop signal it was sent (or that SLURM sent it), not caught: the stop.
     * killed by SIGKILL after ``kill_wait_s`` (the task escalated a stop the command outlived): the stop.
     * anything else: ``RuntimeError`` (see :func:`stop_reason_from_exit_code`).
     """
@@ -130,6 +131,11 @@ def command_stop_reason(
         stood_in = [d.requested for d in delivered if d.sent == name and d.requested != name]
         if name in names and stood_in and name not in requests:
             return stood_in[0], None  # SIGTERM delivered for the requeue signal: the requeue goes ahead
+    if exit_code < 0 and (name := _signal_name(-exit_code)) in TERMINATING_SIGNALS and name in (
+            [d.sent for d in delivered] + list(held)):
+        # Killed by the stop signal itself (its default action): the stop, without a save.
+        return name, (f"the command did not catch {name} and was killed by it: work since `last` is lost (a command "
+                      f"job catches {name}, saves `last` and exits {128 + signal.Signals[name]})")
     if kill_wait_s is not None and exit_code == -signal.SIGKILL and requests:
         stop = next((name for name in requests if name in TERMINATING_SIGNALS), requests[0])
         return stop, (f"the command did not exit within resources.kill_wait_s={kill_wait_s} s of "

@@ -42,6 +42,7 @@ This module imports neither torch nor the engine at import time: the submitter p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import importlib
@@ -49,7 +50,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,8 +60,10 @@ from ..rundir import state as run_state
 from ..rundir.code_record import job_spec, load_code_record
 from ..rundir.provenance import changes_at
 from ..rundir.paths import RunPaths
+from ..rundir.state import Failure
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from .command import run_command
+from .failures import FailureReport, cause_of, decide_failure, failure_error, read_reports, write_report
 from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
 from .outcome import Decision, decide
 from .provenance import collect
@@ -73,6 +77,7 @@ from .requeue import (
 )
 from .resume_point import resume_point
 from .signals import TERMINATING_SIGNALS, SignalFlags, requeue_signal, stop_signals
+from .watchdog import HangWatchdog, end_stuck_peers
 
 # -- the entrypoint's argument -------------------------------------------------------------------------------
 
@@ -161,6 +166,13 @@ class _Attempt:
         self.attempt = run_state.attempt_number(self.before, self.token)
         self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
         self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
+        self.failures_used = run_state.failures_used_by(self.before, self.token)
+        self.previous = run_state.previous_attempt(self.before, self.token)
+        self.max_failures = 0  # until the spec is read: a failure before that is not retried
+        self.heartbeat: Any = None  # the engine's Heartbeat of an entrypoint job (its StopRequest's)
+        self.failing = threading.Lock()  # one failure path per task (the main thread's or the watchdog's)
+        self.decider = False  # this rank ended the attempt as failed (and carries a retry out)
+        self.final_failure: str | None = None  # why a failure now cannot pass on a retry
         self.started_at = run_state.now()
         redirect_standard_streams(paths, attempt=self.attempt, rank=self.start.rank)
         if self.is_main:
@@ -178,9 +190,11 @@ class _Attempt:
             self.recorded_workdir = str(recorded.workdir)  # the working tree a code snapshot copies
             self.spec = job_spec(recorded, self.paths)  # its workdir: the code snapshot, when the run has one
             self.max_requeues = self.spec.requeue.max_requeues
+            self.max_failures = self.spec.requeue.max_failures
             print(f"elfes: attempt {self.attempt} ({self.launch}) of {self.paths.run_dir}: rank {self.start.rank} of "
                   f"{self.start.world_size} on {self.start.host}, {self.start.executor} job {self.start.job_id}; "
-                  f"requeues used {self.requeues_used} of {self.max_requeues}", flush=True)
+                  f"requeues used {self.requeues_used} of {self.max_requeues}, failures retried "
+                  f"{self.failures_used} of {self.max_failures}", flush=True)
             self._prepare_process()
             if self.requeues_used > self.max_requeues:
                 # SLURM requeued the job by itself (preemption, node failure) past the cap: do not train.
@@ -193,9 +207,14 @@ class _Attempt:
             else:
                 stop_reason, step = self._run_entrypoint()
         except BaseException as error:
-            if not isinstance(error, SystemExit):
-                self._record_failure(error)
+            if isinstance(error, SystemExit):
+                remove_pid_file(self.paths, self.start.rank)
+                raise
+            failure = self._fail(self._report(error))
             remove_pid_file(self.paths, self.start.rank)
+            if failure is not None and failure.retried:
+                # Requeued from `last`: leave as a requeue does (a result pickle would end the job failed).
+                raise SystemExit(LOCAL_REQUEUE_EXIT_CODE if self.start.executor == "local" else 0) from None
             raise
         decision = decide(stop_reason, requeue_signal_name=self.requeue_name,
                           cancel_requested=cancel_requested(self.paths, self.before),
@@ -225,10 +244,15 @@ class _Attempt:
 
         main = load_entrypoint(self.spec.entrypoint)
         self._record_provenance()  # torch is imported now: its versions, threads and device are known
-        resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
+        try:
+            resume_from, note = resume_point(self.paths)  # refuses a `last` that is not this run's
+        except Exception:
+            self.final_failure = "the checkpoint to resume from was refused; a retry would refuse it again"
+            raise
         if note is not None:
             print(f"elfes: {note}", flush=True)
         stop = StopRequest()
+        self.heartbeat = stop.heartbeat
         job = Job(
             config=dict(self.spec.config or {}), run_dir=self.paths.run_dir, checkpoint_dir=self.paths.checkpoints,
             resume_from=resume_from, stop=stop, attempt=self.attempt,
@@ -242,7 +266,7 @@ class _Attempt:
                 stop.handle_signal(signum)
             if cancel_requested(self.paths, self.before):
                 stop.handle_signal(signal.SIGTERM)  # cancelled between attempts: save at the first boundary
-            with self._stopping_watcher(lambda: stop.signal or stop.reason):
+            with self._stopping_watcher(lambda: stop.signal or stop.reason), self._hang_watchdog():
                 result = main(job)
         release_process_group()
         # The trainer made every rank agree on one stop reason and returns it in its TrainState.
@@ -261,7 +285,8 @@ class _Attempt:
         end = run_command(self.spec.render_command(python=sys.executable), paths=self.paths, flags=self.flags,
                           executor=self.start.executor, started_at=self.started_at, rank=self.start.rank,
                           attempt=self.attempt, kill_wait_s=self.spec.resources.kill_wait_s,
-                          watching=self._stopping_watcher)
+                          watching=self._stopping_watcher,
+                          cancelling=lambda: cancel_requested(self.paths, self.before))
         self.command_note = end.note
         return end.stop_reason, end.step
 
@@ -312,14 +337,111 @@ class _Attempt:
         """On rank 0, mark the run "stopping" as soon as a stop is requested (a thread; the handlers only flag)."""
         return self._Watcher(self, probe)
 
-    def _record_failure(self, error: BaseException) -> None:
-        message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        print(f"elfes: attempt {self.attempt} failed on rank {self.start.rank}: {message}", file=sys.stderr, flush=True)
-        if self.is_main:
+    # -- failures -----------------------------------------------------------------------------------------------
+    def _report(self, error: BaseException) -> FailureReport:
+        """This rank's report of ``error``: a command's failed exit, or an exception (a peer's loss when a
+        collective says so), at the step the heartbeat shows."""
+        heartbeat = self.heartbeat
+        report = FailureReport.of_exception(
+            error, rank=self.start.rank, host=self.start.host, at=time.time(),
+            step=heartbeat.failing_step() if heartbeat is not None else None,
+            updated=heartbeat is not None and heartbeat.updates > 0)
+        if self.final_failure is not None:
+            report = dataclasses.replace(report, final=self.final_failure)
+        elif not isinstance(error, Exception):  # KeyboardInterrupt: a second SIGINT asked for no save
+            report = dataclasses.replace(report, final="interrupted on purpose (a second SIGINT), not a failure")
+        spec = getattr(self, "spec", None)
+        if spec is not None and spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
+            report = dataclasses.replace(report, category="exit")
+        return report
+
+    def _fail(self, report: FailureReport) -> Failure | None:
+        """Report this rank's failure; the first rank to fail ends the attempt "failed" with the attempt's
+        cause and decides whether it is retried (launcher/job/failures.py); the others read that decision.
+        Returns it (None where state.json could not take it). The decider carries a retry out: the local
+        resubmission past submitit's start limit, or ``scontrol requeue``. Main thread or hang watchdog."""
+        with self.failing:
+            print(f"elfes: attempt {self.attempt} failed on rank {self.start.rank}: {report.cause}", file=sys.stderr,
+                  flush=True)
             try:
-                self._update(lambda s: run_state.end_attempt(s, token=self.token, outcome="failed", error=message))
-            except run_state.StateError:
-                pass  # already ended (the failure came after the outcome was recorded)
+                write_report(self.paths, self.attempt, report)
+            except OSError as error:
+                print(f"elfes: the failure report could not be written ({error})", file=sys.stderr, flush=True)
+            decided: list[Failure | None] = []
+
+            def end(state: run_state.RunState | None) -> run_state.RunState:
+                if state is None:
+                    raise run_state.StateError("state.json is missing")
+                state = run_state.begin_attempt(  # a no-op once rank 0 recorded the start (the usual case)
+                    state, token=self.token, job_id=self.start.job_id, launch=self.launch, hosts=self.start.hosts,
+                    world_size=self.start.world_size)
+                attempt = next(a for a in state.attempts if a.token == self.token)
+                if attempt.ended:
+                    decided.append(attempt.failure)
+                    return state
+                cause = cause_of(read_reports(self.paths, self.attempt) or [report])
+                failure = decide_failure(cause, previous=self.previous, failures_used=self.failures_used,
+                                         max_failures=self.max_failures)
+                decided.append(failure)
+                self.decider = True
+                return run_state.end_attempt(state, token=self.token, outcome="failed",
+                                             error=failure_error(failure, cause), failure=failure)
+
+            self.decider = False
+            try:
+                self._update(end)
+            except Exception as error:  # never lose the failure itself to a failure to record it
+                print(f"elfes: the failure could not be recorded in state.json ({type(error).__name__}: {error})",
+                      file=sys.stderr, flush=True)
+                return None
+            failure = decided[-1] if decided else None
+            if self.decider and failure is not None and failure.retried:
+                failure = self._carry_out_retry(failure)
+            print(f"elfes: attempt {self.attempt} ended failed on rank {self.start.rank}"
+                  + ("; retried from `last`" if failure is not None and failure.retried else
+                     f"; not retried ({failure.reason})" if failure is not None and failure.reason else ""), flush=True)
+            return failure
+
+    def _carry_out_retry(self, failure: Failure) -> Failure:
+        """The decider's part of a retry: SLURM ``scontrol requeue`` (refused: the run ends failed, saying
+        why); local past submitit's start limit, a resubmission. Returns the failure as it stands."""
+        refused = None
+        if self.start.executor == "slurm":
+            refused = requeue_slurm_job(self.start.job_id)
+        elif self.start.restart + 1 >= LOCAL_MAX_STARTS:
+            try:
+                resubmit_local(self.paths, JobRuntime(str(self.paths.run_dir)))
+            except Exception as error:  # recorded by resubmit_local
+                refused = f"the local resubmission failed: {error}"
+        if refused is None:
+            return failure
+        self._update(lambda s: run_state.refuse_retry(s, token=self.token, reason=refused))
+        return dataclasses.replace(failure, retried=False, reason=refused)
+
+    @contextlib.contextmanager
+    def _hang_watchdog(self) -> Iterator[None]:
+        """While ``main`` runs: with ``requeue.hang_timeout_s``, this rank's watchdog (launcher/job/watchdog.py)."""
+        timeout_s = self.spec.requeue.hang_timeout_s
+        if timeout_s is None or self.heartbeat is None:
+            yield
+            return
+        watchdog = HangWatchdog(self.heartbeat, timeout_s=timeout_s, paths=self.paths, attempt=self.attempt,
+                                rank=self.start.rank, host=self.start.host, world_size=self.start.world_size,
+                                on_hang=self._hung)
+        with watchdog:
+            yield
+
+    def _hung(self, report: FailureReport) -> None:
+        """The watchdog's end of a hung attempt (its thread; the main thread is stuck): record it like a
+        failure and leave at once, as a retried failure leaves (exit 144 locally) or failed (exit 1)."""
+        failure = self._fail(report)
+        remove_pid_file(self.paths, self.start.rank)
+        retried = failure is not None and failure.retried
+        if self.start.executor == "local" and self.decider:
+            end_stuck_peers(self.paths, attempt=self.attempt, rank=self.start.rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(LOCAL_REQUEUE_EXIT_CODE if retried and self.start.executor == "local" else (0 if retried else 1))
 
     def _finish(self, decision: Decision, *, step: int | None) -> dict[str, Any]:
         """Record the outcome (rank 0) and act on it (every rank alike)."""

@@ -2,7 +2,7 @@
 
 For files elfes writes and reads again (``state.json``): a file edited by hand or damaged on disk is
 refused with the field, its value and what it should be, never turned into a ``TypeError`` deep in a
-caller. Understands the annotations those dataclasses use: ``str``, ``int``, ``bool``, ``X | None``,
+caller. Understands the annotations those dataclasses use: ``str``, ``int``, ``bool``, ``float``, ``X | None``,
 ``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (taken as it is) and nested dataclasses. Torch-free.
 """
 
@@ -85,6 +85,10 @@ def _read_value(hint: Any, value: Any, where: str, choices: Mapping[str, tuple[s
         raise FieldError(f"{where} is {_describe(value)}, not a string")
     if hint is bool and not isinstance(value, bool):
         raise FieldError(f"{where} is {_describe(value)}, not true or false")
+    if hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise FieldError(f"{where} is {_describe(value)}, not a number")
+        return float(value)
     if hint not in (int, str, bool):
         raise TypeError(f"{where}: json_fields cannot read the annotation {hint!r}")  # a bug in the caller
     return value

@@ -111,7 +111,7 @@ def file_system_problem(paths: RunPaths) -> str | None:
 
 
 def time_limit_problem(paths: RunPaths, state: run_state.RunState) -> str | None:
-    """"it was killed at its time limit ..." when the attempt lived to the spec's limit, else None."""
+    """"time limit (resources.timeout_min = N) reached ..." when the attempt lived to the spec's limit, else None."""
     from ..spec import SpecError
     from .lookup import recorded_spec
 
@@ -127,8 +127,10 @@ def time_limit_problem(paths: RunPaths, state: run_state.RunState) -> str | None
     if lived_s < limit_s - _LIMIT_SLACK_S:
         return None
     stopping = state.stopping_signal if state.status == "stopping" else None
-    return (f"it was killed at its time limit (resources.timeout_min = {spec.resources.timeout_min} min; it ran "
-            f"{lived_s:.0f} s)" + (f" while it was saving `last` on {stopping}" if stopping else " before it saved `last`")
+    return (f"time limit (resources.timeout_min = {spec.resources.timeout_min}) reached "
+            + ("while stopping" if stopping else "before it saved `last`")
+            + "; raise signal_delay_s or the limit. It was killed at its time limit after "
+            f"{lived_s:.0f} s" + (f", while it was saving `last` on {stopping}" if stopping else "")
             + f": the requeue signal comes slurm.signal_delay_s = {delay_s} s before the limit, too little to end the "
             "window and save; raise slurm.signal_delay_s above the longest window plus a checkpoint save")
 

@@ -12,6 +12,7 @@ RUN_DIR/
   checkpoints/                  last, best, final and the step files (elfes.engine.checkpoint)
   logs/attempt-<A>/rank-<R>.out the standard output of one rank in one attempt
   logs/attempt-<A>/rank-<R>.err its standard error
+  logs/attempt-<A>/rank-<R>.failure.json  why rank R failed in attempt A (launcher/job/failures.py)
   pids/rank-<R>.json            the live task of rank R (pid, host, attempt), once its handlers are in
   submitit/                     submitit's folder: pickles, results, its own per-task logs
   submitit/<J>_<T>_log.out|err  submitit's own log of task T of job J (before the runtime redirects)
@@ -139,6 +140,11 @@ class RunPaths:
         if stream not in ("out", "err"):
             raise ValueError(f"stream must be 'out' or 'err', got {stream!r}")
         return self.attempt_logs(attempt) / f"rank-{int(rank)}.{stream}"
+
+    def failure_report(self, attempt: int, rank: int) -> Path:
+        """JSON: why ``rank`` failed in ``attempt`` (its error, step, time), written atomically when it failed
+        or its hang watchdog fired; the other ranks read it (format owned by launcher/job/failures.py)."""
+        return self.attempt_logs(attempt) / f"rank-{int(rank)}.failure.json"
 
     @property
     def pids(self) -> Path:

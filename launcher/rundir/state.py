@@ -11,6 +11,7 @@ The state machine (``RunState.status``)::
     submitted --(executor accepted, job id known)--> pending --(rank 0 started)--> running
     running --(a stop signal arrived)--> stopping
     running|stopping --> requeued --(relaunch)--> running
+    running|stopping --(a failure or hang, retried: "failed (retrying)")--> requeued --(relaunch)--> running
     running|stopping --> finished | stopped | failed | cancelled     (terminal until `elfes resume`)
     submitted --(its submitter was killed before the executor took it; no job of it found)--> failed
     stopped|failed|cancelled|finished (a raised budget) --(elfes resume)--> submitted
@@ -28,7 +29,9 @@ impossible move with :class:`StateError`), so the submitter and the job share th
 
 Requeues are counted from the attempts: an attempt whose ``launch`` is ``"requeue"`` used one (a
 relaunch by the job itself, by SLURM after a preemption or node failure (``SLURM_RESTART_COUNT``),
-or a resubmission past submitit's local start limit). ``elfes submit``/``resume`` use none.
+or a resubmission past submitit's local start limit). ``elfes submit``/``resume`` use none. The
+relaunch after a failed attempt that was retried (its :class:`Failure` says ``retried``) counts against
+``requeue.max_failures`` instead (:attr:`RunState.failures_used`), not against the requeues.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ _STATUS_AFTER: dict[str, str] = {
 
 Launch = Literal["submit", "resume", "requeue"]
 LAUNCHES: tuple[str, ...] = ("submit", "resume", "requeue")
-_FIELD_CHOICES = {"status": STATUSES, "executor": ("local", "slurm"), "kind": LAUNCHES, "launch": LAUNCHES, "outcome": OUTCOMES}
+FAILURE_CATEGORIES: tuple[str, ...] = ("exception", "exit", "lost", "hang")
+_FIELD_CHOICES = {"status": STATUSES, "executor": ("local", "slurm"), "kind": LAUNCHES, "launch": LAUNCHES, "outcome": OUTCOMES,
+                  "category": FAILURE_CATEGORIES}
 
 
 class StateError(ValueError):
@@ -99,6 +104,32 @@ class Submission:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """Why an attempt failed and whether it was retried (launcher/job/failures.py decides).
+
+    ``category``: "exception" (user code raised), "exit" (a command's nonzero exit), "lost" (a rank's
+    peer vanished: killed, or its node failed), "hang" (no update boundary for
+    ``requeue.hang_timeout_s``). ``cause``: the error as the failing rank saw it (``"RuntimeError:
+    boom"``); ``rank``/``host``: where; ``step``: the step it failed at (the update being computed), if
+    known; ``updated``: whether the attempt reached an update boundary before it failed;
+    ``retried``: requeued from ``last`` (else the run ended failed); ``reason``: why it was not retried.
+    """
+
+    category: str  # one of FAILURE_CATEGORIES
+    cause: str
+    retried: bool
+    rank: int | None = None
+    host: str | None = None
+    step: int | None = None
+    updated: bool = False
+    reason: str | None = None
+
+    def same_as(self, other: Failure) -> bool:
+        """The same error at the same step (a failure that repeats is not retried)."""
+        return (self.category, self.cause, self.step) == (other.category, other.cause, other.step)
+
+
+@dataclass(frozen=True)
 class Attempt:
     """One start of the job (all its ranks together), numbered from 1 across the whole run.
 
@@ -121,6 +152,7 @@ class Attempt:
     step: int | None = None  # the optimizer step saved in `last` when it ended, if known
     error: str | None = None  # why it failed, or why a stop could not requeue
     provenance: Provenance | None = None  # what it ran on (launcher/rundir/provenance.py), once rank 0 recorded it
+    failure: Failure | None = None  # a failed attempt's cause and whether it was retried
 
     @property
     def ended(self) -> bool:
@@ -144,11 +176,18 @@ class RunState:
     @property
     def requeues_used(self) -> int:
         """Relaunches so far (by the job itself, by SLURM, or resubmissions past the local start limit),
-        a requeue under way included: its attempt ended "requeued" and the relaunch has not begun yet."""
-        relaunched = sum(1 for attempt in self.attempts if attempt.launch == "requeue")
+        a requeue under way included (its attempt ended "requeued" and the relaunch has not begun yet), except
+        those that retried a failed attempt (:attr:`failures_used`)."""
+        relaunched = sum(1 for index, attempt in enumerate(self.attempts)
+                         if attempt.launch == "requeue" and not _retries(self.attempts[:index]))
         last = self.last_attempt
         under_way = last is not None and last.outcome == "requeued" and self.status not in ENDED
         return relaunched + under_way
+
+    @property
+    def failures_used(self) -> int:
+        """Failed attempts that were retried (``requeue.max_failures`` caps them)."""
+        return sum(1 for attempt in self.attempts if attempt.failure is not None and attempt.failure.retried)
 
     @property
     def requeues_left(self) -> int:
@@ -168,6 +207,7 @@ class RunState:
         data = dataclasses.asdict(self)
         data["requeues_used"] = self.requeues_used  # derived; written for readers of the raw file
         data["requeues_left"] = self.requeues_left
+        data["failures_used"] = self.failures_used
         return data
 
     @classmethod
@@ -177,11 +217,19 @@ class RunState:
             raise StateError(f"has format version {data['version']}; this elfes reads {FORMAT_VERSION}: use the elfes "
                              "version that wrote it")
         if isinstance(data, dict):
-            data = {key: value for key, value in data.items() if key not in ("requeues_used", "requeues_left")}
+            data = {key: value for key, value in data.items() if key not in _DERIVED}
         state = read_record(cls, data, choices=_FIELD_CHOICES)  # FieldError (a ValueError) names the field
         if state.max_requeues < 0:
             raise FieldError(f"max_requeues is {state.max_requeues}, not an integer >= 0")
         return state
+
+
+_DERIVED = ("requeues_used", "requeues_left", "failures_used")  # written for readers, recomputed on reading
+
+
+def _retries(earlier: tuple[Attempt, ...]) -> bool:
+    """Whether the attempt after ``earlier`` retries a failure: the latest of them failed and was retried."""
+    return bool(earlier) and earlier[-1].failure is not None and earlier[-1].failure.retried
 
 
 def _replace(state: RunState, **changes: Any) -> RunState:
@@ -307,20 +355,42 @@ def end_attempt(
     signal: str | None = None,
     step: int | None = None,
     error: str | None = None,
+    failure: Failure | None = None,
 ) -> RunState:
-    """Rank 0 ends the attempt ``token`` with ``outcome``; the run's status follows it
-    ("lost" makes the run "failed"). Ending an attempt twice is refused."""
+    """Rank 0 (or, for a failure, the first rank that failed) ends the attempt ``token`` with
+    ``outcome``; the run's status follows it ("lost" makes the run "failed"; a ``failure`` that is
+    retried makes it "requeued"). Ending an attempt twice is refused."""
     _check(outcome, OUTCOMES, "outcome")
+    if failure is not None and outcome != "failed":
+        raise StateError(f"a failure is recorded with outcome 'failed', not {outcome!r}.")
     index = next((i for i, attempt in enumerate(state.attempts) if attempt.token == token), None)
     if index is None:
         raise StateError(f"no attempt with token {token!r} in state.json; begin_attempt must record it first.")
     attempt = state.attempts[index]
     if attempt.ended:
         raise StateError(f"attempt {attempt.number} already ended ({attempt.outcome}); it cannot end again.")
-    ended = dataclasses.replace(attempt, ended_at=now(), outcome=outcome, signal=signal, step=step, error=error)
+    ended = dataclasses.replace(attempt, ended_at=now(), outcome=outcome, signal=signal, step=step, error=error,
+                                failure=failure)
     attempts = (*state.attempts[:index], ended, *state.attempts[index + 1:])
     status = _STATUS_AFTER[outcome] if index == len(state.attempts) - 1 else state.status
+    if failure is not None and failure.retried and index == len(state.attempts) - 1:
+        status = "requeued"  # shown as "failed (retrying)
     return _replace(state, status=status, attempts=attempts, stopping_signal=None)
+
+
+def refuse_retry(state: RunState, *, token: str, reason: str) -> RunState:
+    """The retry decided for the failed attempt ``token`` could not be carried out (``reason``: e.g.
+    ``scontrol requeue`` refused): its failure is not retried after all, and the run is "failed"."""
+    attempts = list(state.attempts)
+    index = next((i for i, attempt in enumerate(attempts) if attempt.token == token), None)
+    if index is None or attempts[index].failure is None:
+        raise StateError(f"no failed attempt with token {token!r} in state.json.")
+    attempt = attempts[index]
+    attempts[index] = dataclasses.replace(
+        attempt, failure=dataclasses.replace(attempt.failure, retried=False, reason=reason),
+        error=f"{attempt.error}; but not retried: {reason}")
+    status = "failed" if index == len(attempts) - 1 and state.status == "requeued" else state.status
+    return _replace(state, status=status, attempts=tuple(attempts))
 
 
 def requeued_by_slurm(state: RunState) -> RunState:
@@ -373,8 +443,24 @@ def attempt_number(state: RunState | None, token: str) -> int:
 
 def requeues_used_by(state: RunState | None, token: str, launch: str) -> int:
     """Requeues used once the start ``token`` (launched as ``launch``) is counted, on every rank alike."""
-    earlier = 0 if state is None else sum(1 for a in state.attempts if a.token != token and a.launch == "requeue")
-    return earlier + (launch == "requeue")
+    if state is None:
+        return int(launch == "requeue")
+    earlier = tuple(attempt for attempt in state.attempts if attempt.token != token)
+    counted = dataclasses.replace(state, attempts=earlier).requeues_used
+    return counted + (launch == "requeue" and not _retries(earlier))
+
+
+def failures_used_by(state: RunState | None, token: str) -> int:
+    """Retried failures before the start ``token``, on every rank alike."""
+    if state is None:
+        return 0
+    return sum(1 for a in state.attempts if a.token != token and a.failure is not None and a.failure.retried)
+
+
+def previous_attempt(state: RunState | None, token: str) -> Attempt | None:
+    """The attempt before the start ``token`` (the latest other one), or None."""
+    earlier = [attempt for attempt in (state.attempts if state is not None else ()) if attempt.token != token]
+    return earlier[-1] if earlier else None
 
 
 def latest_submission_kind(state: RunState | None) -> str:

@@ -182,13 +182,29 @@ class Slurm(_Section):
 
 
 class Requeue(_Section):
-    """How often a preempted or timed-out job comes back."""
+    """How often a preempted, timed-out, failed or hung job comes back."""
 
     max_requeues: StrictInt = Field(
         20,
         ge=0,
         description="Most requeues of one run (preemptions, time limits, node failures, elfes preempt), "
         "counted in the run directory; an integer >= 0.",
+    )
+    max_failures: StrictInt = Field(
+        3,
+        ge=0,
+        description="Most failed attempts of one run (an exception, a nonzero exit, a rank lost, a hang) that are "
+        "retried from `last`, counted apart from max_requeues; an integer >= 0 (0: a failure ends the run). A "
+        "failure that repeats (the same error at the same step, or two crashes in a row before the first update) "
+        "is never retried.",
+    )
+    hang_timeout_s: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="Seconds without any rank reaching an update boundary (evaluation batches and checkpoint "
+        "writes count as progress) after which the attempt is a hang: every rank's Python stacks go to its "
+        "log, the attempt is killed and retried like a failure. Before the first boundary and during a "
+        "checkpoint write 5 times as long is allowed. An integer >= 1, or null (no watchdog). Entrypoint jobs only.",
     )
 
 

@@ -7,7 +7,8 @@ recorded in the run directory:
 - may change (how long, where and with what it runs): the budget keys of ``config``
   (:data:`BUDGET_KEYS`: ``config.epochs``, ``config.max_steps``, the engine's cumulative
   ``TrainConfig`` limits), ``resources.timeout_min``, ``resources.cpus_per_task``,
-  ``resources.mem_gb``, every ``slurm.*`` option, ``requeue.max_requeues`` and ``env``;
+  ``resources.mem_gb``, every ``slurm.*`` option, every ``requeue.*`` policy (``max_requeues``,
+  ``max_failures``, ``hang_timeout_s``) and ``env``;
 - may not (what the run computes): every other ``config`` key, ``name``, ``entrypoint``, ``command``,
   ``workdir``, ``run_dir``, ``resources.nodes``, ``resources.tasks_per_node``,
   ``resources.gpus_per_node``.
@@ -25,7 +26,7 @@ BUDGET_KEYS: tuple[str, ...] = ("epochs", "max_steps")
 CHANGEABLE_FIELDS: tuple[str, ...] = (
     *(f"config.{key}" for key in BUDGET_KEYS),
     "resources.timeout_min", "resources.cpus_per_task", "resources.mem_gb",
-    "slurm", "requeue.max_requeues", "env",
+    "slurm", "requeue", "env",
     "snapshot",  # what is copied; the code each attempt ran is in its provenance
 )
 

@@ -42,3 +42,67 @@ def slow_to_stop(job: Any) -> Any:
         return quickstart.step(model, batch)
 
     return quickstart.run(job, step)
+
+
+def _fails_at(job: Any, step: int, fault: Any) -> Any:
+    """The slowed quickstart job in which rank ``config["fault_rank"]`` calls ``fault()`` while it computes
+    update ``step`` (``job.stop.heartbeat``: the updates done so far) in the attempts listed in
+    ``config["fault_attempts"]`` (every attempt when absent)."""
+    config = dict(job.config)
+    delay = float(config.pop("step_delay_s", 0.0))
+    rank = int(config.pop("fault_rank", 1))
+    attempts = config.pop("fault_attempts", None)
+    job.config = config
+    armed = job.rank == rank and (attempts is None or job.attempt in attempts)
+
+    def step_function(model, batch):
+        time.sleep(delay)
+        heartbeat = job.stop.heartbeat
+        if armed and model.training and heartbeat.phase == "training" and heartbeat.step == step - 1:
+            fault()
+        return quickstart.step(model, batch)
+
+    return quickstart.run(job, step_function)
+
+
+def raises_at_step_7(job: Any) -> Any:
+    """Rank 1 raises while computing update 7 (in the attempts ``fault_attempts`` names)."""
+    def fault() -> None:
+        raise RuntimeError("the loss is NaN at step 7")
+
+    return _fails_at(job, 7, fault)
+
+
+def sleeps_at_step_7(job: Any) -> Any:
+    """Rank 1 sleeps for good while computing update 7 (a hung rank; the others wait in its collective)."""
+    def fault() -> None:
+        while True:
+            time.sleep(3600)
+
+    return _fails_at(job, 7, fault)
+
+
+def slow_evaluation(job: Any) -> Any:
+    """The quickstart job whose evaluation batches take ``eval_delay_s`` (popped from the config) each: an
+    evaluation of several batches lasts longer than a hang timeout shorter than it, while each batch does not."""
+    config = dict(job.config)
+    delay = float(config.pop("eval_delay_s", 0.0))
+    job.config = config
+
+    def step(model, batch):
+        if not model.training:
+            time.sleep(delay)
+        return quickstart.step(model, batch)
+
+    return quickstart.run(job, step)
+
+
+def raises_then_sleeps_at_step_7(job: Any) -> Any:
+    """Rank 1 raises at step 7 in attempt 1 and sleeps for good at step 7 in attempt 2 (``fault_attempts``)."""
+    def fault() -> None:
+        if job.attempt == 1:
+            raise RuntimeError("the loss is NaN at step 7")
+        while True:
+            time.sleep(3600)
+
+    return _fails_at(job, 7, fault)

@@ -13,7 +13,9 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,7 +133,7 @@ def ended_with_nothing_left(run_dir: Path, status: str) -> run_state.RunState:
 def test_a_killed_wrapper_takes_its_trainer_with_it(runs: CommandRuns, after_units: int) -> None:
     """The wrapper (which forwards nothing) is SIGKILLed at several points of the training: its trainer,
     re-parented to the task, gets SIGTERM and saves; the attempt fails only once no process of the
-    command is left, and `elfes resume` then runs one trainer, from the saved count."""
+    command is left, and its retry (requeue.max_failures) then runs one trainer, from the saved count."""
     run_dir = runs.submit_command(f"wrapper-killed-{after_units}", protocol_command(wrapped=True, units=200))
     trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, after_units),
                        what=f"the trainer to count to {after_units}", run_dir=run_dir)
@@ -139,14 +141,14 @@ def test_a_killed_wrapper_takes_its_trainer_with_it(runs: CommandRuns, after_uni
     assert Path(f"/proc/{wrapper}/cmdline").read_bytes().split(b"\0")[1] == WRAPPER.encode()  # a real wrapper
     os.kill(wrapper, signal.SIGKILL)
 
-    state = ended_with_nothing_left(run_dir, "failed")
-    assert "killed by SIGKILL" in state.error
+    state = ended_with_nothing_left(run_dir, "finished")
+    assert [(a.outcome, a.launch) for a in state.attempts] == [("failed", "submit"), ("finished", "requeue")]
+    assert "killed by SIGKILL" in state.attempts[0].error and state.attempts[0].failure.retried
     assert f"leaving processes [{trainer}] of its group running: sent SIGTERM" in run_log(run_dir)
-    assert "stopping at" in run_log(run_dir)  # the trainer caught the SIGTERM and saved its count
-    saved = int((run_dir / "count.txt").read_text())
-    assert cli("resume", str(run_dir))[0] == 0
-    ended_with_nothing_left(run_dir, "finished")
-    assert (run_dir / "count.txt").read_text() == "200" and saved >= after_units
+    saved = re.search(r"stopping at (\d+)", run_log(run_dir))  # the trainer caught the SIGTERM and saved its count
+    assert saved and int(saved.group(1)) >= after_units
+    assert f"counting from {saved.group(1)} to 200" in run_log(run_dir, attempt=2)
+    assert (run_dir / "count.txt").read_text() == "200"
 
 
 def test_a_trainer_whose_task_was_killed_keeps_the_run_alive(runs: CommandRuns) -> None:
@@ -359,3 +361,21 @@ def test_kill_wait_s_is_a_spec_field_of_at_least_one_second(tmp_path: Path) -> N
     assert cli("validate", str(spec))[0] == 0 and load_spec(spec).resources.kill_wait_s == 5
     code, output = cli("validate", str(write_spec(tmp_path, "bad-kill-wait", resources={"kill_wait_s": 0})))
     assert code == 2 and "resources.kill_wait_s = 0" in output and "greater than or equal to 1" in output, output
+
+
+def test_cancelling_a_command_that_catches_nothing_ends_it_cancelled_at_once(runs: CommandRuns) -> None:
+    """`elfes cancel` of a command that catches no signal: the SIGTERM is not held for the command to start
+    catching (a preemption's would be), its default action ends the command, and the run ends cancelled,
+    well inside resources.kill_wait_s, saying that nothing was saved."""
+    run_dir = runs.submit_command("cancel-catches-nothing", protocol_command("--catch", "", units=100_000),
+                                  resources={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1,
+                                             "mem_gb": 1, "timeout_min": 10, "kill_wait_s": 20})
+    wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 1), what="the command to count",
+             run_dir=run_dir)
+    asked = time.monotonic()
+    assert cli("cancel", str(run_dir))[0] == 0
+    state = ended_with_nothing_left(run_dir, "cancelled")
+    assert time.monotonic() - asked < 20, "ended by the kill after kill_wait_s, not by the SIGTERM"
+    assert outcomes(state) == [("cancelled", "SIGTERM", "submit")], (outcomes(state), state.error)
+    assert "the command did not catch SIGTERM and was killed by it" in state.error
+    assert "(elfes cancel): no process of the command catches it; sent at once" in run_log(run_dir)

@@ -70,7 +70,8 @@ def test_a_run_whose_first_submission_failed_before_a_checkpoint_takes_the_corre
     assert submitted.returncode == 0, submitted.stderr
     assert "continues as local job" in submitted.stdout and "recorded spec changed: entrypoint, config" in submitted.stdout
     state = wait_ended(run_dir, "finished")
-    assert [a.outcome for a in state.attempts] == ["failed", "finished"]  # the history is kept
-    assert [s.kind for s in state.submissions] == ["submit", "submit"] and state.attempts[0] == failed.attempts[0]
+    # the history is kept: the failure, its retry (requeue.max_failures), the second failure that ended it
+    assert [a.outcome for a in state.attempts] == ["failed", "failed", "finished"]
+    assert [s.kind for s in state.submissions] == ["submit", "submit"] and state.attempts[:2] == failed.attempts
     assert yaml.safe_load(RunPaths(run_dir).spec.read_text())["entrypoint"] == ENTRYPOINT
     assert run_state.load_state(RunPaths(run_dir)).status == "finished"

@@ -219,7 +219,8 @@ def test_a_local_attempt_killed_at_its_time_limit_says_so(runs: Runs) -> None:
         entrypoint="tests.launcher.fault_entrypoints:slow_to_stop",
         resources={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
                    "timeout_min": 1})
-    assert code == 4 and "killed at its time limit (resources.timeout_min = 1 min" in followed, followed
+    assert code == 4 and ("time limit (resources.timeout_min = 1) reached while stopping; raise signal_delay_s or "
+                          "the limit") in followed, followed
     error = wait_lost(run_dir)["error"]
     assert "while it was saving `last` on SIGUSR2" in error and "slurm.signal_delay_s = 2 s" in error
     assert "killed, or its node failed" not in error

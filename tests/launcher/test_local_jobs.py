@@ -258,16 +258,18 @@ def test_cancel_then_resume(runs: Runs, references: Callable[[int], Path]) -> No
     assert_runs_bitwise_equal(run_dir, reference)
 
 
-def test_failing_entrypoint_is_failed_and_not_requeued(runs: Runs) -> None:
-    """An exception in user code fails the attempt with its message; the job is not relaunched."""
+def test_failing_entrypoint_is_retried_once_and_then_failed(runs: Runs) -> None:
+    """An exception in user code fails the attempt with its message; a crash before the first update is
+    retried once (requeue.max_failures), and a second one in a row ends the run failed, not retried."""
     run_dir = runs.submit("failing", tasks=2, entrypoint="tests.launcher.entrypoints:failing")
     state = wait_ended(run_dir, "failed")
-    assert outcomes(state) == [("failed", None, "submit")]
-    assert state.error == "RuntimeError: the data folder /nonexistent/0 is missing"
-    assert state.requeues_used == 0
-    assert not RunPaths(run_dir).attempt_logs(2).exists()  # no second start
+    assert outcomes(state) == [("failed", None, "submit"), ("failed", None, "requeue")]
+    assert state.error.startswith("RuntimeError: the data folder /nonexistent/")
+    assert state.error.endswith("failed twice before its first update: not retried")
+    assert state.requeues_used == 0 and state.failures_used == 1
+    assert not RunPaths(run_dir).attempt_logs(3).exists()  # no third start
     status = json.loads(_captured_status(run_dir))
-    assert status["status"] == "failed" and "the data folder /nonexistent/0 is missing" in status["error"]
+    assert status["status"] == "failed" and "the data folder /nonexistent/" in status["error"]
 
 
 def _captured_status(run_dir: Path) -> str:

@@ -107,7 +107,7 @@ def test_submit_records_the_spec_with_the_overrides_applied(tmp_path: Path):
                                env=launch_environment(), capture_output=True, text=True, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     recorded = yaml.safe_load((tmp_path / "run" / "job.yaml").read_text())
-    assert recorded["env"] == {"GREETING": "hello"} and recorded["requeue"] == {"max_requeues": 1}
+    assert recorded["env"] == {"GREETING": "hello"} and recorded["requeue"]["max_requeues"] == 1
     assert recorded["config"] == {"note": "free-form"}
     state_file = tmp_path / "run" / "state.json"
     deadline = time.monotonic() + 120

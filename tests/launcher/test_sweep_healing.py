@@ -45,11 +45,11 @@ def command_sweep(folder: Path, name: str = "heal", *, members: int = 2) -> Path
 def created_without_scheduler(spec: Path) -> SweepPaths:
     """The sweep folder as `elfes submit` leaves it when killed right after writing sweep.json: every member
     queued, no scheduler started."""
-    from elfes.launcher.commands.sweep import _create
+    from elfes.launcher.commands.sweep import _code_plan, _create
 
     plan = plan_sweep(spec)
     plan.sweep_dir.mkdir(parents=True)
-    _create(plan, "local")
+    _create(plan, "local", _code_plan(plan))
     return SweepPaths(plan.sweep_dir)
 
 

@@ -305,6 +305,32 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
     assert_runs_bitwise_equal(run_dir, expected)
 
 
+def test_a_two_node_job_that_loses_a_rank_is_retried_and_resumes_bitwise(
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+):
+    """The task on node2 is SIGKILLed mid-run (a rank lost; it reports nothing): rank 0's collective fails
+    with the lost peer, rank 0 records the attempt failed ("a peer rank was lost") and, as a failure left in
+    requeue.max_failures, runs `scontrol requeue`; the relaunch on both hosts resumes bitwise."""
+    expected = reference()
+    run_dir = submit(slurm_two_hosts, tmp_path, "rank-lost", step_delay_s=STEP_DELAY_S)
+    record = wait_run(run_dir, lambda: task(run_dir, 0, 1) and trained_to(run_dir, 2) and task(run_dir, 1, 1),
+                      "attempt 1 to train to step 2")
+    assert record["host"] == "node2" and "submitit.core._submit" in _command(record["pid"])
+    os.kill(record["pid"], signal.SIGKILL)
+    state = wait_finished(run_dir)
+
+    hosts = ("node1", "node2")
+    assert outcomes(state) == [("failed", None, "submit", hosts), ("finished", None, "requeue", hosts)], \
+        diagnostics(run_dir)
+    failure = state.attempts[0].failure
+    assert failure.category == "lost" and failure.retried and failure.rank == 0 and failure.host == "node1"
+    assert state.attempts[0].error.startswith("a peer rank was lost: ")
+    assert state.failures_used == 1 and state.requeues_used == 0
+    assert {attempt.job_id for attempt in state.attempts} == {state.job_id}  # SLURM relaunched the same job
+    assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
+    assert_runs_bitwise_equal(run_dir, expected)
+
+
 def test_two_nodes_of_two_tasks_form_one_group_of_four_ranks(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
     """2 nodes x 2 tasks: global ranks 0-3 across the hosts (0, 1 on node1; 2, 3 on node2), local ranks
     per host, the master on the allocation's first host, one process group of 4 that trains to the end.

@@ -1,0 +1,62 @@
+"""Where a training process is, for a watchdog in another thread: the last update boundary it reached
+and its last sign of progress. Torch-free.
+
+The trainer reports to the :class:`Heartbeat` of the :class:`~elfes.engine.StopRequest` it was given
+(``stop.heartbeat``): a window starts ("training"), an update boundary is reached (the step), an
+evaluation batch is done ("evaluating"), a checkpoint is being written ("checkpointing"), training
+ended ("ended"). Nothing else happens on a beat: reading the clock and setting a few attributes, so a
+beat costs well under a microsecond and is safe from any thread (each attribute write is atomic).
+
+>>> stop = StopRequest()
+>>> state = trainer.train(config, checkpoint_dir=run_dir / "checkpoints", stop=stop)
+>>> stop.heartbeat.step, stop.heartbeat.updates       # the last boundary, boundaries reached in this process
+(16, 16)
+"""
+
+from __future__ import annotations
+
+import time
+
+PHASES = ("starting", "training", "boundary", "evaluating", "checkpointing", "ended")
+
+
+class Heartbeat:
+    """The progress of one training process (one rank), as its own threads see it.
+
+    ``step``: optimizer updates done at the last boundary reached (None before the trainer restored or
+    seeded the run); ``start_step``: the step this process started training from; ``updates``: update
+    boundaries reached in this process; ``phase``: one of :data:`PHASES`; ``at``: ``time.monotonic()``
+    of the last beat. Written by the training thread, read by any.
+    """
+
+    def __init__(self) -> None:
+        self.phase = "starting"
+        self.step: int | None = None
+        self.start_step: int | None = None
+        self.updates = 0
+        self.at = time.monotonic()
+
+    def beat(self, phase: str) -> None:
+        """A sign of progress in ``phase`` (the training thread; e.g. once per evaluation batch)."""
+        self.phase = phase
+        self.at = time.monotonic()
+
+    def started(self, step: int) -> None:
+        """Training starts (or resumes) at ``step``: the position is known, no boundary reached yet."""
+        if self.start_step is None:
+            self.start_step = step
+        self.step = step
+        self.beat("starting" if self.updates == 0 else "training")
+
+    def reached(self, step: int) -> None:
+        """An update boundary: ``step`` updates are done."""
+        self.step = step
+        self.updates += 1
+        self.beat("boundary")
+
+    def failing_step(self) -> int | None:
+        """The step a failure now is counted at: the update being computed while training (the last
+        boundary's step + 1), else the last boundary's step."""
+        if self.step is None:
+            return None
+        return self.step + 1 if self.phase == "training" else self.step

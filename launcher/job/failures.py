@@ -1,0 +1,130 @@
+"""What a failed attempt means (pure, torch-free): each failing rank's report, the attempt's cause among
+them, and whether the run retries it from ``last``.
+
+A rank that fails (its entrypoint raised, its command exited nonzero, its hang watchdog fired) writes
+a :class:`FailureReport` (``RunPaths.failure_report``). A failure on one rank usually makes the
+others fail too: their collectives lose the peer ("Connection closed by peer"). Those secondary errors
+come later (the failing rank reports before its process, and so its sockets, end) and read as a lost
+peer; :func:`cause_of` prefers the earliest report that is not one of them.
+
+:func:`decide_failure` is the rule: a failure is retried (requeued from ``last``, counting against
+``requeue.max_failures`` apart from ``max_requeues``) unless the budget is spent or it repeats the
+previous attempt's failure: the same error at the same step, or a crash before the first update
+boundary twice in a row. A repeating failure is a bug or a broken input, not bad luck; retrying it
+again would spend the budget (and the allocation) on the same crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+
+from elfes.files import write_text_atomically
+
+from ..rundir.json_fields import FieldError, read_record
+from ..rundir.paths import RunPaths
+from ..rundir.state import Attempt, Failure
+
+
+# What a rank's collectives raise when a peer's process or node is gone (gloo, NCCL, the TCP store).
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|EPIPE|"
+    r"Socket Timeout|recvValue failed|Failed to recv|Failed to send|failed to recv|"
+    r"NCCL communicator was aborted|NCCL error|ncclRemoteError|ProcessGroupNCCL|"
+    r"TCPStore|DistNetworkError|DistBackendError|Timed out waiting|Application timeout caused pair closure",
+)
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """One rank's failure in one attempt, as it wrote it (``RunPaths.failure_report``)."""
+
+    rank: int
+    host: str
+    category: str  # one of state.FAILURE_CATEGORIES
+    cause: str  # "RuntimeError: boom", or what the watchdog or the command's exit says
+    at: float  # time.time() when the rank reported
+    step: int | None = None  # the step it failed at (the update being computed), if known
+    updated: bool = False  # whether this rank reached an update boundary in this attempt
+    peer_lost: bool = False  # a collective's error for a vanished peer: a consequence, not the cause
+    final: str | None = None  # why this failure cannot pass on a retry (e.g. the resume point was refused)
+
+    @classmethod
+    def of_exception(cls, error: BaseException, *, rank: int, host: str, at: float, step: int | None,
+                     updated: bool) -> FailureReport:
+        cause = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        peer_lost = bool(_PEER_LOST.search(f"{type(error).__name__}: {error}"))
+        return cls(rank=rank, host=host, category="lost" if peer_lost else "exception", cause=_one_line(cause), at=at,
+                   step=step, updated=updated, peer_lost=peer_lost)
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if len(lines) <= 1 else f"{lines[0]} ... {lines[-1]}"
+
+
+def write_report(paths: RunPaths, attempt: int, report: FailureReport) -> None:
+    """Publish ``report`` for ``attempt`` (atomically: the other ranks read it)."""
+    file = paths.failure_report(attempt, report.rank)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(file, json.dumps(dataclasses.asdict(report)) + "\n")
+
+
+def read_reports(paths: RunPaths, attempt: int) -> list[FailureReport]:
+    """The failure reports of ``attempt`` written so far, by rank (unreadable ones skipped)."""
+    folder = paths.attempt_logs(attempt)
+    reports = []
+    for file in sorted(folder.glob("rank-*.failure.json")) if folder.is_dir() else ():
+        try:
+            reports.append(read_record(FailureReport, json.loads(file.read_text(encoding="utf-8"))))
+        except (OSError, ValueError, FieldError, TypeError):
+            continue
+    return sorted(reports, key=lambda report: report.rank)
+
+
+def cause_of(reports: list[FailureReport]) -> FailureReport:
+    """The attempt's cause: the earliest report that is not a lost peer's consequence, else the earliest."""
+    if not reports:
+        raise ValueError("cause_of needs at least one report")
+    first_hand = [report for report in reports if not report.peer_lost]
+    return min(first_hand or reports, key=lambda report: report.at)
+
+
+def describe(report: FailureReport) -> str:
+    """``"RuntimeError: boom (rank 1 on node2, step 7)"``."""
+    where = [f"rank {report.rank} on {report.host}"]
+    if report.step is not None:
+        where.append(f"step {report.step}")
+    prefix = "a peer rank was lost: " if report.category == "lost" else ""
+    return f"{prefix}{report.cause} ({', '.join(where)})"
+
+
+def decide_failure(
+    cause: FailureReport, *, previous: Attempt | None, failures_used: int, max_failures: int
+) -> Failure:
+    """Whether the attempt that failed with ``cause`` is retried; ``previous``: the run's attempt before
+    it; ``failures_used``: failures retried before it. Every rank decides alike from the same inputs."""
+    failure = Failure(category=cause.category, cause=cause.cause, retried=True, rank=cause.rank, host=cause.host,
+                      step=cause.step, updated=cause.updated)
+    if cause.final is not None:
+        return dataclasses.replace(failure, retried=False, reason=f"not retried: {cause.final}")
+    earlier = previous.failure if previous is not None and previous.outcome == "failed" else None
+    if earlier is not None and (failure.same_as(earlier) or not (failure.updated or earlier.updated)):
+        where = f"at step {cause.step}" if cause.step is not None else "before its first update"
+        reason = f"failed twice {where}: not retried"
+        return dataclasses.replace(failure, retried=False, reason=reason)
+    if failures_used >= max_failures:
+        reason = (f"failure limit reached ({failures_used} of requeue.max_failures={max_failures} retried): not "
+                  "retried; fix the cause, then `elfes resume RUN_DIR` continues from `last`")
+        return dataclasses.replace(failure, retried=False, reason=reason)
+    return failure
+
+
+def failure_error(failure: Failure, cause: FailureReport) -> str:
+    """The attempt's ``error`` in state.json: the cause, where, and why it was not retried."""
+    described = describe(cause)
+    if failure.retried:
+        return f"{described}; retried from `last`"
+    return f"{described}; {failure.reason}"

@@ -1,0 +1,252 @@
+"""The rules past preemption, without jobs: which failure is retried (launcher/job/failures.py), how
+state.json counts retries apart from requeues, what `elfes status` and the plot say of a failure, and
+when the hang watchdog fires (launcher/job/watchdog.py). The jobs themselves: test_failure_retries.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from elfes.launcher.cli.status import print_status
+from elfes.launcher.commands.status import run_status
+from elfes.launcher.job.failures import FailureReport, cause_of, decide_failure, failure_error, read_reports
+from elfes.launcher.job.watchdog import SLOW_FACTOR, HangWatchdog
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
+from elfes.records.timeline import build_timeline
+
+ERROR = RuntimeError("the loss is NaN")
+
+
+def report(rank: int = 1, *, step: int | None = 7, updated: bool = True, at: float = 100.0,
+           error: BaseException = ERROR) -> FailureReport:
+    return FailureReport.of_exception(error, rank=rank, host="node1", at=at, step=step, updated=updated)
+
+
+def failed_attempt(failure: run_state.Failure) -> run_state.Attempt:
+    return run_state.Attempt(number=1, token="1:0/1", job_id="1", launch="submit", started_at=run_state.now(),
+                             outcome="failed", failure=failure)
+
+
+# -- which failure is retried -------------------------------------------------------------------------------
+def test_a_first_failure_is_retried_and_the_same_one_again_at_the_same_step_is_not() -> None:
+    first = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
+    assert first.retried and (first.category, first.cause, first.step) == ("exception", "RuntimeError: the loss is NaN", 7)
+    again = decide_failure(report(), previous=failed_attempt(first), failures_used=1, max_failures=3)
+    assert not again.retried and again.reason == "failed twice at step 7: not retried"
+    elsewhere = decide_failure(report(step=9), previous=failed_attempt(first), failures_used=1, max_failures=3)
+    assert elsewhere.retried  # another step: not the same failure
+    other = decide_failure(report(error=ValueError("bad batch")), previous=failed_attempt(first), failures_used=1,
+                           max_failures=3)
+    assert other.retried
+
+
+def test_two_crashes_in_a_row_before_the_first_update_are_not_retried() -> None:
+    first = decide_failure(report(step=None, updated=False, error=ImportError("no module named model")),
+                           previous=None, failures_used=0, max_failures=3)
+    assert first.retried
+    second = decide_failure(report(step=None, updated=False, error=OSError("data folder missing")),
+                            previous=failed_attempt(first), failures_used=1, max_failures=3)
+    assert not second.retried and second.reason == "failed twice before its first update: not retried"
+
+
+def test_the_failure_budget_is_counted_apart_and_ends_the_retries() -> None:
+    spent = decide_failure(report(), previous=None, failures_used=2, max_failures=2)
+    assert not spent.retried and "2 of requeue.max_failures=2" in spent.reason and "elfes resume" in spent.reason
+    assert not decide_failure(report(), previous=None, failures_used=0, max_failures=0).retried
+
+
+def test_a_failure_a_retry_cannot_pass_is_not_retried() -> None:
+    refused = dataclasses.replace(report(step=None, updated=False), final="the checkpoint to resume from was refused")
+    failure = decide_failure(refused, previous=None, failures_used=0, max_failures=3)
+    assert not failure.retried and failure.reason == "not retried: the checkpoint to resume from was refused"
+
+
+def test_the_cause_is_the_first_hand_error_not_a_peers_lost_connection() -> None:
+    lost = report(0, at=99.0, error=RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234"))
+    assert lost.peer_lost and lost.category == "lost"
+    assert cause_of([lost, report(1, at=100.0)]).rank == 1
+    assert cause_of([lost]).rank == 0  # only the consequence is known: a rank was lost
+    assert failure_error(decide_failure(lost, previous=None, failures_used=0, max_failures=1), lost).startswith(
+        "a peer rank was lost: RuntimeError: [pair.cc:553] Connection closed by peer")
+
+
+def test_failure_reports_round_trip_through_the_run_directory(tmp_path: Path) -> None:
+    from elfes.launcher.job.failures import write_report
+
+    paths = RunPaths(tmp_path)
+    write_report(paths, 2, report(1))
+    write_report(paths, 2, report(0, at=101.0))
+    paths.failure_report(2, 3).write_text("{torn")  # a report being written, or damaged: skipped
+    assert [r.rank for r in read_reports(paths, 2)] == [0, 1] and read_reports(paths, 2)[1] == report(1)
+
+
+# -- state.json ---------------------------------------------------------------------------------------------
+def _running(state: run_state.RunState | None, token: str, launch: str) -> run_state.RunState:
+    return run_state.begin_attempt(state, token=token, job_id="7", launch=launch, hosts=("node1",), world_size=2)
+
+
+def test_a_retried_failure_requeues_the_run_and_counts_against_max_failures_not_max_requeues() -> None:
+    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7")
+    state = _running(state, "7:0/1", "submit")
+    retried = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
+    state = run_state.end_attempt(state, token="7:0/1", outcome="failed", error="boom", failure=retried)
+    assert state.status == "requeued" and state.failures_used == 1
+    assert run_state.requeues_used_by(state, "7:1/1", "requeue") == 0
+    state = _running(state, "7:1/1", "requeue")
+    assert state.requeues_used == 0 and state.requeues_left == 5
+    state = run_state.end_attempt(state, token="7:1/1", outcome="requeued", signal="SIGUSR2")
+    state = _running(state, "7:2/1", "requeue")
+    assert state.requeues_used == 1 and state.failures_used == 1  # a preemption's relaunch is a requeue
+    again = run_state.RunState.from_json(json.loads(json.dumps(state.to_json())))
+    assert again == state and state.to_json()["failures_used"] == 1
+    assert run_state.previous_attempt(state, "7:2/1").outcome == "requeued"
+
+
+def test_a_retry_that_cannot_be_carried_out_ends_the_run_failed_saying_why() -> None:
+    state = _running(run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7"),
+                     "7:0/1", "submit")
+    retried = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
+    state = run_state.end_attempt(state, token="7:0/1", outcome="failed", error="boom", failure=retried)
+    state = run_state.refuse_retry(state, token="7:0/1", reason="`scontrol requeue 7` failed: disabled")
+    assert state.status == "failed" and not state.last_attempt.failure.retried
+    assert state.error == "boom; but not retried: `scontrol requeue 7` failed: disabled"
+
+
+def test_a_damaged_failure_is_refused_naming_the_field() -> None:
+    state = _running(run_state.record_submission(None, executor="local", kind="submit", max_requeues=5, job_id="7"),
+                     "7:0/1", "submit")
+    data = json.loads(json.dumps(run_state.end_attempt(state, token="7:0/1", outcome="failed", failure=decide_failure(
+        report(), previous=None, failures_used=0, max_failures=3)).to_json()))
+    data["attempts"][0]["failure"]["retried"] = "yes"
+    with pytest.raises(ValueError, match=r"attempts\[0\].failure.retried is 'yes' \(a string\), not true or false"):
+        run_state.RunState.from_json(data)
+    data["attempts"][0]["failure"].update(retried=True, category="oops")
+    with pytest.raises(ValueError, match=r"attempts\[0\].failure.category is 'oops'.*not one of exception, exit"):
+        run_state.RunState.from_json(data)
+
+
+# -- what status and the plot say -----------------------------------------------------------------------------
+def test_status_names_each_failures_cause_and_whether_it_was_retried(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    state = _running(run_state.record_submission(None, executor="local", kind="submit", max_requeues=5, job_id="7"),
+                     "7:0/1", "submit")
+    first = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
+    state = run_state.end_attempt(state, token="7:0/1", outcome="failed", failure=first,
+                                  error=failure_error(first, report()))
+    paths.run_dir.mkdir()
+    run_state.save_state(paths, state)
+    console = Console(file=io.StringIO(), width=400)
+    # No job runs here: status would count the run lost; show it as the job's relaunch still sees it.
+    result = dataclasses.replace(run_status(paths.run_dir), status="requeued", notes=[])
+    print_status(console, [result])
+    shown = console.file.getvalue()
+    assert "requeued" in result.status and result.failures_used == 1
+    assert "failed (retrying)" in shown and "failed (retried)" in shown and "1 failure retried" in shown
+
+    state = _running(state, "7:1/1", "requeue")
+    second = decide_failure(report(), previous=state.attempts[0], failures_used=1, max_failures=3)
+    state = run_state.end_attempt(state, token="7:1/1", outcome="failed", failure=second,
+                                  error=failure_error(second, report()))
+    run_state.save_state(paths, state)
+    console = Console(file=io.StringIO(), width=400)
+    print_status(console, [run_status(paths.run_dir)])
+    shown = console.file.getvalue()
+    assert "failed (not retried)" in shown
+    assert "attempt 1 failed: RuntimeError: the loss is NaN (rank 1 on node1, step 7); retried from `last`" in shown
+    assert "error: RuntimeError: the loss is NaN (rank 1 on node1, step 7); failed twice at step 7: not retried" in shown
+
+
+def test_the_plot_marks_a_failure_with_the_launchers_cause_and_a_hang_as_a_failure() -> None:
+    events = [{"event": "started", "state": {"step": 0}}, {"event": "train", "step": 6},
+              {"event": "failed", "step": 6, "exception": "RuntimeError", "message": "Connection closed by peer"},
+              {"event": "resumed", "state": {"step": 4}}, {"event": "train", "step": 6},  # killed for a hang: no end
+              {"event": "resumed", "state": {"step": 4}}, {"event": "train", "step": 8}]
+    timeline = build_timeline(events, launches=["submit", "requeue", "requeue"],
+                              failures=["ValueError, retried", "hang, retried", None])
+    failed = [(m.kind, m.label) for m in timeline.markers if m.kind == "failed"]
+    assert failed == [("failed", "failed (ValueError, retried)"), ("failed", "failed (hang, retried)")]
+
+
+# -- the hang watchdog --------------------------------------------------------------------------------------
+class Beats:
+    """A stand-in for the engine's Heartbeat (elfes.engine.Heartbeat, torch-free but behind the engine)."""
+
+    def __init__(self, phase: str = "training", step: int | None = 6, updates: int = 6) -> None:
+        self.phase, self.step, self.updates, self.at = phase, step, updates, time.monotonic()
+
+    def failing_step(self) -> int | None:
+        return None if self.step is None else self.step + (self.phase == "training")
+
+
+def _watch(tmp_path: Path, beats: Beats, timeout_s: float, *, world_size: int = 1,
+           until: float = 10.0) -> tuple[list[FailureReport], str]:
+    fired: list[FailureReport] = []
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "rank-0.err"
+    with open(log, "w") as stream:
+        saved, sys.stderr = sys.stderr, stream
+        try:
+            watchdog = HangWatchdog(beats, timeout_s=timeout_s, paths=RunPaths(tmp_path), attempt=1, rank=0,
+                                    host="node1", world_size=world_size, on_hang=fired.append, poll_s=0.05,
+                                    grace_s=0.5)
+            with watchdog:
+                deadline = time.monotonic() + until
+                while not fired and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        finally:
+            sys.stderr = saved
+    return fired, log.read_text()
+
+
+def test_the_watchdog_dumps_every_threads_stack_and_reports_a_hang(tmp_path: Path) -> None:
+    stuck = threading.Event()
+    helper = threading.Thread(target=stuck.wait, name="a-helper-thread", daemon=True)
+    helper.start()
+    started = time.monotonic()
+    fired, log = _watch(tmp_path, Beats(), 0.5)
+    stuck.set()
+    assert len(fired) == 1 and time.monotonic() - started < 5
+    hang = fired[0]
+    assert (hang.category, hang.step, hang.rank, hang.peer_lost) == ("hang", 7, 0, False)
+    assert hang.cause == "hang: no update boundary within requeue.hang_timeout_s = 0.5 s"
+    assert "elfes: hang: no progress on this rank for" in log and "last update boundary: step 6" in log
+    assert "Current thread" in log and "test_the_watchdog_dumps_every_threads_stack" in log  # all threads
+    assert read_reports(RunPaths(tmp_path), 1) == [hang]
+
+
+def test_the_watchdog_leaves_steady_progress_and_a_slow_start_alone(tmp_path: Path) -> None:
+    beats = Beats(phase="evaluating")  # e.g. an evaluation longer than the timeout, one beat per batch
+
+    def evaluate() -> None:
+        for _ in range(20):
+            time.sleep(0.1)
+            beats.at = time.monotonic()
+
+    worker = threading.Thread(target=evaluate)
+    worker.start()
+    fired, _ = _watch(tmp_path, beats, 0.4, until=1.5)
+    worker.join()
+    assert fired == []
+    started = time.monotonic()
+    fired, log = _watch(tmp_path / "slow-start", Beats(phase="starting", step=None, updates=0), 0.2)
+    assert fired and time.monotonic() - started >= 0.2 * SLOW_FACTOR  # before the first boundary: 5x as long
+    assert fired[0].step is None and not fired[0].updated and "before the first update boundary" in log
+
+
+def test_a_rank_fires_at_once_when_another_reported_a_hang(tmp_path: Path) -> None:
+    from elfes.launcher.job.failures import write_report
+
+    peer = FailureReport(rank=1, host="node2", category="hang", cause="hang: no update boundary", at=time.time(),
+                         step=7, updated=True)
+    write_report(RunPaths(tmp_path), 1, peer)
+    fired, log = _watch(tmp_path, Beats(), 60.0, world_size=2)
+    assert fired and fired[0].peer_lost and "rank 1 reported a hang" in log
