@@ -65,6 +65,45 @@ def build_sweep(folder: Path, members: int) -> Path:
     return sweep_dir
 
 
+def _vanished_run(paths: RunPaths, job_id: str) -> None:
+    """A local run whose attempt is open (rank 0 recorded its start) and whose job is gone: no process."""
+    paths.run_dir.mkdir(parents=True)
+    paths.spec.write_text(_recorded_spec(paths))
+    token = f"{job_id}:0/1"
+    run_state.update_state(paths, lambda s: run_state.record_submission(s, executor="local", kind="submit",
+                                                                        max_requeues=3))
+    run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
+    run_state.update_state(paths, lambda s: run_state.begin_attempt(s, token=token, job_id=job_id, launch="submit",
+                                                                    hosts=["h"], world_size=1))
+
+
+def _recorded_spec(paths: RunPaths) -> str:
+    """The job.yaml that a submission records (every default written out)."""
+    from elfes.launcher.spec import validate_spec_data
+
+    spec = validate_spec_data({"name": "bench", "entrypoint": "m:f", "run_dir": str(paths.run_dir),
+                               "config": {"lr": 0.1, "seed": 0}}, source="bench", base=paths.run_dir,
+                              check_files=False)
+    return spec.to_yaml()
+
+
+def build_vanished_sweep(folder: Path, members: int) -> Path:
+    """A local sweep of ``members`` members that each started an attempt whose job vanished (killed with its
+    node: no process, no end recorded), so that status counts each lost and says why."""
+    sweep_dir = folder / "vanished"
+    template = RunPaths(folder / "vanished-template")
+    _vanished_run(template, "4194997")
+    template.events.write_text("".join(_event_lines(20).splitlines(True)[:-1]))  # no "finished"
+    records = []
+    for index in range(members):
+        name = f"lr={index},seed=0"
+        shutil.copytree(template.run_dir, sweep_dir / name)
+        records.append(MemberRecord(index, name, str(sweep_dir / name), {"config.lr": index, "config.seed": 0}))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=members,
+                                                 members=tuple(records)))
+    return sweep_dir
+
+
 def build_big_run(folder: Path, lines: int, log_bytes: int) -> Path:
     """A finished run with an events.jsonl of ``lines`` lines and a rank-0 log of ``log_bytes``."""
     paths = RunPaths(folder / "big")

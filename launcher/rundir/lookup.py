@@ -1,5 +1,6 @@
 """An existing run directory, opened from what a user typed: :func:`run_paths` says what the folder
-is not when it is no run directory, :func:`recorded_spec` reads the spec recorded there.
+is not when it is no run directory, :func:`recorded_spec` reads the spec recorded there (and
+:func:`recorded_limits` only its time limits, for readers that look at many runs at once).
 :class:`UsageError` is the verbs' error for bad input that is not a spec field.
 
 Torch-free; reads files only.
@@ -8,9 +9,11 @@ Torch-free; reads files only.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..spec import JobSpec, load_spec
+from ..spec import JobSpec, Resources, Slurm, SpecError, load_spec
 from .paths import RunPaths
 
 
@@ -37,6 +40,53 @@ def recorded_spec(paths: RunPaths) -> JobSpec | None:
     if not paths.spec.is_file():
         return None
     return load_spec(paths.spec, check_files=False)
+
+
+@dataclass(frozen=True)
+class RecordedLimits:
+    """The sections of a recorded spec that bound an attempt's time: ``resources`` (``timeout_min``) and
+    ``slurm`` (``signal_delay_s``), each checked by its own model."""
+
+    resources: Resources
+    slurm: Slurm
+
+
+def recorded_data(paths: RunPaths) -> dict[str, Any] | None:
+    """The mapping in the run's recorded ``job.yaml``, read with the C safe loader when there is one (elfes
+    wrote the file from a spec that passed every check, so neither the bounded loader nor the whole spec's
+    validation is redone); None before the first submission. ValueError when it cannot be read."""
+    import yaml
+
+    try:
+        text = paths.spec.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(str(error)) from None
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        raise ValueError(str(error)) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{paths.spec}: not a mapping of fields")
+    return data
+
+
+def recorded_limits(paths: RunPaths) -> RecordedLimits | None:
+    """``resources`` and ``slurm`` of the recorded spec, without loading the rest of it: ``elfes status`` of a
+    sweep asks this of every member whose job vanished. None before the first submission; SpecError when
+    the file or those sections cannot be read."""
+    try:
+        data = recorded_data(paths)
+    except ValueError as error:
+        raise SpecError(f"{paths.spec}: cannot be read ({error})") from None
+    if data is None:
+        return None
+    try:
+        return RecordedLimits(Resources.model_validate(data.get("resources", {})),
+                              Slurm.model_validate(data.get("slurm", {})))
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        raise SpecError(f"{paths.spec}: resources or slurm cannot be read ({error})") from None
 
 
 def _spec_not_run_dir(spec_file: str | os.PathLike[str]) -> str:
