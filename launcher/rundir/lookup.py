@@ -3,7 +3,8 @@ is not when it is no run directory, :func:`recorded_spec` reads the spec recorde
 :func:`recorded_limits` only its time limits, for readers that look at many runs at once).
 :class:`UsageError` is the verbs' error for bad input that is not a spec field.
 
-Torch-free; reads files only.
+Torch-free; reads files only. The spec's models (pydantic) are loaded only by the functions that read
+a spec: ``elfes status`` of runs that need none starts without them.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..spec import JobSpec, Resources, Slurm, SpecError, load_spec
 from .paths import RunPaths
+
+if TYPE_CHECKING:
+    from ..spec import JobSpec, Resources, Slurm
 
 
 class UsageError(ValueError):
@@ -37,6 +40,8 @@ def run_paths(run_dir: str | os.PathLike[str]) -> RunPaths:
 
 def recorded_spec(paths: RunPaths) -> JobSpec | None:
     """The spec recorded in the run directory (``job.yaml``), or None before the first submission."""
+    from ..spec import load_spec
+
     if not paths.spec.is_file():
         return None
     return load_spec(paths.spec, check_files=False)
@@ -76,6 +81,8 @@ def recorded_limits(paths: RunPaths) -> RecordedLimits | None:
     """``resources`` and ``slurm`` of the recorded spec, without loading the rest of it: ``elfes status`` of a
     sweep asks this of every member whose job vanished. None before the first submission; SpecError when
     the file or those sections cannot be read."""
+    from ..spec import Resources, Slurm, SpecError
+
     try:
         data = recorded_data(paths)
     except ValueError as error:
@@ -93,7 +100,7 @@ def _spec_not_run_dir(spec_file: str | os.PathLike[str]) -> str:
     """What to say when a job spec is given where a run directory belongs: the run directory it names."""
     import shlex
 
-    from ..spec import SpecError
+    from ..spec import SpecError, load_spec
 
     try:
         named = load_spec(spec_file, check_files=False).run_dir
