@@ -1,9 +1,11 @@
 """Scale: wall time of ``elfes status`` over 1,000 finished sweep members (``status SWEEP_DIR`` and
-``status`` of the 1,000 run directories given one by one), and of ``status``, ``logs`` and their peak
-memory for one run whose ``events.jsonl`` has 1,000,002 lines (~280 MB) and whose log is 200 MB.
+``status`` of the 1,000 run directories given one by one), over 1,000 members whose jobs vanished (each
+counted lost, with why), of ``status``, ``logs`` and ``plot`` (with its peak memory) for one run whose
+``events.jsonl`` has 1,000,002 lines (~100 MB) and whose log is 200 MB, and of ``plot`` of a sweep of 100
+members (500 steps each, an evaluation of two metrics every 50).
 
 The run directories are synthetic (state.json written through launcher/rundir/state.py's transitions once and
-copied, a short events.jsonl each): no job runs. Smoke sizes: 50 members, 10,002 lines, 2 MB of log.
+copied, a short events.jsonl each): no job runs. Smoke sizes: 50 members, 10 to plot, 10,002 lines, 2 MB of log.
 """
 
 from __future__ import annotations
@@ -65,6 +67,74 @@ def build_sweep(folder: Path, members: int) -> Path:
     return sweep_dir
 
 
+def _vanished_run(paths: RunPaths, job_id: str) -> None:
+    """A local run whose attempt is open (rank 0 recorded its start) and whose job is gone: no process."""
+    paths.run_dir.mkdir(parents=True)
+    paths.spec.write_text(_recorded_spec(paths))
+    token = f"{job_id}:0/1"
+    run_state.update_state(paths, lambda s: run_state.record_submission(s, executor="local", kind="submit",
+                                                                        max_requeues=3))
+    run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
+    run_state.update_state(paths, lambda s: run_state.begin_attempt(s, token=token, job_id=job_id, launch="submit",
+                                                                    hosts=["h"], world_size=1))
+
+
+def _recorded_spec(paths: RunPaths) -> str:
+    """The job.yaml that a submission records (every default written out)."""
+    from elfes.launcher.spec import validate_spec_data
+
+    spec = validate_spec_data({"name": "bench", "entrypoint": "m:f", "run_dir": str(paths.run_dir),
+                               "config": {"lr": 0.1, "seed": 0}}, source="bench", base=paths.run_dir,
+                              check_files=False)
+    return spec.to_yaml()
+
+
+def build_vanished_sweep(folder: Path, members: int) -> Path:
+    """A local sweep of ``members`` members that each started an attempt whose job vanished (killed with its
+    node: no process, no end recorded), so that status counts each lost and says why."""
+    sweep_dir = folder / "vanished"
+    template = RunPaths(folder / "vanished-template")
+    _vanished_run(template, "4194997")
+    template.events.write_text("".join(_event_lines(20).splitlines(True)[:-1]))  # no "finished"
+    records = []
+    for index in range(members):
+        name = f"lr={index},seed=0"
+        shutil.copytree(template.run_dir, sweep_dir / name)
+        records.append(MemberRecord(index, name, str(sweep_dir / name), {"config.lr": index, "config.seed": 0}))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=members,
+                                                 members=tuple(records)))
+    return sweep_dir
+
+
+def _curve_lines(steps: int, every: int) -> str:
+    """A finished run's records: a train event per step, an evaluation with two metrics every ``every`` steps."""
+    lines = [{"event": "started", "time": TIME, "budget": BUDGET, "state": {"step": 0}}]
+    for step in range(1, steps + 1):
+        lines.append({"event": "train", "time": TIME, "step": step, "planned_steps": steps,
+                      "metrics": {"loss": 2.0 / step, "lr": 0.001}})
+        if step % every == 0:
+            lines.append({"event": "evaluation", "time": TIME, "step": step,
+                          "metrics": {"validation": {"loss": 2.5 / step, "mae": 1.0 / step}}})
+    lines.append({"event": "finished", "time": TIME, "step": steps})
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def build_plot_sweep(folder: Path, members: int, steps: int = 500) -> Path:
+    """A sweep of ``members`` finished members, each with ``steps`` train events and an evaluation every 50."""
+    sweep_dir = folder / "plotted"
+    template = RunPaths(folder / "plotted-template")
+    _finished_run(template, "4194996")
+    template.events.write_text(_curve_lines(steps, 50))
+    records = []
+    for index in range(members):
+        name = f"lr={index},seed=0"
+        shutil.copytree(template.run_dir, sweep_dir / name)
+        records.append(MemberRecord(index, name, str(sweep_dir / name), {"config.lr": index, "config.seed": 0}))
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=10,
+                                                 members=tuple(records)))
+    return sweep_dir
+
+
 def build_big_run(folder: Path, lines: int, log_bytes: int) -> Path:
     """A finished run with an events.jsonl of ``lines`` lines and a rank-0 log of ``log_bytes``."""
     paths = RunPaths(folder / "big")
@@ -98,31 +168,42 @@ def _timed(command: list[str]) -> dict[str, float]:
 def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
     elfes = elfes_command()
     members, lines, log_bytes = (50, 10_002, 2_000_000) if smoke else (1000, 1_000_002, 200_000_000)
+    plotted = 10 if smoke else 100
     with tempfile.TemporaryDirectory(prefix="elfes-sweep-bench-") as folder:
         sweep_dir = build_sweep(Path(folder), members)
+        vanished = build_vanished_sweep(Path(folder), members)
+        plot_sweep = build_plot_sweep(Path(folder), plotted)
         big = build_big_run(Path(folder), lines, log_bytes)
         member_dirs = sorted(str(path) for path in sweep_dir.iterdir() if path.is_dir())
-        progress(f"sweep status: built {members} finished members and a run with {lines} events, "
-                 f"{log_bytes / 1e6:.0f} MB of log")
+        progress(f"sweep status: built {members} finished members, {members} whose jobs vanished, {plotted} to plot "
+                 f"and a run with {lines} events, {log_bytes / 1e6:.0f} MB of log")
+        # name -> (command, wall target in s, peak memory target in MB)
         commands = {
-            f"status SWEEP_DIR ({members} members)": ([*elfes, "status", str(sweep_dir)], 2.0),
-            f"status of {members} run directories": ([*elfes, "status", *member_dirs], 2.0),
-            f"status of a run with {lines} events": ([*elfes, "status", str(big)], None),
-            f"logs of a {log_bytes / 1e6:.0f} MB log": ([*elfes, "logs", str(big)], None),
+            f"status SWEEP_DIR ({members} members)": ([*elfes, "status", str(sweep_dir)], 2.0, None),
+            f"status of {members} run directories": ([*elfes, "status", *member_dirs], 2.0, None),
+            f"status SWEEP_DIR ({members} members whose jobs vanished)": ([*elfes, "status", str(vanished)], 2.0, None),
+            f"status of a run with {lines} events": ([*elfes, "status", str(big)], None, None),
+            f"logs of a {log_bytes / 1e6:.0f} MB log": ([*elfes, "logs", str(big)], None, None),
+            f"plot of a run with {lines} events": ([*elfes, "plot", str(big), "-o", str(Path(folder) / "big.png")],
+                                                   5.0, 500.0),
+            f"plot SWEEP_DIR ({plotted} members)": ([*elfes, "plot", str(plot_sweep)], 10.0, None),
         }
         samples: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
-        for command, _ in commands.values():
+        for command, _, _ in commands.values():
             _timed(command)  # warm-up: the page cache holds every file afterwards
         for round_index in range(rounds):
-            for name, (command, _) in commands.items():
+            for name, (command, _, _) in commands.items():
                 samples[name].append(_timed(command))
             progress(f"sweep status: round {round_index + 1}/{rounds}: " + ", ".join(
                 f"{name} {samples[name][-1]['wall_s']:.2f} s" for name in commands))
     rows = []
-    for name, (_, target) in commands.items():
+    for name, (_, target, memory_target) in commands.items():
         wall = statistics.median(sample["wall_s"] for sample in samples[name])
         rss = max(sample["rss_mb"] for sample in samples[name])
         rows.append(Row("sweep_status", f"elfes {name}", "wall time of the command", "s", wall, None, None, "value",
                         wall, target=f"<= {target:g}" if target else None, rounds=rounds,
                         details={"peak_rss_mb": round(rss, 1)}))
+        if memory_target:
+            rows.append(Row("sweep_status", f"elfes {name}", "peak resident memory of the command", "MB", rss, None,
+                            None, "value", rss, target=f"<= {memory_target:g}", rounds=rounds))
     return rows

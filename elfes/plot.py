@@ -223,7 +223,7 @@ def _stack_labels(ax, texts: Sequence[Text]) -> None:
     if not texts:
         return
     figure = ax.get_figure()
-    figure.canvas.draw()
+    figure.draw_without_rendering()  # lays the figure out and sizes its texts; only save() rasterizes it
     renderer = figure.canvas.get_renderer()
     spacing_px = LABEL_SPACING_PT * figure.dpi / 72
     row_ends: list[float] = []  # the right edge of the last label of each row, in pixels

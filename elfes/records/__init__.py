@@ -18,7 +18,7 @@ Example:
     >>> print(format_summary(summarize(read_events(run_dir))))     # doctest: +SKIP
 """
 
-from .reader import EventsFileWarning, read_events
+from .reader import EventsFileWarning, iter_events, read_events
 from .schema import (
     BUDGET_FIELDS,
     EVENT_DESCRIPTIONS,
@@ -45,6 +45,7 @@ __all__ = [
     "event_reference",
     "events_path",
     "format_summary",
+    "iter_events",
     "read_events",
     "summarize",
 ]

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,7 +72,7 @@ class Marker:
     label: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a run of a million steps holds a million points
 class Point:
     step: int
     value: float
@@ -161,20 +162,27 @@ def event_scalars(event: Mapping[str, Any]) -> dict[str, float]:
         {'eval/validation/loss': 0.5}
     """
     metrics = event.get("metrics")
-    if not isinstance(metrics, Mapping):
+    if type(metrics) is not dict and not isinstance(metrics, Mapping):
         return {}
-    if event.get("event") == "train":
-        pairs = ((TRAIN_PREFIX + str(name), value) for name, value in metrics.items())
-    elif event.get("event") == "evaluation":
-        pairs = (
-            (f"{EVAL_PREFIX}{loader}/{name}", value)
-            for loader, values in metrics.items() if isinstance(values, Mapping)
-            for name, value in values.items()
-        )
-    else:
-        return {}
-    return {name: float(value) for name, value in pairs
-            if isinstance(value, numbers.Real) and not isinstance(value, bool)}
+    kind = event.get("event")
+    scalars: dict[str, float] = {}
+    if kind == "train":
+        for name, value in metrics.items():
+            if _is_number(value):
+                scalars[TRAIN_PREFIX + str(name)] = float(value)
+    elif kind == "evaluation":
+        for loader, values in metrics.items():
+            if isinstance(values, Mapping):
+                for name, value in values.items():
+                    if _is_number(value):
+                        scalars[f"{EVAL_PREFIX}{loader}/{name}"] = float(value)
+    return scalars
+
+
+def _is_number(value: Any) -> bool:
+    """A real number that is not a boolean (float and int answered without the slower ABC check)."""
+    kind = type(value)
+    return kind is float or kind is int or (kind is not bool and isinstance(value, numbers.Real))
 
 
 def _state_step(event: Mapping[str, Any]) -> int | None:
@@ -188,32 +196,128 @@ def _event_step(event: Mapping[str, Any]) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else _state_step(event)
 
 
-def _split_attempts(events: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
-    """Events grouped by attempt; events before the first start form an attempt of their own."""
-    attempts: list[list[Mapping[str, Any]]] = []
-    for event in events:
-        if event.get("event") in START_EVENTS or not attempts:
-            attempts.append([])
-        attempts[-1].append(event)
-    return attempts
+class _AttemptParts:
+    """What one attempt's events leave for the timeline, gathered as they stream by (no event is kept):
+    its first event, its step range, its last end and stop request, and its points per metric."""
+
+    def __init__(self, first: Mapping[str, Any]) -> None:
+        self.first = first
+        self.low_step: int | None = None
+        self.high_step: int | None = None
+        self.end_event: Mapping[str, Any] | None = None
+        self.stop_requested: Mapping[str, Any] | None = None
+        self.points: dict[str, tuple[list[int], list[float]]] = {}
+
+    def add(self, event: Mapping[str, Any], kind: Any, step: int | None) -> None:
+        """Take one event of the attempt: its ``kind`` (``event``) and its step (:func:`_event_step`)."""
+        if step is not None:
+            if self.low_step is None or step < self.low_step:
+                self.low_step = step
+            if self.high_step is None or step > self.high_step:
+                self.high_step = step
+        if kind in END_EVENTS:
+            self.end_event = event
+        elif kind == "stop_requested":
+            self.stop_requested = event
 
 
-def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, outcome: str | None,
+class TimelineBuilder:
+    """:func:`build_timeline` fed one event at a time, keeping only what the timeline is made of (each
+    attempt's start and end events and the metric values), so that a run of a million events is drawn
+    without holding them. Any process.
+
+    Example:
+        >>> builder = TimelineBuilder()
+        >>> for event in iter_events(Path("runs/a")):  # doctest: +SKIP
+        ...     builder.add(event)
+        >>> timeline = builder.build()  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._attempts: list[_AttemptParts] = []
+        self._names: dict[str, None] = {}  # every metric with a point, in order of first appearance
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        """Take the run's next event (oldest first)."""
+        if event.get("event") in START_EVENTS or not self._attempts:
+            self._attempts.append(_AttemptParts(event))  # events before the first start form an attempt of their own
+        parts = self._attempts[-1]
+        step = event.get("step")
+        kind = event.get("event")
+        parts.add(event, kind, step if type(step) is int else _event_step(event))  # type(): a bool is no step
+        if not isinstance(step, int) or kind not in ("train", "evaluation"):
+            return
+        for name, value in event_scalars(event).items():
+            found = parts.points.get(name)
+            if found is None:
+                found = parts.points[name] = ([], [])
+                self._names.setdefault(name)
+            found[0].append(step)
+            found[1].append(value)
+
+    @property
+    def start_events(self) -> list[Mapping[str, Any]]:
+        """The ``started`` and ``resumed`` events seen so far, in order."""
+        return [parts.first for parts in self._attempts if parts.first.get("event") in START_EVENTS]
+
+    def build(self, *, launches: Sequence[str | None] | None = None,
+              outcomes: Sequence[str | None] | None = None,
+              failures: Sequence[str | None] | None = None) -> Timeline:
+        """The :class:`Timeline` of the events taken (``launches``, ``outcomes`` and ``failures`` as in
+        :func:`build_timeline`)."""
+        launches, outcomes, failures = list(launches or ()), list(outcomes or ()), list(failures or ())
+        count = len(self._attempts)
+        attempts = [
+            _attempt(number, parts, launches[number - 1] if number <= len(launches) else None,
+                     outcomes[number - 1] if number <= len(outcomes) else None, number < count,
+                     failures[number - 1] if number <= len(failures) else None)
+            for number, parts in enumerate(self._attempts, start=1)
+        ]
+        # An attempt's point at step s is lost when a later attempt starts below s: that step was trained again.
+        redo_from: list[float] = [float("inf")] * count
+        for index in range(count - 2, -1, -1):
+            redo_from[index] = min(redo_from[index + 1], attempts[index + 1].start_step)
+        kept: dict[str, list[Point]] = {name: [] for name in self._names}
+        lost: dict[str, dict[int, list[Point]]] = {}
+        for attempt, parts, redo in zip(attempts, self._attempts, redo_from):
+            for name, (steps, values) in parts.points.items():
+                number = attempt.number
+                if redo == float("inf") or max(steps) <= redo:  # the usual case: nothing of it was trained again
+                    kept[name].extend(map(Point, steps, values, itertools.repeat(number)))
+                    continue
+                for step, value in zip(steps, values):
+                    point = Point(step, value, number)
+                    if step > redo:
+                        lost.setdefault(name, {}).setdefault(number, []).append(point)
+                    else:
+                        kept[name].append(point)
+        # Train metrics first, then evaluations; each group in order of first appearance.
+        names = sorted(kept, key=lambda name: not name.startswith(TRAIN_PREFIX))
+        series = {
+            name: Series(name, tuple(kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
+            for name in names
+        }
+        markers = tuple(marker for attempt in attempts for marker in _markers(attempt))
+        spans = tuple(LostSpan(attempt.number, max(int(redo), attempt.start_step), attempt.last_step)
+                      for attempt, redo in zip(attempts, redo_from) if attempt.last_step > redo)
+        return Timeline(attempts=tuple(attempts), markers=markers, series=series, lost_spans=spans)
+
+
+def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str | None,
              followed: bool, failure_label: str | None = None) -> Attempt:
-    first = events[0]
+    first = parts.first
     kind = "start" if first.get("event") == "started" else ("requeue" if launch == "requeue" else "resume")
     start_step = _state_step(first) if first.get("event") in START_EVENTS else None
-    steps = [step for step in map(_event_step, events) if step is not None]
     if start_step is None:
-        start_step = min(steps, default=0)
-    end_event = next((event for event in reversed(events) if event.get("event") in END_EVENTS), None)
+        start_step = parts.low_step if parts.low_step is not None else 0
+    end_event = parts.end_event
     end: AttemptEnd = "killed" if followed else "running"
     end_step = stop_signal = failure = None
     if end_event is not None:
         end = end_event["event"]
         end_step = _event_step(end_event)
         if end == "stopped":
-            requested = next((e for e in reversed(events) if e.get("event") == "stop_requested"), {})
+            requested = parts.stop_requested or {}
             stop_signal = str(requested.get("signal") or end_event.get("reason") or "stop requested")
         elif end == "failed":
             failure = str(end_event.get("exception") or "exception")
@@ -221,8 +325,9 @@ def _attempt(number: int, events: list[Mapping[str, Any]], launch: str | None, o
         # The launcher's account of the failure: the cause (another rank's, or a hang that left no end
         # record) and whether it was retried, instead of what this rank's records say.
         end, failure = "failed", failure_label
+    last_step = parts.high_step if parts.high_step is not None else start_step
     return Attempt(number=number, launch=kind, start_step=start_step, end=end, end_step=end_step,
-                   last_step=max(steps, default=start_step), stop_signal=stop_signal, failure=failure,
+                   last_step=last_step, stop_signal=stop_signal, failure=failure,
                    cancelled=end == "stopped" and outcome == "cancelled")
 
 
@@ -263,40 +368,7 @@ def build_timeline(events: Iterable[Mapping[str, Any]], *, launches: Sequence[st
         >>> [(m.kind, m.step) for m in timeline.markers]
         [('start', 0), ('killed', 10), ('resume', 5)]
     """
-    groups = _split_attempts(events)
-    launches, outcomes, failures = list(launches or ()), list(outcomes or ()), list(failures or ())
-    attempts = [
-        _attempt(number, group, launches[number - 1] if number <= len(launches) else None,
-                 outcomes[number - 1] if number <= len(outcomes) else None, number < len(groups),
-                 failures[number - 1] if number <= len(failures) else None)
-        for number, group in enumerate(groups, start=1)
-    ]
-    # An attempt's point at step s is lost when a later attempt starts below s: that step was trained again.
-    redo_from: list[float] = [float("inf")] * len(attempts)
-    for index in range(len(attempts) - 2, -1, -1):
-        redo_from[index] = min(redo_from[index + 1], attempts[index + 1].start_step)
-
-    kept: dict[str, list[Point]] = {}
-    lost: dict[str, dict[int, list[Point]]] = {}
-    for attempt, group in zip(attempts, groups):
-        for event in group:
-            step = event.get("step")
-            if not isinstance(step, int):
-                continue
-            for name, value in event_scalars(event).items():
-                point = Point(step, value, attempt.number)
-                kept.setdefault(name, [])
-                if step > redo_from[attempt.number - 1]:
-                    lost.setdefault(name, {}).setdefault(attempt.number, []).append(point)
-                else:
-                    kept[name].append(point)
-    # Train metrics first, then evaluations; each group in order of first appearance.
-    names = sorted(kept, key=lambda name: not name.startswith(TRAIN_PREFIX))
-    series = {
-        name: Series(name, tuple(kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
-        for name in names
-    }
-    markers = tuple(marker for attempt in attempts for marker in _markers(attempt))
-    spans = tuple(LostSpan(attempt.number, max(int(redo), attempt.start_step), attempt.last_step)
-                  for attempt, redo in zip(attempts, redo_from) if attempt.last_step > redo)
-    return Timeline(attempts=tuple(attempts), markers=markers, series=series, lost_spans=spans)
+    builder = TimelineBuilder()
+    for event in events:
+        builder.add(event)
+    return builder.build(launches=launches, outcomes=outcomes, failures=failures)

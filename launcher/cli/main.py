@@ -127,7 +127,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def _run_status(args: argparse.Namespace) -> int:
     from ..commands import status
-    from .status import print_status
 
     code = EXIT_OK
     if args.wait or args.until is not None or args.timeout_s is not None:
@@ -137,6 +136,8 @@ def _run_status(args: argparse.Namespace) -> int:
         data = [result.to_json() for result in results]
         print_line(json.dumps(data[0] if len(data) == 1 else data, indent=2))
     else:
+        from .status import print_status
+
         print_status(table_console(), results)
     return code if code != EXIT_OK else _status_exit_code(results)
 
@@ -290,37 +291,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
-        from .. import spec
-        from ..commands.signalling import ActionFailed
-        from ..rundir import state
-        from ..rundir.lookup import UsageError
-        from ..submit import executors, handover
-    except KeyboardInterrupt:
-        print_error("interrupted (Ctrl-C) before anything was done")
-        return EXIT_INTERRUPTED
-    try:
         return VERBS[args.verb](args)
-    except handover.Interrupted as interrupted:
-        print_error(str(interrupted))
-        return 128 + interrupted.signum
     except KeyboardInterrupt:
         print_error("interrupted (Ctrl-C)")
         return EXIT_INTERRUPTED
-    except (spec.SpecError, executors.ExecutorError, UsageError) as error:
-        print_error(str(error))
-        return EXIT_BAD_INPUT
-    except (executors.SubmissionError, ActionFailed, state.StateError) as error:
-        print_error(str(error))
-        return EXIT_NOT_NOW
-    except RuntimeError as error:
-        from ..commands.rehearsal import RehearsalFailed
-
-        if not isinstance(error, RehearsalFailed):
-            raise
-        print_error(str(error))
-        return EXIT_RUN_FAILED
     except BrokenPipeError:
         return EXIT_OK  # `elfes logs RUN | head`
+    except Exception as error:
+        code = _expected_error_code(error)
+        if code is None:
+            raise
+        print_error(str(error))
+        return code
+
+
+def _expected_error_code(error: Exception) -> int | None:
+    """The exit code of an error a verb raises on purpose (bad input, not now, a failed rehearsal), None for
+    any other (a bug: its traceback shows). The error classes are imported here, once an error came, so
+    that a verb loads only the modules it uses (``elfes status`` of a sweep never loads the spec's models)."""
+    from .. import spec
+    from ..commands.rehearsal_plan import RehearsalFailed
+    from ..commands.signalling import ActionFailed
+    from ..rundir import state
+    from ..rundir.lookup import UsageError
+    from ..submit import executors, handover
+
+    if isinstance(error, handover.Interrupted):
+        return 128 + error.signum
+    if isinstance(error, (spec.SpecError, executors.ExecutorError, UsageError)):
+        return EXIT_BAD_INPUT
+    if isinstance(error, (executors.SubmissionError, ActionFailed, state.StateError)):
+        return EXIT_NOT_NOW
+    if isinstance(error, RehearsalFailed):
+        return EXIT_RUN_FAILED
+    return None
 
 
 def run() -> None:

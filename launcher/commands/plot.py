@@ -20,8 +20,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from elfes.records import EventsFileWarning, read_events
-from elfes.records.timeline import START_EVENTS, Timeline, build_timeline, select_metrics
+from elfes.records import EventsFileWarning, iter_events
+from elfes.records.timeline import START_EVENTS, Timeline, TimelineBuilder, select_metrics
 
 from ..rundir import state as run_state
 from ..rundir.lookup import UsageError
@@ -116,17 +116,19 @@ def _read_run(run_dir: Path, label: str | None = None) -> PlottedRun:
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a run directory (no such folder); give the folder holding events.jsonl")
     paths = RunPaths(run_dir)
+    builder = TimelineBuilder()  # the events stream through it: a run of a million steps is never held whole
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", EventsFileWarning)  # a line torn by a kill, or being written now
-            events = read_events(run_dir)
+            for event in iter_events(run_dir):
+                builder.add(event)
     except FileNotFoundError as error:
         raise UsageError(str(error)) from None
     state = run_state.load_state(paths)
-    recorded = _recorded_attempts(events, state.attempts if state is not None else ())
-    timeline = build_timeline(events, launches=[attempt and attempt.launch for attempt in recorded],
-                              outcomes=[attempt and attempt.outcome for attempt in recorded],
-                              failures=[failure_label(attempt) for attempt in recorded])
+    recorded = _recorded_attempts(builder.start_events, state.attempts if state is not None else ())
+    timeline = builder.build(launches=[attempt and attempt.launch for attempt in recorded],
+                             outcomes=[attempt and attempt.outcome for attempt in recorded],
+                             failures=[failure_label(attempt) for attempt in recorded])
     return PlottedRun(run_dir=run_dir, name=label or _run_name(paths), timeline=timeline)
 
 

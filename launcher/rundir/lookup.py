@@ -1,17 +1,23 @@
 """An existing run directory, opened from what a user typed: :func:`run_paths` says what the folder
-is not when it is no run directory, :func:`recorded_spec` reads the spec recorded there.
+is not when it is no run directory, :func:`recorded_spec` reads the spec recorded there (and
+:func:`recorded_limits` only its time limits, for readers that look at many runs at once).
 :class:`UsageError` is the verbs' error for bad input that is not a spec field.
 
-Torch-free; reads files only.
+Torch-free; reads files only. The spec's models (pydantic) are loaded only by the functions that read
+a spec: ``elfes status`` of runs that need none starts without them.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ..spec import JobSpec, load_spec
 from .paths import RunPaths
+
+if TYPE_CHECKING:
+    from ..spec import JobSpec, Resources, Slurm
 
 
 class UsageError(ValueError):
@@ -34,16 +40,67 @@ def run_paths(run_dir: str | os.PathLike[str]) -> RunPaths:
 
 def recorded_spec(paths: RunPaths) -> JobSpec | None:
     """The spec recorded in the run directory (``job.yaml``), or None before the first submission."""
+    from ..spec import load_spec
+
     if not paths.spec.is_file():
         return None
     return load_spec(paths.spec, check_files=False)
+
+
+@dataclass(frozen=True)
+class RecordedLimits:
+    """The sections of a recorded spec that bound an attempt's time: ``resources`` (``timeout_min``) and
+    ``slurm`` (``signal_delay_s``), each checked by its own model."""
+
+    resources: Resources
+    slurm: Slurm
+
+
+def recorded_data(paths: RunPaths) -> dict[str, Any] | None:
+    """The mapping in the run's recorded ``job.yaml``, read with the C safe loader when there is one (elfes
+    wrote the file from a spec that passed every check, so neither the bounded loader nor the whole spec's
+    validation is redone); None before the first submission. ValueError when it cannot be read."""
+    import yaml
+
+    try:
+        text = paths.spec.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(str(error)) from None
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        raise ValueError(str(error)) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{paths.spec}: not a mapping of fields")
+    return data
+
+
+def recorded_limits(paths: RunPaths) -> RecordedLimits | None:
+    """``resources`` and ``slurm`` of the recorded spec, without loading the rest of it: ``elfes status`` of a
+    sweep asks this of every member whose job vanished. None before the first submission; SpecError when
+    the file or those sections cannot be read."""
+    from ..spec import Resources, Slurm, SpecError
+
+    try:
+        data = recorded_data(paths)
+    except ValueError as error:
+        raise SpecError(f"{paths.spec}: cannot be read ({error})") from None
+    if data is None:
+        return None
+    try:
+        return RecordedLimits(Resources.model_validate(data.get("resources", {})),
+                              Slurm.model_validate(data.get("slurm", {})))
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        raise SpecError(f"{paths.spec}: resources or slurm cannot be read ({error})") from None
 
 
 def _spec_not_run_dir(spec_file: str | os.PathLike[str]) -> str:
     """What to say when a job spec is given where a run directory belongs: the run directory it names."""
     import shlex
 
-    from ..spec import SpecError
+    from ..spec import SpecError, load_spec
 
     try:
         named = load_spec(spec_file, check_files=False).run_dir

@@ -113,11 +113,11 @@ def file_system_problem(paths: RunPaths) -> str | None:
 def time_limit_problem(paths: RunPaths, state: run_state.RunState) -> str | None:
     """"time limit (resources.timeout_min = N) reached ..." when the attempt lived to the spec's limit, else None."""
     from ..spec import SpecError
-    from .lookup import recorded_spec
+    from .lookup import recorded_limits
 
     attempt = state.last_attempt
     try:
-        spec = recorded_spec(paths)
+        spec = recorded_limits(paths)  # these two sections only: a sweep's status asks it of every vanished member
     except SpecError:
         return None
     if spec is None or attempt is None:

@@ -150,22 +150,14 @@ def summary_from_ends(paths: RunPaths) -> Any:
 
 
 def recorded_name(paths: RunPaths) -> str | None:
-    """The job name in the run's recorded ``job.yaml`` (written by elfes, so read with the C safe loader
-    when there is one, without validating the whole spec); None without a recorded spec. ValueError when
-    it cannot be read."""
-    import yaml
+    """The job name in the run's recorded ``job.yaml`` (:func:`launcher.rundir.lookup.recorded_data`: the C safe
+    loader, without validating the whole spec); None without a recorded spec. ValueError when it cannot be read."""
+    from .lookup import recorded_data
 
-    try:
-        text = paths.spec.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    data = recorded_data(paths)
+    if data is None:
         return None
-    except OSError as error:
-        raise ValueError(str(error)) from None
-    try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
-    except yaml.YAMLError as error:
-        raise ValueError(str(error)) from None
-    name = data.get("name") if isinstance(data, dict) else None
+    name = data.get("name")
     if not isinstance(name, str):
         raise ValueError("no name")
     return name

@@ -56,3 +56,17 @@ def test_a_login_node_command_imports_neither_torch_nor_numpy(tmp_path: Path, co
     result = json.loads(report.read_text())
     assert result["code"] in (0, *ALSO_ALLOWED.get(command, ())), completed.stdout[-2000:] + completed.stderr[-2000:]
     assert result["loaded"] == [], f"elfes {' '.join(argv)} imported {result['loaded']}"
+
+
+def test_status_json_of_an_ended_run_loads_neither_the_spec_models_nor_rich(tmp_path: Path):
+    # `elfes status` is polled (by scripts, by a sweep's watchers) on loaded login nodes: it loads what it
+    # reads with, not pydantic (the spec's models) nor rich (tables), whose imports were most of its time.
+    paths = make_run(tmp_path / "existing")
+    probe = PROBE.replace('("torch", "numpy")', '("torch", "numpy", "pydantic", "rich", "elfes.launcher.spec")')
+    report = tmp_path / "report.json"
+    completed = subprocess.run([sys.executable, "-c", probe, json.dumps(["status", str(paths.run_dir), "--json"]),
+                                str(report)], cwd=tmp_path, env=launch_environment(), capture_output=True, text=True,
+                               timeout=120)
+    assert report.exists(), completed.stderr[-3000:]
+    result = json.loads(report.read_text())
+    assert result == {"code": 0, "loaded": []}, completed.stderr[-2000:]

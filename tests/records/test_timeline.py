@@ -118,3 +118,18 @@ def test_an_unknown_metric_is_refused_with_the_names_the_runs_have():
         select_metrics([timeline], ["validation/loss"])
     with pytest.raises(ValueError, match="no training loss or evaluation metric yet"):
         select_metrics([build_timeline([started()])])
+
+
+def test_a_timeline_built_from_a_stream_keeps_the_start_events_and_equals_one_built_from_a_list():
+    from elfes.records.timeline import TimelineBuilder
+
+    events = [started(), train(1, loss=1.0), train(2, loss=0.9), *stopped(2, "SIGTERM"),
+              resumed(1), train(2, loss=0.8), train(3, loss=0.7), run_end(3)]
+    builder = TimelineBuilder()
+    for event in iter(events):  # one pass, nothing kept but what the timeline needs
+        builder.add(event)
+    assert [event["event"] for event in builder.start_events] == ["started", "resumed"]
+    streamed = builder.build(launches=["submit", "resume"])
+    assert streamed == build_timeline(events, launches=["submit", "resume"])
+    assert lost_steps(streamed.series["train/loss"]) == [[2]]
+    assert steps(streamed.series["train/loss"]) == [1, 2, 3]

@@ -1,0 +1,44 @@
+"""Why a vanished attempt ended, from the time limits of its recorded spec: read from ``resources`` and
+``slurm`` alone (``elfes status`` of a sweep asks it of every member whose job vanished)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import yaml
+from run_fixtures import make_run
+
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.lookup import recorded_limits
+from elfes.launcher.rundir.lost_cause import GENERIC, lost_causes
+
+
+def _vanished_long_ago(tmp_path: Path, resources: dict):
+    paths = make_run(tmp_path, outcome=None)  # its attempt is open: the job vanished without recording its end
+    spec = yaml.safe_load(paths.spec.read_text())
+    spec["resources"].update(resources)
+    paths.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
+    data = json.loads(paths.state.read_text())  # started 61 minutes ago; its files were written until now
+    data["attempts"][-1]["started_at"] = (datetime.now(timezone.utc) - timedelta(minutes=61)).isoformat()
+    paths.state.write_text(json.dumps(data))
+    return paths, run_state.load_state(paths)
+
+
+def test_an_attempt_that_lived_to_the_recorded_limit_is_said_killed_at_it(tmp_path: Path):
+    paths, state = _vanished_long_ago(tmp_path, {"timeout_min": 60})
+    limits = recorded_limits(paths)
+    assert limits.resources.timeout_min == 60
+    (cause,) = [cause for cause in lost_causes(paths, state) if "time limit" in cause]
+    assert cause.startswith("time limit (resources.timeout_min = 60) reached before it saved `last`")
+    assert f"slurm.signal_delay_s = {limits.slurm.signal_delay_s} s" in cause
+
+
+def test_a_recorded_spec_whose_limits_cannot_be_read_names_no_limit_and_raises_nothing(tmp_path: Path):
+    paths, state = _vanished_long_ago(tmp_path, {"timeout_min": "sixty"})
+    assert lost_causes(paths, state) == [GENERIC]
+    paths.spec.write_text("name: [unclosed\n")
+    assert lost_causes(paths, state) == [GENERIC]
+    paths.spec.unlink()
+    assert recorded_limits(paths) is None and lost_causes(paths, state) == [GENERIC]
