@@ -32,6 +32,10 @@ relaunch by the job itself, by SLURM after a preemption or node failure (``SLURM
 or a resubmission past submitit's local start limit). ``elfes submit``/``resume`` use none. The
 relaunch after a failed attempt that was retried (its :class:`Failure` says ``retried``) counts against
 ``requeue.max_failures`` instead (:attr:`RunState.failures_used`), not against the requeues.
+
+``excluded_nodes`` (:class:`ExcludedNode`) are the hosts a SLURM run leaves out after a rank died or hung
+there (:func:`exclude_nodes`, by the rank that decided the failure; :func:`include_nodes`, by ``elfes resume
+--include-nodes``).
 """
 
 from __future__ import annotations

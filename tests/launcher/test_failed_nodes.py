@@ -145,3 +145,32 @@ def test_a_resubmission_leaves_the_excluded_nodes_out(tmp_path: Path) -> None:
     script = sbatch_script(spec, RunPaths(spec.run_dir), exclude=TWO_HOSTS)
     assert "#SBATCH --exclude=node1,node2\n" in script
     assert "--exclude" not in sbatch_script(spec, RunPaths(spec.run_dir))
+
+
+def _deciding_rank(executor: str, previous: run_state.Attempt | None, *, exclude: bool = True):
+    """The part of a task's attempt (launcher/job/runtime.py) that turns a decided failure into exclusions."""
+    from types import SimpleNamespace
+
+    from elfes.launcher.job.runtime import _Attempt
+
+    attempt = _Attempt.__new__(_Attempt)  # no job: only the fields the decision reads
+    attempt.start = SimpleNamespace(executor=executor)
+    attempt.spec = SimpleNamespace(requeue=SimpleNamespace(exclude_failed_nodes=exclude))
+    attempt.previous, attempt.attempt = previous, 2
+    return attempt
+
+
+def test_the_deciding_rank_excludes_the_failures_nodes_and_lifts_them_when_the_failure_repeats() -> None:
+    first = dataclasses.replace(decide_failure(report(1, "node1"), previous=None, failures_used=0, max_failures=3),
+                                nodes=("node1",))
+    state = run_state.exclude_nodes(_failed_run(first), hosts=("node1",), attempt=1, cause=first.cause)
+    previous = state.attempts[0]
+    other = dataclasses.replace(decide_failure(report(1, "node2", error=ValueError("bad batch")), previous=previous,
+                                               failures_used=1, max_failures=3), nodes=("node2",))
+    assert _deciding_rank("slurm", previous)._exclusions(state, other, final=False).excluded_hosts == TWO_HOSTS
+    assert _deciding_rank("slurm", previous)._exclusions(state, other, final=True) is state  # e.g. a refused `last`
+    assert _deciding_rank("slurm", previous, exclude=False)._exclusions(state, other, final=False) is state
+    assert _deciding_rank("local", previous)._exclusions(state, other, final=False) is state
+    again = dataclasses.replace(decide_failure(report(1, "node2"), previous=previous, failures_used=1, max_failures=3),
+                                nodes=("node2",))
+    assert _deciding_rank("slurm", previous)._exclusions(state, again, final=False).excluded_nodes == ()
