@@ -92,7 +92,8 @@ def read_reports(paths: RunPaths, attempt: int) -> list[FailureReport]:
 
 
 def rank_hosts(paths: RunPaths, attempt: int) -> dict[int, str]:
-    """Each rank's host in ``attempt``, as its pid record says (``RunPaths.pid_file``; a task that died keeps its record)."""
+    """Each rank's host in ``attempt``, as its pid record says (``RunPaths.pid_file``; a task that died keeps
+    its record)."""
     hosts = {}
     for file in sorted(paths.pids.glob("rank-*.json")) if paths.pids.is_dir() else ():
         try:

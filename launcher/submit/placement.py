@@ -29,7 +29,8 @@ def partition_nodes(partition: str | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(line.strip() for line in completed.stdout.splitlines() if line.strip())) or None
 
 
-def placement_problem(*, needed: int, partition: str | None, nodes: Sequence[str], excluded: Sequence[str]) -> str | None:
+def placement_problem(*, needed: int, partition: str | None, nodes: Sequence[str],
+                      excluded: Sequence[str]) -> str | None:
     """Why a job that needs ``needed`` nodes of ``partition`` (whose nodes are ``nodes``) cannot be placed once
     ``excluded`` are left out; None when enough remain."""
     left = [node for node in nodes if node not in set(excluded)]

@@ -92,7 +92,8 @@ def sbatch_script(spec: JobSpec, paths: RunPaths, *, python: str | None = None, 
 
     python = shlex.quote(sys.executable) if python is None else python
     folder = Path(os.path.abspath(paths.submitit))
-    script = _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **slurm_parameters(spec, exclude=exclude))
+    script = _make_sbatch_string(command=submitit_command(folder, python), folder=folder,
+                                 **slurm_parameters(spec, exclude=exclude))
     return requote_directives(script)
 
 

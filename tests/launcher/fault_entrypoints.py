@@ -107,13 +107,3 @@ def raises_then_sleeps_at_step_7(job: Any) -> Any:
 
     return _fails_at(job, 7, fault)
 
-
-def hangs_then_raises_at_step_7(job: Any) -> Any:
-    """Rank 1 sleeps for good at step 7 in attempt 1 and raises at step 7 in attempt 2 (``fault_attempts``)."""
-    def fault() -> None:
-        if job.attempt != 1:
-            raise RuntimeError("the loss is NaN at step 7")
-        while True:
-            time.sleep(3600)
-
-    return _fails_at(job, 7, fault)
