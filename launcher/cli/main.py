@@ -62,10 +62,17 @@ def _resume(args: argparse.Namespace) -> int:
             raise UsageError(f"--code {args.code}: a sweep's members run the one snapshot taken when the sweep was "
                              "submitted; resume a member alone with --code current (elfes resume SWEEP_DIR/MEMBER "
                              "--code current), or submit the sweep again into another run_dir")
+        if args.include_nodes:
+            from ..rundir.lookup import UsageError
+
+            raise UsageError("--include-nodes: a sweep's members are resumed in job arrays, which leave no node out; "
+                             "resume a member alone to allow its excluded nodes again (elfes resume "
+                             "SWEEP_DIR/MEMBER --include-nodes)")
         return sweep.resume(args)
     from ..commands import submission
 
-    result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets, code=args.code)
+    result = submission.resume(args.run_dir, executor=args.executor, sets=args.sets, code=args.code,
+                               include_nodes=args.include_nodes)
     print_line(f"{result.name}: resumed as {result.executor} job {result.job_id}; it continues from `last`"
            f"{_submission_note(result)}")
     if result.code:

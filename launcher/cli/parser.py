@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--code", choices=("snapshot", "current"), default="snapshot",
                         help="snapshot (default): run the code snapshot the run was submitted with, saying which "
                         "files of workdir changed since; current: take a fresh snapshot of workdir as it is now")
+    resume.add_argument("--include-nodes", action="store_true",
+                        help="SLURM: allow again the nodes the run excludes after a rank died or hung there "
+                        "(requeue.exclude_failed_nodes; elfes status lists them)")
     resume.add_argument("--follow", action="store_true", help="show the job live until it ends")
 
     validate = verb("validate", "Check a job spec without submitting it; creates nothing.")

@@ -144,6 +144,10 @@ def print_status(console: Console, results: Sequence[Any]) -> None:
             if attempt.get("failure") is not None and attempt.get("error"):
                 console.print(f"{result.name or result.run_dir}: attempt {attempt['number']} failed: {attempt['error']}",
                               markup=False)
+        for node in getattr(result, "excluded_nodes", []):
+            console.print(f"{result.name or result.run_dir}: node {node['host']} excluded after attempt "
+                          f"{node['attempt']} failed there ({node['cause']}); `elfes resume --include-nodes` allows it "
+                          "again", markup=False)
         if single and result.ran_on:
             console.print(f"{result.name or result.run_dir}: latest attempt ran on {result.ran_on}", markup=False)
         if result.error:

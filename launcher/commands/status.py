@@ -52,6 +52,8 @@ class Status:
     code: dict[str, Any] | None = None  # code.json: the code snapshot the job runs (None: none, it runs workdir)
     ran_on: str | None = None  # the latest attempt's provenance in one short line (attempts[].provenance: all of it)
     failures_used: int = 0  # failed attempts retried (requeue.max_failures); each attempt's `failure` says why
+    # nodes the run's SLURM jobs leave out after a rank died or hung there (state.json's excluded_nodes)
+    excluded_nodes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +109,10 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
                      "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
     notes.extend(live.notes)  # a command job's task holding a stop signal says why
+    if state is not None and state.excluded_nodes and live.queue_reason == "BadConstraints":
+        notes.append(f"SLURM job {state.job_id} cannot start: it leaves out {', '.join(state.excluded_hosts)} "
+                     "(excluded after failures there) and too few nodes remain; `elfes cancel` it, then `elfes resume "
+                     f"{paths.run_dir} --include-nodes`")
     if state is not None:
         notes.extend(environment_changes(state))
     try:
@@ -144,6 +150,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         code=asdict(code) if code is not None else None,
         ran_on=ran_on,
         failures_used=state.failures_used if state is not None else 0,
+        excluded_nodes=[asdict(node) for node in state.excluded_nodes] if state is not None else [],
     )
 
 

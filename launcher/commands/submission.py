@@ -137,8 +137,19 @@ def _finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) 
             f"raise its budget: {extend_hint(paths, recorded)}")
 
 
-def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan) -> Submitted:
-    """Everything a submission writes, under the lock, with stop signals deferred; undone when refused."""
+def _excluded(spec: JobSpec, paths: RunPaths, executor: str) -> tuple[str, ...]:
+    """The nodes the run's next SLURM job leaves out (``--exclude``): those recorded after failures there, while
+    ``requeue.exclude_failed_nodes`` is on."""
+    if executor != "slurm" or not spec.requeue.exclude_failed_nodes:
+        return ()
+    state = run_state.load_state(paths)
+    return state.excluded_hosts if state is not None else ()
+
+
+def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan,
+                 include_nodes: bool = False) -> Submitted:
+    """Everything a submission writes, under the lock, with stop signals deferred; undone when refused.
+    ``include_nodes``: the nodes the run excluded after failures are allowed again first."""
     with signals_deferred() as arrived:
         undo = RunDirUndo(paths)
         handed_over = False
@@ -153,6 +164,8 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                     return _finish(arrived, Submitted(paths.run_dir, spec.name, adopted.executor, adopted.job_id,
                                                       adopted.status, True, adopted=True))
                 close_lost_job(paths)
+                if include_nodes:
+                    run_state.update_state(paths, lambda s: run_state.include_nodes(s) if s is not None else s)
                 # Recorded before anything else is written: a refusal (a run that is, or just became, finished)
                 # leaves the folder as it was, and from here on undo knows the run's files are this submission's.
                 record_ahead(spec, paths, executor, kind, refuse_finished=_finished_refusal(paths, _recorded(paths), spec))
@@ -160,7 +173,8 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                     write_text_atomically(paths.spec, spec.to_yaml())
                 paths.cancel_marker.unlink(missing_ok=True)
                 record = carry_out(code, paths, undo)
-                job_id = executors.submit(job_spec(spec, paths), paths, executor, JobRuntime(str(paths.run_dir)))
+                job_id = executors.submit(job_spec(spec, paths), paths, executor, JobRuntime(str(paths.run_dir)),
+                                          exclude=_excluded(spec, paths, executor))
                 handed_over = True
                 state = record_job(paths, job_id)
                 prune_older(paths, record)
@@ -219,12 +233,14 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
 
 
 def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets: Sequence[str] = (),
-           code: str = "snapshot") -> Submitted:
+           code: str = "snapshot", include_nodes: bool = False) -> Submitted:
     """Submit a stopped, cancelled or failed run again (on its executor, or on ``executor``); it continues
     from ``last``. ``sets`` change the recorded spec (the budget, resources, SLURM options, ...): a
     finished run continues when they raise its budget. ``code``: "snapshot" runs the code snapshot the run
     was submitted with (``Submitted.code`` names the workdir's files changed since), "current" takes a fresh
-    one of the workdir as it is now (launcher/submit/code_plan.py)."""
+    one of the workdir as it is now (launcher/submit/code_plan.py). ``include_nodes``: the nodes the run
+    excluded after failures there (``state.json``'s ``excluded_nodes``) may run it again; else a SLURM job
+    leaves them out (``--exclude``)."""
     paths = run_paths(run_dir)
     if not paths.spec.is_file():
         raise UsageError(f"{run_dir}: no recorded spec ({paths.spec.name}); submit the job with `elfes submit`")
@@ -243,4 +259,5 @@ def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets
     chosen = executors.choose_executor(executor) if executor is not None else state.executor
     executors.check_executor(spec, chosen)
     _changes(spec, described, paths)  # refused fields: before anything is written
-    return _transaction(spec, paths, chosen, "resume", described, plan_resume(spec, paths, described, code))
+    return _transaction(spec, paths, chosen, "resume", described, plan_resume(spec, paths, described, code),
+                        include_nodes=include_nodes)

@@ -12,6 +12,12 @@ peer; :func:`cause_of` prefers the earliest report that is not one of them.
 previous attempt's failure: the same error at the same step, or a crash before the first update
 boundary twice in a row. A repeating failure is a bug or a broken input, not bad luck; retrying it
 again would spend the budget (and the allocation) on the same crash.
+
+:func:`failed_nodes` tells where the failure happened, the host a SLURM run then leaves out of its later
+jobs (``requeue.exclude_failed_nodes``): the failing rank's host for an error it raised; for a lost rank
+or a hang, the hosts of the ranks that never reported (a rank that died, or is stuck holding the GIL,
+writes nothing); on one host, that host. A failure that repeats on another host was the job's, not the
+node's: the exclusion made for it is lifted (launcher/job/runtime.py).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from dataclasses import dataclass
 
 from elfes.files import write_text_atomically
@@ -84,6 +91,48 @@ def read_reports(paths: RunPaths, attempt: int) -> list[FailureReport]:
     return sorted(reports, key=lambda report: report.rank)
 
 
+def rank_hosts(paths: RunPaths, attempt: int) -> dict[int, str]:
+    """Each rank's host in ``attempt``, as its pid record says (``RunPaths.pid_file``; a task that died keeps
+    its record)."""
+    hosts = {}
+    for file in sorted(paths.pids.glob("rank-*.json")) if paths.pids.is_dir() else ():
+        try:
+            record = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("attempt") == attempt and isinstance(record.get("rank"), int) \
+                and isinstance(record.get("host"), str):
+            hosts[record["rank"]] = record["host"]
+    return hosts
+
+
+def await_first_hand(paths: RunPaths, attempt: int, world_size: int, grace_s: float) -> list[FailureReport]:
+    """The reports of ``attempt`` once every rank reported, or one reported a cause of its own (not a lost
+    peer), or ``grace_s`` passed: a rank that saw its peer vanish waits this long before deciding, so that
+    the ranks still alive have reported and the silent ones (:func:`failed_nodes`) are those that died."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        reports = read_reports(paths, attempt)
+        if (len(reports) >= world_size or any(not report.peer_lost for report in reports)
+                or time.monotonic() >= deadline):
+            return reports
+        time.sleep(0.2)
+
+
+def failed_nodes(cause: FailureReport, reports: list[FailureReport], *, hosts: tuple[str, ...],
+                 ranks: dict[int, str]) -> tuple[str, ...]:
+    """Where the attempt's failure happened: ``hosts`` (the attempt's) when it ran on one; the failing rank's
+    host for an error it raised or exited with; for a lost rank or a hang, the hosts of the ranks (``ranks``:
+    rank -> host) that never reported. Empty when that cannot be told (every rank of a multi-host hang
+    reported: the one that stalled the others is not known)."""
+    if len(set(hosts)) == 1:
+        return (hosts[0],)
+    if cause.category in ("exception", "exit") and not cause.peer_lost:
+        return (cause.host,)
+    reported = {report.rank for report in reports}
+    return tuple(dict.fromkeys(host for rank, host in sorted(ranks.items()) if rank not in reported))
+
+
 def cause_of(reports: list[FailureReport]) -> FailureReport:
     """The attempt's cause: the earliest report that is not a lost peer's consequence, else the earliest."""
     if not reports:
@@ -110,8 +159,7 @@ def decide_failure(
                       step=cause.step, updated=cause.updated)
     if cause.final is not None:
         return dataclasses.replace(failure, retried=False, reason=f"not retried: {cause.final}")
-    earlier = previous.failure if previous is not None and previous.outcome == "failed" else None
-    if earlier is not None and (failure.same_as(earlier) or not (failure.updated or earlier.updated)):
+    if repeats(failure, previous):
         where = f"at step {cause.step}" if cause.step is not None else "before its first update"
         reason = f"failed twice {where}: not retried"
         return dataclasses.replace(failure, retried=False, reason=reason)
@@ -120,6 +168,13 @@ def decide_failure(
                   "retried; fix the cause, then `elfes resume RUN_DIR` continues from `last`")
         return dataclasses.replace(failure, retried=False, reason=reason)
     return failure
+
+
+def repeats(failure: Failure, previous: Attempt | None) -> bool:
+    """Whether ``failure`` repeats the failure of ``previous`` (the attempt before): the same error at the same
+    step, or a crash before the first update boundary in both."""
+    earlier = previous.failure if previous is not None and previous.outcome == "failed" else None
+    return earlier is not None and (failure.same_as(earlier) or not (failure.updated or earlier.updated))
 
 
 def failure_error(failure: Failure, cause: FailureReport) -> str:

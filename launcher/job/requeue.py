@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -52,6 +53,27 @@ def requeue_slurm_job(job_id: str) -> str | None:
     print(f"elfes: requeued SLURM job {job_id} (scontrol requeue); SLURM ends this attempt and starts the job again",
           flush=True)
     return None
+
+
+def exclude_from_slurm_job(job_id: str, hosts: tuple[str, ...]) -> None:
+    """``scontrol update JobId=JOB_ID ExcNodeList=HOSTS`` from inside the job (the rank that requeued it), right
+    after ``scontrol requeue``: SLURM takes it only for a pending job, and a requeued one is pending (while its
+    tasks end) until it may start again, cred_expire + 1 s later. ``hosts`` are every node the run excludes
+    (the list replaces the job's). A refusal only warns: the job comes back, maybe on such a node."""
+    command = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(hosts)}"]
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False,
+                                   preexec_fn=_ignore_stop_signals)
+    except (OSError, subprocess.SubprocessError) as error:
+        said = str(error)
+    else:
+        if completed.returncode == 0:
+            print(f"elfes: SLURM job {job_id} leaves out {', '.join(hosts)} when it starts again (ExcNodeList; "
+                  "`elfes resume RUN_DIR --include-nodes` allows them again)", flush=True)
+            return
+        said = (completed.stderr or completed.stdout).strip() or f"exit code {completed.returncode}"
+    print(f"elfes: warning: `{' '.join(command)}` failed ({said}); the requeued job may start on those nodes again",
+          file=sys.stderr, flush=True)
 
 
 def cancel_slurm_job(job_id: str) -> None:

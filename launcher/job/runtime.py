@@ -62,8 +62,20 @@ from ..rundir.provenance import changes_at
 from ..rundir.paths import RunPaths
 from ..rundir.state import Failure
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
+from ..submit.placement import partition_nodes, placement_problem
 from .command import run_command
-from .failures import FailureReport, cause_of, decide_failure, failure_error, read_reports, write_report
+from .failures import (
+    FailureReport,
+    await_first_hand,
+    cause_of,
+    decide_failure,
+    failed_nodes,
+    failure_error,
+    rank_hosts,
+    read_reports,
+    repeats,
+    write_report,
+)
 from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
 from .outcome import Decision, decide
 from .provenance import collect
@@ -71,6 +83,7 @@ from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
     cancel_slurm_job,
+    exclude_from_slurm_job,
     requeue_slurm_job,
     resubmit_local,
     wait_for_slurm_to_end_the_job,
@@ -78,6 +91,10 @@ from .requeue import (
 from .resume_point import resume_point
 from .signals import TERMINATING_SIGNALS, SignalFlags, requeue_signal, stop_signals
 from .watchdog import HangWatchdog, end_stuck_peers
+
+# How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
+# that stay silent are the lost ones, whose hosts a SLURM run leaves out of its later attempts.
+LOST_PEER_GRACE_S = 5.0
 
 # -- the entrypoint's argument -------------------------------------------------------------------------------
 
@@ -367,6 +384,8 @@ class _Attempt:
                 write_report(self.paths, self.attempt, report)
             except OSError as error:
                 print(f"elfes: the failure report could not be written ({error})", file=sys.stderr, flush=True)
+            if report.category == "lost" and self.start.world_size > 1:
+                await_first_hand(self.paths, self.attempt, self.start.world_size, LOST_PEER_GRACE_S)
             decided: list[Failure | None] = []
 
             def end(state: run_state.RunState | None) -> run_state.RunState:
@@ -379,13 +398,17 @@ class _Attempt:
                 if attempt.ended:
                     decided.append(attempt.failure)
                     return state
-                cause = cause_of(read_reports(self.paths, self.attempt) or [report])
+                reports = read_reports(self.paths, self.attempt) or [report]
+                cause = cause_of(reports)
                 failure = decide_failure(cause, previous=self.previous, failures_used=self.failures_used,
                                          max_failures=self.max_failures)
+                failure = dataclasses.replace(failure, nodes=failed_nodes(
+                    cause, reports, hosts=tuple(self.start.hosts), ranks=rank_hosts(self.paths, self.attempt)))
                 decided.append(failure)
                 self.decider = True
-                return run_state.end_attempt(state, token=self.token, outcome="failed",
-                                             error=failure_error(failure, cause), failure=failure)
+                state = run_state.end_attempt(state, token=self.token, outcome="failed",
+                                              error=failure_error(failure, cause), failure=failure)
+                return self._exclusions(state, failure, final=cause.final is not None)
 
             self.decider = False
             try:
@@ -402,12 +425,46 @@ class _Attempt:
                      f"; not retried ({failure.reason})" if failure is not None and failure.reason else ""), flush=True)
             return failure
 
+    def _excludes_nodes(self) -> bool:
+        """Whether this run leaves the nodes of its failures out (SLURM, ``requeue.exclude_failed_nodes``)."""
+        spec = getattr(self, "spec", None)
+        return self.start.executor == "slurm" and spec is not None and spec.requeue.exclude_failed_nodes
+
+    def _exclusions(self, state: run_state.RunState, failure: Failure, *, final: bool) -> run_state.RunState:
+        """``state`` with the nodes of ``failure`` excluded; a failure that repeats the previous attempt's was the
+        job's, not a node's: the nodes excluded after that one are allowed again."""
+        if not self._excludes_nodes():
+            return state
+        if repeats(failure, self.previous) and self.previous is not None:
+            return run_state.lift_exclusions(state, attempt=self.previous.number)
+        if final or not failure.nodes:
+            return state
+        return run_state.exclude_nodes(state, hosts=failure.nodes, attempt=self.attempt, cause=failure.cause)
+
+    def _requeue_leaving_out(self, excluded: tuple[str, ...]) -> str | None:
+        """``scontrol requeue``, then ``ExcNodeList`` of the requeued job when the run excludes nodes, unless
+        the job could then not be placed (launcher/submit/placement.py). None, or why it did not requeue."""
+        if excluded:
+            partition = os.environ.get("SLURM_JOB_PARTITION") or self.spec.slurm.partition
+            nodes = partition_nodes(partition)
+            problem = nodes and placement_problem(needed=self.spec.resources.nodes, partition=partition, nodes=nodes,
+                                                  excluded=excluded)
+            if problem:
+                return problem.replace("RUN_DIR", str(self.paths.run_dir))
+        refused = requeue_slurm_job(self.start.job_id)
+        if refused is None and excluded:
+            exclude_from_slurm_job(self.start.job_id, excluded)
+        return refused
+
     def _carry_out_retry(self, failure: Failure) -> Failure:
-        """The decider's part of a retry: SLURM ``scontrol requeue`` (refused: the run ends failed, saying
-        why); local past submitit's start limit, a resubmission. Returns the failure as it stands."""
+        """The decider's part of a retry: SLURM ``scontrol requeue`` leaving the excluded nodes out (refused, or
+        the job could not be placed: the run ends failed, saying why); local past submitit's start limit, a
+        resubmission. Returns the failure as it stands."""
         refused = None
         if self.start.executor == "slurm":
-            refused = requeue_slurm_job(self.start.job_id)
+            state = run_state.load_state(self.paths)
+            excluded = state.excluded_hosts if state is not None and self._excludes_nodes() else ()
+            refused = self._requeue_leaving_out(excluded)
         elif self.start.restart + 1 >= LOCAL_MAX_STARTS:
             try:
                 resubmit_local(self.paths, JobRuntime(str(self.paths.run_dir)))

@@ -32,6 +32,10 @@ relaunch by the job itself, by SLURM after a preemption or node failure (``SLURM
 or a resubmission past submitit's local start limit). ``elfes submit``/``resume`` use none. The
 relaunch after a failed attempt that was retried (its :class:`Failure` says ``retried``) counts against
 ``requeue.max_failures`` instead (:attr:`RunState.failures_used`), not against the requeues.
+
+``excluded_nodes`` (:class:`ExcludedNode`) are the hosts a SLURM run leaves out after a rank died or hung
+there (:func:`exclude_nodes`, by the rank that decided the failure; :func:`include_nodes`, by ``elfes resume
+--include-nodes``).
 """
 
 from __future__ import annotations
@@ -112,7 +116,9 @@ class Failure:
     ``requeue.hang_timeout_s``). ``cause``: the error as the failing rank saw it (``"RuntimeError:
     boom"``); ``rank``/``host``: where; ``step``: the step it failed at (the update being computed), if
     known; ``updated``: whether the attempt reached an update boundary before it failed;
-    ``retried``: requeued from ``last`` (else the run ended failed); ``reason``: why it was not retried.
+    ``retried``: requeued from ``last`` (else the run ended failed); ``reason``: why it was not retried;
+    ``nodes``: the hosts where a rank died or hung (:func:`launcher.job.failures.failed_nodes`; empty when
+    that cannot be told), which a SLURM run excludes from its later attempts (:class:`ExcludedNode`).
     """
 
     category: str  # one of FAILURE_CATEGORIES
@@ -123,10 +129,23 @@ class Failure:
     step: int | None = None
     updated: bool = False
     reason: str | None = None
+    nodes: tuple[str, ...] = ()
 
     def same_as(self, other: Failure) -> bool:
         """The same error at the same step (a failure that repeats is not retried)."""
         return (self.category, self.cause, self.step) == (other.category, other.cause, other.step)
+
+
+@dataclass(frozen=True)
+class ExcludedNode:
+    """A host left out of the run's later SLURM jobs (``ExcNodeList`` of the requeued job, ``--exclude`` of
+    a resubmission) because a rank died or hung there in attempt ``attempt`` (``requeue.exclude_failed_nodes``).
+    ``elfes resume --include-nodes`` allows it again."""
+
+    host: str
+    attempt: int
+    at: str
+    cause: str  # the failure's cause as its attempt recorded it
 
 
 @dataclass(frozen=True)
@@ -170,6 +189,7 @@ class RunState:
     submissions: tuple[Submission, ...] = ()
     attempts: tuple[Attempt, ...] = ()
     stopping_signal: str | None = None  # set while status is "stopping"
+    excluded_nodes: tuple[ExcludedNode, ...] = ()  # hosts the run's SLURM jobs leave out after failures there
     updated_at: str = field(default_factory=now)
     version: int = FORMAT_VERSION
 
@@ -188,6 +208,11 @@ class RunState:
     def failures_used(self) -> int:
         """Failed attempts that were retried (``requeue.max_failures`` caps them)."""
         return sum(1 for attempt in self.attempts if attempt.failure is not None and attempt.failure.retried)
+
+    @property
+    def excluded_hosts(self) -> tuple[str, ...]:
+        """The hosts of :attr:`excluded_nodes`, in the order they were excluded."""
+        return tuple(node.host for node in self.excluded_nodes)
 
     @property
     def requeues_left(self) -> int:
@@ -391,6 +416,29 @@ def refuse_retry(state: RunState, *, token: str, reason: str) -> RunState:
         error=f"{attempt.error}; but not retried: {reason}")
     status = "failed" if index == len(attempts) - 1 and state.status == "requeued" else state.status
     return _replace(state, status=status, attempts=tuple(attempts))
+
+
+def exclude_nodes(state: RunState, *, hosts: tuple[str, ...] | list[str], attempt: int, cause: str) -> RunState:
+    """Leave ``hosts`` (where a rank of attempt ``attempt`` died or hung, with ``cause``) out of the run's
+    later SLURM jobs. Hosts already excluded keep their first record; no-op when nothing is new."""
+    new = [host for host in dict.fromkeys(hosts) if host not in state.excluded_hosts]
+    if not new:
+        return state
+    at = now()
+    added = tuple(ExcludedNode(host=host, attempt=attempt, at=at, cause=cause) for host in new)
+    return _replace(state, excluded_nodes=(*state.excluded_nodes, *added))
+
+
+def lift_exclusions(state: RunState, *, attempt: int) -> RunState:
+    """Allow again the hosts excluded after attempt ``attempt``: its failure repeated on another host, so it
+    was the job's, not the node's. No-op when none were."""
+    kept = tuple(node for node in state.excluded_nodes if node.attempt != attempt)
+    return state if len(kept) == len(state.excluded_nodes) else _replace(state, excluded_nodes=kept)
+
+
+def include_nodes(state: RunState) -> RunState:
+    """``elfes resume --include-nodes``: every excluded host may run the run's jobs again. No-op when none is."""
+    return _replace(state, excluded_nodes=()) if state.excluded_nodes else state
 
 
 def requeued_by_slurm(state: RunState) -> RunState:

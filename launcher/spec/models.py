@@ -206,6 +206,14 @@ class Requeue(_Section):
         "log, the attempt is killed and retried like a failure. Before the first boundary and during a "
         "checkpoint write 5 times as long is allowed. An integer >= 1, or null (no watchdog). Entrypoint jobs only.",
     )
+    exclude_failed_nodes: bool = Field(
+        True,
+        strict=True,
+        description="SLURM: leave the node where a rank died or hung out of the run's later jobs (ExcNodeList of "
+        "the requeued job, --exclude of a resubmission); recorded in state.json, shown by elfes status; `elfes "
+        "resume --include-nodes` allows them again. A requeue that the exclusions leave no room for ends the run "
+        "failed, saying so. false: no node is excluded.",
+    )
 
 
 class Snapshot(_Section):

@@ -148,18 +148,18 @@ def submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
         raise
 
 
-def _submit_slurm(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
+def _submit_slurm(spec: JobSpec, paths: RunPaths, runtime: Any, exclude: tuple[str, ...]) -> str:
     with submitit_files_undone_on_failure(paths):
-        return _sbatch(spec, paths, runtime)
+        return _sbatch(spec, paths, runtime, exclude)
 
 
-def _sbatch(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
+def _sbatch(spec: JobSpec, paths: RunPaths, runtime: Any, exclude: tuple[str, ...] = ()) -> str:
     try:
         executor = slurm_executor(paths.submitit)
     except RuntimeError as error:
         raise SubmissionError(f"SLURM is not available here ({error}); submit from a SLURM login node, "
                               "or use --executor local") from None
-    executor.update_parameters(**slurm_parameters(spec))
+    executor.update_parameters(**slurm_parameters(spec, exclude=exclude))
     try:
         # submitit prints sbatch's stderr itself before raising it: the error below says it once.
         with contextlib.redirect_stderr(io.StringIO()):
@@ -167,6 +167,9 @@ def _sbatch(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
     except Exception as error:  # sbatch's refusal arrives as one of several submitit/subprocess errors
         hint = "" if slurm_configured() else (
             " (no SLURM configuration found: set SLURM_CONF, or use --executor local on a machine without a cluster)")
+        if exclude:
+            hint += (f" (the run leaves out {', '.join(exclude)} after failures there, requeue.exclude_failed_nodes: "
+                     f"`elfes resume {paths.run_dir} --include-nodes` allows them again)")
         raise SubmissionError(f"sbatch refused job {spec.name}{hint}: {str(error).strip()}") from None
     return str(job.job_id)
 
@@ -258,17 +261,18 @@ def dry_run(spec: JobSpec, paths: RunPaths, executor: str) -> str:
     return local_plan(spec, paths)
 
 
-def submit(spec: JobSpec, paths: RunPaths, executor: str, task: Any) -> str:
+def submit(spec: JobSpec, paths: RunPaths, executor: str, task: Any, *, exclude: tuple[str, ...] = ()) -> str:
     """Submit ``task`` (the job's picklable ``JobRuntime(run_dir)``) for ``spec`` on ``executor`` ("slurm" or
     "local"); return the job id.
 
     Callers: ``elfes submit``/``resume`` (launcher/commands/submission.py) and a local job's rank 0 resubmitting past
-    submitit's six starts. The run directory must hold the recorded spec and state already.
+    submitit's six starts. The run directory must hold the recorded spec and state already. ``exclude``: nodes
+    the SLURM job leaves out (``--exclude``; the run's exclusions after failures).
     Raises :class:`ExecutorError` (spec unfit for the executor) or :class:`SubmissionError`.
     """
     check_executor(spec, executor)
     if executor == "slurm":
-        return _submit_slurm(spec, paths, task)
+        return _submit_slurm(spec, paths, task, tuple(exclude))
     if executor == "local":
         return _submit_local(spec, paths, task)
     raise ExecutorError(f"executor {executor!r} is unknown; use slurm or local")

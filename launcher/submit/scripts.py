@@ -24,8 +24,9 @@ JOB_ENV_NAMES = RESERVED_ENV_NAMES | {"GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZ
 JOB_ENV_PREFIXES = (*RESERVED_ENV_PREFIXES, "TORCHELASTIC_")
 
 
-def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
-    """The parameters of ``SlurmExecutor.update_parameters`` (sbatch names) for ``spec``."""
+def slurm_parameters(spec: JobSpec, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The parameters of ``SlurmExecutor.update_parameters`` (sbatch names) for ``spec``; ``exclude``: nodes to
+    leave out (``--exclude``: the run's exclusions after failures, from state.json)."""
     from submitit.slurm.slurm import _convert_mem
 
     resources, slurm = spec.resources, spec.slurm
@@ -44,6 +45,8 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     }
     if resources.gpus_per_node:
         parameters["gpus_per_node"] = resources.gpus_per_node
+    if exclude:
+        parameters["exclude"] = ",".join(exclude)
     for name in ("partition", "account", "qos", "constraint"):
         if getattr(slurm, name) is not None:
             parameters[name] = getattr(slurm, name)
@@ -81,14 +84,16 @@ def submitit_command(folder: Path, python: str) -> str:
     return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
-def sbatch_script(spec: JobSpec, paths: RunPaths, *, python: str | None = None) -> str:
-    """The sbatch script ``SlurmExecutor`` writes for ``spec`` (same function, same parameters),
-    built without constructing the executor (which needs ``srun``) and without touching a file."""
+def sbatch_script(spec: JobSpec, paths: RunPaths, *, python: str | None = None, exclude: tuple[str, ...] = ()) -> str:
+    """The sbatch script ``SlurmExecutor`` writes for ``spec`` (same function, same parameters; ``exclude``: as
+    :func:`slurm_parameters`), built without constructing the executor (which needs ``srun``) and without
+    touching a file."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     python = shlex.quote(sys.executable) if python is None else python
     folder = Path(os.path.abspath(paths.submitit))
-    script = _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **slurm_parameters(spec))
+    script = _make_sbatch_string(command=submitit_command(folder, python), folder=folder,
+                                 **slurm_parameters(spec, exclude=exclude))
     return requote_directives(script)
 
 

@@ -106,3 +106,4 @@ def raises_then_sleeps_at_step_7(job: Any) -> Any:
             time.sleep(3600)
 
     return _fails_at(job, 7, fault)
+

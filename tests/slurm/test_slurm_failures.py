@@ -35,7 +35,8 @@ def test_a_failed_and_a_hung_attempt_requeue_themselves_and_resume_bitwise(
     spec = json.loads(spec_file.read_text())
     spec["entrypoint"] = "tests.launcher.fault_entrypoints:raises_then_sleeps_at_step_7"
     spec["config"] = {**CONFIG, "step_delay_s": 0.05, "fault_rank": 1, "fault_attempts": [1, 2]}
-    spec["requeue"] = {"max_requeues": 3, "max_failures": 2, "hang_timeout_s": 10}
+    # One node: excluding it would leave the requeue nowhere to go (tests/slurm/test_two_hosts.py has that case).
+    spec["requeue"] = {"max_requeues": 3, "max_failures": 2, "hang_timeout_s": 10, "exclude_failed_nodes": False}
     spec_file.write_text(json.dumps(spec))
     assert "as slurm job" in elfes(slurm, "submit", str(spec_file), "--executor", "slurm").stdout
     run_dir = tmp_path / "fails-once"
@@ -46,6 +47,7 @@ def test_a_failed_and_a_hung_attempt_requeue_themselves_and_resume_bitwise(
     raised, hung = (attempt.failure for attempt in state.attempts[:2])
     assert raised.retried and (raised.cause, raised.rank, raised.step) == ("RuntimeError: the loss is NaN at step 7", 1, 7)
     assert hung.retried and hung.category == "hang" and hung.step == 7
+    assert raised.nodes == hung.nodes == state.attempts[0].hosts and state.excluded_nodes == ()
     assert state.failures_used == 2 and state.requeues_used == 0
     for rank in range(tasks):  # every rank's stacks are in its log
         assert "elfes: hang: " in RunPaths(run_dir).rank_log(2, rank, "err").read_text()

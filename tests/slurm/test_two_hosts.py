@@ -11,6 +11,11 @@ ELFES on two hosts (real jobs through the `elfes` CLI, gloo between the hosts, t
 (torch.equal on every tensor) to the same job run uninterrupted, its hosts listed per attempt by `elfes
 status`; the requeue signal sent to the task on node2 alone stops both ranks at the same window boundary
 and requeues once; a 2-node x 2-task job forms one group of 4 ranks, numbered across the hosts.
+
+Bad nodes left behind: a 1-node job that hangs is requeued onto the other host with the first excluded
+(ExcNodeList) and resumes bitwise; a 2-node job that loses a rank names the lost rank's node, whose exclusion
+leaves the requeue no room: the run ends failed saying so, and `elfes resume --include-nodes` finishes it
+bitwise.
 """
 
 from __future__ import annotations
@@ -133,14 +138,16 @@ STEP_DELAY_S = 0.4  # per batch, in the interrupted runs: ~6 s of training, so t
 RUN_TIMEOUT_S = 180.0  # torch imports of several ranks on 2 loaded cores
 
 
-def write_spec(folder: Path, name: str, *, tasks_per_node: int = 1, step_delay_s: float = 0.0) -> Path:
+def write_spec(folder: Path, name: str, *, tasks_per_node: int = 1, step_delay_s: float = 0.0, nodes: int = 2,
+               entrypoint: str = "tests.slurm.two_host_jobs:ranked_quickstart", config: dict | None = None,
+               requeue: dict | None = None) -> Path:
     spec = folder / f"{name}.yaml"
     spec.write_text(json.dumps({
-        "name": name, "entrypoint": "tests.slurm.two_host_jobs:ranked_quickstart", "workdir": str(REPOSITORY),
-        "run_dir": str(folder / name), "config": {**CONFIG, "step_delay_s": step_delay_s},
-        "resources": {"nodes": 2, "tasks_per_node": tasks_per_node, "gpus_per_node": 0, "cpus_per_task": 1,
+        "name": name, "entrypoint": entrypoint, "workdir": str(REPOSITORY),
+        "run_dir": str(folder / name), "config": {**CONFIG, "step_delay_s": step_delay_s, **(config or {})},
+        "resources": {"nodes": nodes, "tasks_per_node": tasks_per_node, "gpus_per_node": 0, "cpus_per_task": 1,
                       "mem_gb": 1, "timeout_min": 10},
-        "slurm": {"partition": "low", "signal_delay_s": 60}, "requeue": {"max_requeues": 3},
+        "slurm": {"partition": "low", "signal_delay_s": 60}, "requeue": {"max_requeues": 3, **(requeue or {})},
         "env": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPOSITORY)},
     }))
     return spec
@@ -181,6 +188,18 @@ def wait_run(run_dir: Path, condition: Callable[[], Any], what: str, timeout_s: 
                         f"{diagnostics(run_dir)}")
         time.sleep(0.1)
     return value
+
+
+def wait_ended(run_dir: Path, status: str = "finished") -> run_state.RunState:
+    """The run's state once it ended, which must be ``status`` (a run that ends failed is awaited too)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while (state := state_of(run_dir)) is None or state.status not in run_state.ENDED:
+        if time.monotonic() > deadline:
+            pytest.fail(f"waiting for the run to end: it is {state.status if state else 'not started'}\n"
+                        f"{diagnostics(run_dir)}")
+        time.sleep(0.1)
+    assert state.status == status, diagnostics(run_dir)
+    return state
 
 
 def wait_finished(run_dir: Path) -> run_state.RunState:
@@ -305,28 +324,42 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
     assert_runs_bitwise_equal(run_dir, expected)
 
 
-def test_a_two_node_job_that_loses_a_rank_is_retried_and_resumes_bitwise(
+def test_a_two_node_job_that_loses_a_rank_leaves_its_node_out_says_it_has_no_room_and_resumes_bitwise(
     slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
 ):
     """The task on node2 is SIGKILLed mid-run (a rank lost; it reports nothing): rank 0's collective fails
-    with the lost peer, rank 0 records the attempt failed ("a peer rank was lost") and, as a failure left in
-    requeue.max_failures, runs `scontrol requeue`; the relaunch on both hosts resumes bitwise."""
+    with the lost peer, rank 0 waits for rank 1's report, none comes, so the failure names node2, where the
+    silent rank ran, and node2 is excluded (requeue.exclude_failed_nodes, the default). A 2-node job with one
+    of the cluster's 2 nodes excluded cannot be placed: instead of a requeue that would wait for good, the run
+    ends failed saying so, and `elfes status` shows it. `elfes resume --include-nodes` allows node2 again; the
+    run resumes on both hosts, bitwise equal to the uninterrupted run."""
     expected = reference()
     run_dir = submit(slurm_two_hosts, tmp_path, "rank-lost", step_delay_s=STEP_DELAY_S)
     record = wait_run(run_dir, lambda: task(run_dir, 0, 1) and trained_to(run_dir, 2) and task(run_dir, 1, 1),
                       "attempt 1 to train to step 2")
     assert record["host"] == "node2" and "submitit.core._submit" in _command(record["pid"])
     os.kill(record["pid"], signal.SIGKILL)
-    state = wait_finished(run_dir)
+    state = wait_ended(run_dir, "failed")
 
-    hosts = ("node1", "node2")
-    assert outcomes(state) == [("failed", None, "submit", hosts), ("finished", None, "requeue", hosts)], \
-        diagnostics(run_dir)
     failure = state.attempts[0].failure
-    assert failure.category == "lost" and failure.retried and failure.rank == 0 and failure.host == "node1"
+    assert failure.category == "lost" and failure.rank == 0 and failure.host == "node1", diagnostics(run_dir)
+    assert failure.nodes == ("node2",) and not failure.retried
+    assert [(node.host, node.attempt) for node in state.excluded_nodes] == [("node2", 1)]
     assert state.attempts[0].error.startswith("a peer rank was lost: ")
-    assert state.failures_used == 1 and state.requeues_used == 0
-    assert {attempt.job_id for attempt in state.attempts} == {state.job_id}  # SLURM relaunched the same job
+    assert failure.reason.startswith("the requeued job cannot be placed: partition low has 2 nodes (node1, node2), "
+                                     "the run excludes node2 after failures there (requeue.exclude_failed_nodes), "
+                                     "and the job needs 2 (resources.nodes); not requeued")
+    assert f"`elfes resume {run_dir} --include-nodes`" in state.error
+    shown = elfes(slurm_two_hosts, "status", str(run_dir)).stdout
+    assert "node node2 excluded after attempt 1 failed there" in shown and "cannot be placed" in shown, shown
+
+    wait_for(lambda: state.job_id not in slurm_two_hosts.run("squeue", "-h", "-o", "%i").stdout.split(),
+             timeout_s=60, what=f"the failed job {state.job_id} to leave the queue")
+    elfes(slurm_two_hosts, "resume", str(run_dir), "--include-nodes")
+    state = wait_finished(run_dir)
+    hosts = ("node1", "node2")
+    assert outcomes(state) == [("failed", None, "submit", hosts), ("finished", None, "resume", hosts)]
+    assert state.excluded_nodes == () and state.failures_used == 0 and state.requeues_used == 0
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
     assert_runs_bitwise_equal(run_dir, expected)
 
@@ -354,3 +387,29 @@ def test_two_nodes_of_two_tasks_form_one_group_of_four_ranks(slurm_two_hosts: Tw
     started = [json.loads(line) for line in RunPaths(run_dir).events.read_text().splitlines()
                if '"event": "started"' in line]
     assert [event["world_size"] for event in started] == [4]  # one gloo group of the 4 tasks
+
+
+def test_a_one_node_job_that_hangs_is_requeued_onto_the_other_host_and_resumes_bitwise(
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+):
+    """A 1-node x 2-task job (the reference's 2 ranks, on one host): rank 1 hangs at step 7 in attempt 1; the
+    watchdog (hang_timeout_s) ends the attempt and the deciding rank requeues the job with that host excluded
+    (ExcNodeList); attempt 2 runs on the other host and ends bitwise equal to the uninterrupted run."""
+    expected = reference()
+    run_dir = submit(slurm_two_hosts, tmp_path, "leaves-node", nodes=1, tasks_per_node=2, step_delay_s=0.05,
+                     entrypoint="tests.launcher.fault_entrypoints:sleeps_at_step_7",
+                     config={"fault_rank": 1, "fault_attempts": [1]}, requeue={"hang_timeout_s": 10})
+    state = wait_finished(run_dir)
+    (first,), (second,) = (attempt.hosts for attempt in state.attempts)
+    assert {first, second} == {"node1", "node2"}, diagnostics(run_dir)  # attempt 2 left the hung host out
+    hung = state.attempts[0].failure
+    assert hung.category == "hang" and hung.retried and hung.nodes == (first,) and hung.step == 7
+    assert [(node.host, node.attempt) for node in state.excluded_nodes] == [(first, 1)]
+    assert [attempt.launch for attempt in state.attempts] == ["submit", "requeue"]
+    assert state.failures_used == 1 and state.attempts[1].step == PLANNED_STEPS
+    logs = "".join(RunPaths(run_dir).rank_log(1, rank).read_text() for rank in range(2))  # the deciding rank's
+    assert f"SLURM job {state.job_id} leaves out {first} when it starts again (ExcNodeList" in logs
+    shown = elfes(slurm_two_hosts, "status", str(run_dir)).stdout
+    assert f"node {first} excluded after attempt 1 failed there (hang: " in shown, shown
+    assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
+    assert_runs_bitwise_equal(run_dir, expected)

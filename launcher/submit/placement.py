@@ -1,0 +1,43 @@
+"""Whether a SLURM job that leaves some nodes out (``requeue.exclude_failed_nodes``) can still be placed.
+
+SLURM does not refuse a requeued job whose ``ExcNodeList`` leaves its partition too few nodes: the job
+stays PENDING (``BadConstraints``) for good. So before a requeue that excludes nodes, the job compares
+the nodes its partition has (``sinfo``) with those it needs and those the run excludes, and ends the
+run failed, saying so, instead of requeueing into a wait that never ends. (``sbatch --exclude`` with too
+few nodes left is refused at once: "Requested node configuration is not available".) Torch-free.
+
+>>> placement_problem(needed=2, partition="low", nodes=("node1", "node2"), excluded=("node2",))
+'the requeued job cannot be placed: partition low has 2 nodes (node1, node2), the run excludes node2 ...'
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+
+
+def partition_nodes(partition: str | None) -> tuple[str, ...] | None:
+    """The nodes of ``partition`` (a comma-separated list, as SLURM writes it; None: every partition),
+    from ``sinfo``; None when SLURM does not answer."""
+    command = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if completed.returncode != 0:
+        return None
+    return tuple(dict.fromkeys(line.strip() for line in completed.stdout.splitlines() if line.strip())) or None
+
+
+def placement_problem(*, needed: int, partition: str | None, nodes: Sequence[str],
+                      excluded: Sequence[str]) -> str | None:
+    """Why a job that needs ``needed`` nodes of ``partition`` (whose nodes are ``nodes``) cannot be placed once
+    ``excluded`` are left out; None when enough remain."""
+    left = [node for node in nodes if node not in set(excluded)]
+    if len(left) >= needed:
+        return None
+    where = f"partition {partition}" if partition else "the cluster"
+    return (f"the requeued job cannot be placed: {where} has {len(nodes)} node{'s' if len(nodes) != 1 else ''} "
+            f"({', '.join(nodes)}), the run excludes {', '.join(excluded)} after failures there "
+            f"(requeue.exclude_failed_nodes), and the job needs {needed} (resources.nodes); not requeued. Check the "
+            "node, then `elfes resume RUN_DIR --include-nodes` allows the excluded nodes again")

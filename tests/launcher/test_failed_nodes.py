@@ -1,0 +1,176 @@
+"""Bad nodes left behind, without jobs: which host a failure blames (launcher/job/failures.py), how
+state.json records, lifts and clears exclusions, what `elfes status` says of them, when a requeue that
+leaves nodes out cannot be placed (launcher/submit/placement.py), and the `--exclude` of a resubmission.
+The jobs themselves, on two SLURM hosts: tests/slurm/test_two_hosts.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from elfes.launcher.cli.status import print_status
+from elfes.launcher.commands.status import run_status
+from elfes.launcher.job.failures import (
+    FailureReport,
+    await_first_hand,
+    cause_of,
+    decide_failure,
+    failed_nodes,
+    rank_hosts,
+    repeats,
+    write_report,
+)
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
+from elfes.launcher.spec import validate_spec_data
+from elfes.launcher.submit.placement import placement_problem
+from elfes.launcher.submit.scripts import sbatch_script
+
+TWO_HOSTS = ("node1", "node2")
+LOST = RuntimeError("[pair.cc:553] Connection closed by peer [198.51.100.3]:1234")
+
+
+def report(rank: int, host: str, *, error: BaseException = RuntimeError("boom"), at: float = 100.0,
+           category: str | None = None, peer_lost: bool | None = None) -> FailureReport:
+    made = FailureReport.of_exception(error, rank=rank, host=host, at=at, step=7, updated=True)
+    changes = {key: value for key, value in (("category", category), ("peer_lost", peer_lost)) if value is not None}
+    return dataclasses.replace(made, **changes)
+
+
+# -- which node a failure blames --------------------------------------------------------------------------------
+def test_an_error_blames_its_host_a_lost_rank_the_silent_ranks_host_and_one_host_itself() -> None:
+    ranks = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    raised = [report(2, "node2"), report(0, "node1", error=LOST, at=101.0)]
+    assert failed_nodes(cause_of(raised), raised, hosts=TWO_HOSTS, ranks=ranks) == ("node2",)
+    lost = [report(rank, "node1" if rank < 2 else "node2", error=LOST) for rank in (0, 1, 2)]  # rank 3 died silently
+    assert failed_nodes(cause_of(lost), lost, hosts=TWO_HOSTS, ranks=ranks) == ("node2",)
+    on_one_host = [report(0, "node1", error=LOST)]
+    assert failed_nodes(cause_of(on_one_host), on_one_host, hosts=("node1",), ranks={0: "node1"}) == ("node1",)
+
+
+def test_a_hang_on_two_hosts_blames_no_node_when_every_rank_reported() -> None:
+    hung = [report(0, "node1", category="hang", peer_lost=False), report(1, "node2", category="hang", peer_lost=True)]
+    assert failed_nodes(cause_of(hung), hung, hosts=TWO_HOSTS, ranks={0: "node1", 1: "node2"}) == ()
+    one_silent = hung[:1]  # rank 1 never reported: its process is gone or holds the GIL
+    assert failed_nodes(cause_of(one_silent), one_silent, hosts=TWO_HOSTS, ranks={0: "node1", 1: "node2"}) == ("node2",)
+
+
+def test_each_ranks_host_comes_from_its_pid_record_of_that_attempt(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    paths.pids.mkdir()
+    for rank, host, attempt in ((0, "node1", 2), (1, "node2", 2), (2, "node3", 1)):
+        paths.pid_file(rank).write_text(json.dumps({"pid": 1, "host": host, "attempt": attempt, "rank": rank}))
+    (paths.pids / "rank-3.json").write_text("{torn")
+    assert rank_hosts(paths, 2) == {0: "node1", 1: "node2"}
+
+
+def test_a_rank_that_saw_its_peer_vanish_waits_for_the_others_only_while_none_reported_a_cause(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    write_report(paths, 1, report(0, "node1", error=LOST))
+    began = time.monotonic()
+    assert [r.rank for r in await_first_hand(paths, 1, world_size=2, grace_s=0.6)] == [0]
+    assert time.monotonic() - began >= 0.6  # rank 1 stayed silent: the whole grace
+    write_report(paths, 1, report(1, "node2"))
+    began = time.monotonic()
+    assert len(await_first_hand(paths, 1, world_size=3, grace_s=30)) == 2
+    assert time.monotonic() - began < 5  # a first-hand cause is in: no wait
+
+
+# -- state.json -----------------------------------------------------------------------------------------------
+def _failed_run(failure: run_state.Failure) -> run_state.RunState:
+    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7")
+    state = run_state.begin_attempt(state, token="7:0/1", job_id="7", launch="submit", hosts=("node1",), world_size=2)
+    return run_state.end_attempt(state, token="7:0/1", outcome="failed", error="boom", failure=failure)
+
+
+def test_exclusions_are_recorded_once_round_trip_and_are_lifted_or_cleared() -> None:
+    failure = dataclasses.replace(decide_failure(report(1, "node1"), previous=None, failures_used=0, max_failures=3),
+                                  nodes=("node1",))
+    state = run_state.exclude_nodes(_failed_run(failure), hosts=("node1",), attempt=1, cause=failure.cause)
+    assert run_state.exclude_nodes(state, hosts=("node1",), attempt=2, cause="again") is state  # kept once
+    state = run_state.exclude_nodes(state, hosts=("node2", "node1"), attempt=2, cause="hang")
+    assert state.excluded_hosts == TWO_HOSTS and [node.attempt for node in state.excluded_nodes] == [1, 2]
+    assert run_state.RunState.from_json(json.loads(json.dumps(state.to_json()))) == state
+    assert run_state.lift_exclusions(state, attempt=1).excluded_hosts == ("node2",)
+    cleared = run_state.include_nodes(state)
+    assert cleared.excluded_nodes == () and run_state.include_nodes(cleared) is cleared
+
+
+def test_a_failure_that_repeats_the_previous_one_is_the_jobs_not_the_nodes() -> None:
+    first = dataclasses.replace(decide_failure(report(1, "node1"), previous=None, failures_used=0, max_failures=3),
+                                nodes=("node1",))
+    previous = _failed_run(first).attempts[0]
+    again = decide_failure(report(1, "node2"), previous=previous, failures_used=1, max_failures=3)
+    assert repeats(again, previous) and not again.retried  # the runtime then lifts attempt 1's exclusion
+
+
+def test_status_lists_the_excluded_nodes_and_why(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    paths.run_dir.mkdir()
+    failure = decide_failure(report(1, "node1"), previous=None, failures_used=0, max_failures=3)
+    failed = dataclasses.replace(failure, retried=False, reason="the requeued job cannot be placed")
+    run_state.save_state(paths, run_state.exclude_nodes(_failed_run(failed), hosts=("node1",), attempt=1,
+                                                        cause=failure.cause))
+    result = run_status(paths.run_dir)
+    assert [(node["host"], node["attempt"], node["cause"]) for node in result.excluded_nodes] == [
+        ("node1", 1, "RuntimeError: boom")]
+    console = Console(file=io.StringIO(), width=400)
+    print_status(console, [result])
+    assert ("node node1 excluded after attempt 1 failed there (RuntimeError: boom); `elfes resume --include-nodes` "
+            "allows it again") in console.file.getvalue()
+
+
+# -- placement and resubmission ---------------------------------------------------------------------------------
+def test_a_requeue_the_exclusions_leave_no_room_for_says_so() -> None:
+    two_of_two = placement_problem(needed=2, partition="low", nodes=TWO_HOSTS, excluded=("node2",))
+    assert two_of_two.startswith("the requeued job cannot be placed: partition low has 2 nodes (node1, node2), the "
+                                 "run excludes node2 after failures there (requeue.exclude_failed_nodes), and the job "
+                                 "needs 2 (resources.nodes); not requeued")
+    assert "`elfes resume RUN_DIR --include-nodes`" in two_of_two
+    assert placement_problem(needed=1, partition=None, nodes=TWO_HOSTS, excluded=TWO_HOSTS).startswith(
+        "the requeued job cannot be placed: the cluster has 2 nodes")
+    assert placement_problem(needed=1, partition="low", nodes=TWO_HOSTS, excluded=("node2",)) is None
+
+
+def test_a_resubmission_leaves_the_excluded_nodes_out(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("def main(job):\n    pass\n")
+    spec = validate_spec_data({"name": "nodes", "entrypoint": "train:main", "workdir": str(tmp_path),
+                               "run_dir": str(tmp_path / "run")}, source="spec", base=tmp_path)
+    assert spec.requeue.exclude_failed_nodes is True  # the default
+    script = sbatch_script(spec, RunPaths(spec.run_dir), exclude=TWO_HOSTS)
+    assert "#SBATCH --exclude=node1,node2\n" in script
+    assert "--exclude" not in sbatch_script(spec, RunPaths(spec.run_dir))
+
+
+def _deciding_rank(executor: str, previous: run_state.Attempt | None, *, exclude: bool = True):
+    """The part of a task's attempt (launcher/job/runtime.py) that turns a decided failure into exclusions."""
+    from types import SimpleNamespace
+
+    from elfes.launcher.job.runtime import _Attempt
+
+    attempt = _Attempt.__new__(_Attempt)  # no job: only the fields the decision reads
+    attempt.start = SimpleNamespace(executor=executor)
+    attempt.spec = SimpleNamespace(requeue=SimpleNamespace(exclude_failed_nodes=exclude))
+    attempt.previous, attempt.attempt = previous, 2
+    return attempt
+
+
+def test_the_deciding_rank_excludes_the_failures_nodes_and_lifts_them_when_the_failure_repeats() -> None:
+    first = dataclasses.replace(decide_failure(report(1, "node1"), previous=None, failures_used=0, max_failures=3),
+                                nodes=("node1",))
+    state = run_state.exclude_nodes(_failed_run(first), hosts=("node1",), attempt=1, cause=first.cause)
+    previous = state.attempts[0]
+    other = dataclasses.replace(decide_failure(report(1, "node2", error=ValueError("bad batch")), previous=previous,
+                                               failures_used=1, max_failures=3), nodes=("node2",))
+    assert _deciding_rank("slurm", previous)._exclusions(state, other, final=False).excluded_hosts == TWO_HOSTS
+    assert _deciding_rank("slurm", previous)._exclusions(state, other, final=True) is state  # e.g. a refused `last`
+    assert _deciding_rank("slurm", previous, exclude=False)._exclusions(state, other, final=False) is state
+    assert _deciding_rank("local", previous)._exclusions(state, other, final=False) is state
+    again = dataclasses.replace(decide_failure(report(1, "node2"), previous=previous, failures_used=1, max_failures=3),
+                                nodes=("node2",))
+    assert _deciding_rank("slurm", previous)._exclusions(state, again, final=False).excluded_nodes == ()
