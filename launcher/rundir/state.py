@@ -198,8 +198,7 @@ class RunState:
         """Relaunches so far (by the job itself, by SLURM, or resubmissions past the local start limit),
         a requeue under way included (its attempt ended "requeued" and the relaunch has not begun yet), except
         those that retried a failed attempt (:attr:`failures_used`)."""
-        relaunched = sum(1 for index, attempt in enumerate(self.attempts)
-                         if attempt.launch == "requeue" and not _retries(self.attempts[:index]))
+        relaunched = _relaunches(self.attempts)
         last = self.last_attempt
         under_way = last is not None and last.outcome == "requeued" and self.status not in ENDED
         return relaunched + under_way
@@ -250,6 +249,12 @@ class RunState:
 
 
 _DERIVED = ("requeues_used", "requeues_left", "failures_used")  # written for readers, recomputed on reading
+
+
+def _relaunches(attempts: tuple[Attempt, ...]) -> int:
+    """Attempts launched as requeues, except those that retried a failed attempt."""
+    return sum(1 for index, attempt in enumerate(attempts)
+               if attempt.launch == "requeue" and not _retries(attempts[:index]))
 
 
 def _retries(earlier: tuple[Attempt, ...]) -> bool:
@@ -494,8 +499,7 @@ def requeues_used_by(state: RunState | None, token: str, launch: str) -> int:
     if state is None:
         return int(launch == "requeue")
     earlier = tuple(attempt for attempt in state.attempts if attempt.token != token)
-    counted = dataclasses.replace(state, attempts=earlier).requeues_used
-    return counted + (launch == "requeue" and not _retries(earlier))
+    return _relaunches(earlier) + (launch == "requeue" and not _retries(earlier))
 
 
 def failures_used_by(state: RunState | None, token: str) -> int:
