@@ -25,7 +25,7 @@ from typing import Any
 from elfes.files import write_text_atomically
 
 from ..rundir import state as run_state
-from ..rundir.lookup import UsageError
+from ..rundir.lookup import UsageError, is_left_by_interrupted_creation
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import (
     MemberRecord,
@@ -73,7 +73,8 @@ def _check_folder(plan: SweepPlan) -> None:
                          "folder of its own: give another run_dir (--set run_dir=NEW_FOLDER)")
     for member in plan.members:
         folder = member.spec.run_dir
-        if folder.exists() and any(folder.iterdir()):
+        # A folder holding only the job.yaml that an `elfes submit` killed before it wrote sweep.json left: reused.
+        if folder.exists() and any(folder.iterdir()) and not is_left_by_interrupted_creation(folder):
             raise UsageError(f"{plan.source}: sweep member {member.index} ({member.name}): {folder} exists and is "
                              "not empty; remove it or give the sweep another run_dir")
 

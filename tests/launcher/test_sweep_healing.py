@@ -160,6 +160,38 @@ def test_a_damaged_member_record_is_shown_unreadable_and_the_scheduler_goes_on_p
     assert f"left alone: {record.members[0].name} (unreadable: " in said
 
 
+def test_a_sweep_whose_submitter_was_killed_while_it_created_the_members_is_submitted_again(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    """`elfes submit` SIGKILLed after it wrote some members' job.yaml, before sweep.json: the folder is named
+    for what it is, and the same submit again creates the sweep (no member of it had been handed over)."""
+    from elfes.files import write_text_atomically
+
+    spec = command_sweep(tmp_path)
+    plan = plan_sweep(spec)
+    first = plan.members[0].spec
+    first.run_dir.mkdir(parents=True)
+    write_text_atomically(RunPaths(first.run_dir).spec, first.to_yaml())
+    for verb in ("status", "resume"):
+        assert elfes([verb, str(plan.sweep_dir)]) == 2
+        said = capsys.readouterr().err
+        assert "but no sweep.json: an `elfes submit` of a sweep was interrupted" in said and "submit the sweep again" in said, said
+    paths = SweepPaths(plan.sweep_dir)
+    leftovers.append(paths)
+    assert elfes(["submit", str(spec), "--executor", "local"]) == 0, capsys.readouterr().err
+    assert elfes(["status", str(plan.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0
+    states = [run_state.load_state(RunPaths(member.run_dir)) for member in load_sweep(paths).members]
+    assert [len(state.submissions) for state in states] == [1, 1]
+
+    # A member folder that holds more than the job.yaml of an interrupted creation is still refused.
+    other = command_sweep(tmp_path, "other")
+    member = plan_sweep(other).members[0].spec.run_dir
+    member.mkdir(parents=True)
+    (member / "state.json").write_text("{}")
+    assert elfes(["submit", str(other), "--executor", "local"]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("content", [[], None, "members-run-dir", "queue-entry", "not-json"])
 def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path, capsys, content) -> None:
     paths = created_without_scheduler(command_sweep(tmp_path))
