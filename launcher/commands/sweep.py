@@ -34,7 +34,6 @@ from ..rundir.sweep_record import (
     is_sweep_dir,
     load_sweep,
     save_sweep,
-    scheduler_alive,
     stall,
     sweep_lock,
 )
@@ -214,9 +213,8 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             record_adopted_arrays(paths, record)
         if not due:
             # Members waiting for a slot with no scheduler alive (it was killed, or never started): start one.
-            healed = chosen == "local" and record.executor == "local" and stall(paths, record) is not None
-            if healed:
-                start_scheduler(paths)
+            healed = (chosen == "local" and record.executor == "local" and stall(paths, record) is not None
+                      and start_scheduler(paths) != 0)
             return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel,
                                   scheduler_started=healed)
         submitted = None
@@ -236,9 +234,7 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             change_sweep(paths, lambda r: replace(
                 r, executor="local", queue=(*r.queue, *({"name": m.name, "at": at} for m in due)),
                 problems={name: text for name, text in r.problems.items() if name not in {m.name for m in due}}))
-            started = not scheduler_alive(paths)
-            if started:
-                start_scheduler(paths)
+            started = start_scheduler(paths) != 0  # 0: a scheduler is alive and takes the new entries
             job_ids = ()
     result = SweepSubmitted(paths.sweep_dir, record.name, chosen, tuple(member.name for member in due), skipped,
                             record.max_parallel, tuple(job_ids), scheduler_started=started)

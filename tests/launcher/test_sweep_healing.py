@@ -192,6 +192,32 @@ def test_a_sweep_whose_submitter_was_killed_while_it_created_the_members_is_subm
     assert "exists and is not empty" in capsys.readouterr().err
 
 
+def test_a_look_at_the_sweep_while_resume_starts_its_scheduler_neither_writes_nor_keeps_it_from_starting(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    """`elfes status` asks whether a scheduler lives by taking the scheduler lock for a moment; a resume that
+    starts one in that moment must still start it (it said "started one" and left the sweep stalled)."""
+    import subprocess
+
+    paths = created_without_scheduler(command_sweep(tmp_path))
+    leftovers.append(paths)
+    assert elfes(["status", str(paths.sweep_dir)]) == 0
+    assert not paths.scheduler_lock.exists()  # status writes nothing
+    capsys.readouterr()
+    paths.scheduler_lock.touch()
+    hold = ("import fcntl, os, sys, time; lock = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(lock, fcntl.LOCK_SH); "
+            "print('held', flush=True); time.sleep(0.5)")  # as a look at the sweep holds it, a moment longer
+    looking = subprocess.Popen([sys.executable, "-c", hold, str(paths.scheduler_lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert looking.stdout.readline() == "held\n"
+        assert elfes(["resume", str(paths.sweep_dir)]) == 0
+    finally:
+        looking.wait(timeout=TIMEOUT_S)
+    assert "started one for the 2 waiting member(s)" in capsys.readouterr().out
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0, \
+        capsys.readouterr()
+
+
 @pytest.mark.parametrize("content", [[], None, "members-run-dir", "queue-entry", "not-json"])
 def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path, capsys, content) -> None:
     paths = created_without_scheduler(command_sweep(tmp_path))
