@@ -89,8 +89,14 @@ def start_scheduler(paths: SweepPaths) -> int:
 
 
 def _handed_over_since(paths: RunPaths, queued_at: str) -> bool:
+    """Whether the member got a job since it was queued. A hand-over recorded ahead whose job was never
+    recorded (a scheduler killed in the middle of it) does not count: the next one settles it (adopting the
+    job it started, if any)."""
     state = run_state.load_state(paths)
-    return state is not None and bool(state.submissions) and state.submissions[-1].at >= queued_at
+    if state is None or not state.submissions:
+        return False
+    latest = state.submissions[-1]
+    return latest.at >= queued_at and latest.job_id is not None
 
 
 def _hand_over(paths: RunPaths) -> None:

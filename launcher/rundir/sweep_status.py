@@ -10,6 +10,7 @@ Torch-free.
 from __future__ import annotations
 
 import os
+import socket
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -79,9 +80,24 @@ def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
         return False
     if state is None or state.status in run_state.ENDED:
         return False
-    if state.status == "submitted" or state.executor != "local":
+    if state.executor != "local":
         return True
+    if state.status == "submitted":  # a hand-over under way, or one cut short (its submitter killed) that started nothing
+        return processes.alive(paths) or _submitter_alive(state)
     return processes.alive(paths)
+
+
+def _submitter_alive(state: run_state.RunState) -> bool:
+    submission = state.submissions[-1] if state.submissions else None
+    if submission is None or submission.pid is None or submission.host not in (None, socket.gethostname()):
+        return submission is not None  # another host's submitter cannot be looked at: taken as alive
+    try:
+        os.kill(submission.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _last_checkpoint(paths: RunPaths) -> str | None:

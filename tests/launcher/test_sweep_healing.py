@@ -218,6 +218,30 @@ def test_a_look_at_the_sweep_while_resume_starts_its_scheduler_neither_writes_no
         capsys.readouterr()
 
 
+def test_a_scheduler_killed_mid_hand_over_leaves_no_member_holding_a_slot_for_good(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    """The scheduler SIGKILLed after it recorded a member's hand-over ahead, before the member's job started:
+    that member ("submitted") neither holds the only slot for good nor is taken off the queue as handed over;
+    `elfes resume SWEEP_DIR` settles it and every member runs once."""
+    import socket
+
+    paths = created_without_scheduler(command_sweep(tmp_path))
+    leftovers.append(paths)
+    first = RunPaths(load_sweep(paths).members[0].run_dir)
+    run_state.update_state(first, lambda s: run_state.record_submission(
+        s, executor="local", kind="submit", max_requeues=3, host=socket.gethostname(), pid=GONE_PID))
+    update_sweep(paths, lambda r: __import__("dataclasses").replace(
+        r, scheduler={"pid": GONE_PID, "host": socket.gethostname(), "started_at": run_state.now()}))
+
+    assert elfes(["resume", str(paths.sweep_dir)]) == 0
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0, \
+        capsys.readouterr()
+    states = [run_state.load_state(RunPaths(member.run_dir)) for member in load_sweep(paths).members]
+    assert [state.status for state in states] == ["finished", "finished"]
+    assert [len(state.attempts) for state in states] == [1, 1]  # each ran once
+
+
 @pytest.mark.parametrize("content", [[], None, "members-run-dir", "queue-entry", "not-json"])
 def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path, capsys, content) -> None:
     paths = created_without_scheduler(command_sweep(tmp_path))
