@@ -388,3 +388,4 @@ def test_resume_chains_a_new_array_after_an_array_that_an_interrupted_hand_over_
     assert first.job_id in jobs and len(jobs) == 3, jobs  # the adopted array recorded, and one new
     (third,) = [job_id for job_id in jobs if job_id not in (first.job_id, second.job_id)]
     assert f"afterany:{first.job_id}" in slurm.run("scontrol", "show", "job", third).stdout
+    elfes(slurm, "cancel", str(paths.sweep_dir))  # the held member ends cancelled rather than requeued by a scancel
