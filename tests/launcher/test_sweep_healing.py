@@ -242,6 +242,37 @@ def test_a_scheduler_killed_mid_hand_over_leaves_no_member_holding_a_slot_for_go
     assert [len(state.attempts) for state in states] == [1, 1]  # each ran once
 
 
+def test_a_slurm_sweep_member_whose_hand_over_was_cut_short_is_called_stalled(tmp_path: Path, capsys) -> None:
+    """`elfes submit` of a SLURM sweep SIGKILLed between recording the hand-over ahead and sbatch's answer: the
+    members say "submitted" and nothing will ever change that but `elfes resume SWEEP_DIR`; status says so and
+    a wait stops at once (it waited forever)."""
+    import socket
+
+    from elfes.launcher.commands.sweep import _create
+
+    plan = plan_sweep(command_sweep(tmp_path))
+    plan.sweep_dir.mkdir(parents=True)
+    _create(plan, "slurm")
+    paths = SweepPaths(plan.sweep_dir)
+    first = RunPaths(load_sweep(paths).members[0].run_dir)
+    run_state.update_state(first, lambda s: run_state.record_submission(
+        s, executor="slurm", kind="submit", max_requeues=3, host=socket.gethostname(), pid=GONE_PID,
+        submitit_folder=str(paths.submitit), array_task=0))
+
+    assert elfes(["status", str(paths.sweep_dir)]) == 0
+    shown = capsys.readouterr().out
+    said = (f"stalled: member {first.run_dir.name}'s hand-over was cut short (its submitter, pid {GONE_PID} on "
+            f"{socket.gethostname()}, is gone)")
+    assert said in shown and f"`elfes resume {paths.sweep_dir}` settles it" in shown, shown
+    began = time.monotonic()
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", "60"]) == 3
+    assert time.monotonic() - began < 30 and said in capsys.readouterr().err
+    # Once submitit wrote the task's pickle, the queued task may run and record its start: not stalled.
+    paths.submitit.mkdir()
+    (paths.submitit / "7_0_submitted.pkl").touch()
+    assert elfes(["status", str(paths.sweep_dir)]) == 0 and "stalled" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("content", [[], None, "members-run-dir", "queue-entry", "not-json"])
 def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path, capsys, content) -> None:
     paths = created_without_scheduler(command_sweep(tmp_path))
