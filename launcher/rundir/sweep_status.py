@@ -82,7 +82,7 @@ def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
         return False
     if state.executor != "local":
         return True
-    if state.status == "submitted":  # a hand-over under way, or one cut short (its submitter killed) that started nothing
+    if state.status == "submitted":  # a hand-over under way, or one cut short (submitter killed) that started nothing
         return processes.alive(paths) or _submitter_alive(state)
     return processes.alive(paths)
 
@@ -180,7 +180,8 @@ def _may_start(paths: RunPaths, state: run_state.RunState, processes: ProcessTab
 
 def _cut_short(paths: SweepPaths, members: list[MemberStatus], processes: ProcessTable | None) -> str | None:
     """Why the sweep is stalled when a member's hand-over was cut short (its submitter killed before it recorded
-    the job; ``members``: those not queued for the scheduler, which settles them) and nothing but a resume settles it: its state stays "submitted" for good. None otherwise."""
+    the job) and nothing but a resume settles it: its state stays "submitted" for good. None otherwise.
+    ``members``: those not queued for the local scheduler (which settles a queued one)."""
     for member in members:
         if member.status != "submitted":
             continue
