@@ -175,7 +175,8 @@ def test_a_sweep_whose_submitter_was_killed_while_it_created_the_members_is_subm
     for verb in ("status", "resume"):
         assert elfes([verb, str(plan.sweep_dir)]) == 2
         said = capsys.readouterr().err
-        assert "but no sweep.json: an `elfes submit` of a sweep was interrupted" in said and "submit the sweep again" in said, said
+        assert "but no sweep.json: an `elfes submit` of a sweep was interrupted" in said, said
+        assert "submit the sweep again" in said, said
     paths = SweepPaths(plan.sweep_dir)
     leftovers.append(paths)
     assert elfes(["submit", str(spec), "--executor", "local"]) == 0, capsys.readouterr().err
@@ -207,7 +208,8 @@ def test_a_look_at_the_sweep_while_resume_starts_its_scheduler_neither_writes_no
     paths.scheduler_lock.touch()
     hold = ("import fcntl, os, sys, time; lock = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(lock, fcntl.LOCK_SH); "
             "print('held', flush=True); time.sleep(0.5)")  # as a look at the sweep holds it, a moment longer
-    looking = subprocess.Popen([sys.executable, "-c", hold, str(paths.scheduler_lock)], stdout=subprocess.PIPE, text=True)
+    looking = subprocess.Popen([sys.executable, "-c", hold, str(paths.scheduler_lock)], stdout=subprocess.PIPE,
+                               text=True)
     try:
         assert looking.stdout.readline() == "held\n"
         assert elfes(["resume", str(paths.sweep_dir)]) == 0

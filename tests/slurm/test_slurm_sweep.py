@@ -356,8 +356,8 @@ def test_resume_chains_a_new_array_after_an_array_that_an_interrupted_hand_over_
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     """An array that `elfes submit` queued but did not record (SIGKILLed between sbatch and sweep.json; each of
-    its members adopted its task) still runs (held here: the test ends before it does): `elfes resume SWEEP_DIR` hands the other members over as an array
-    that waits for it, else both run at once, above max_parallel."""
+    its members adopted its task) still runs (held here: the test ends before it does): `elfes resume SWEEP_DIR`
+    hands the other members over as an array that waits for it, else both run at once, above max_parallel."""
     import dataclasses
 
     from elfes.launcher.rundir.sweep_record import update_sweep
