@@ -27,7 +27,7 @@ from elfes.files import write_text_atomically
 
 from ..rundir import state as run_state
 from ..rundir.code_record import new_code_record, save_code_record
-from ..rundir.lookup import UsageError
+from ..rundir.lookup import UsageError, is_left_by_interrupted_creation
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import (
     MemberRecord,
@@ -36,7 +36,6 @@ from ..rundir.sweep_record import (
     is_sweep_dir,
     load_sweep,
     save_sweep,
-    scheduler_alive,
     stall,
     sweep_lock,
 )
@@ -77,7 +76,8 @@ def _check_folder(plan: SweepPlan) -> None:
                          "folder of its own: give another run_dir (--set run_dir=NEW_FOLDER)")
     for member in plan.members:
         folder = member.spec.run_dir
-        if folder.exists() and any(folder.iterdir()):
+        # A folder holding only the job.yaml that an `elfes submit` killed before it wrote sweep.json left: reused.
+        if folder.exists() and any(folder.iterdir()) and not is_left_by_interrupted_creation(folder):
             raise UsageError(f"{plan.source}: sweep member {member.index} ({member.name}): {folder} exists and is "
                              "not empty; remove it or give the sweep another run_dir")
 
@@ -236,9 +236,8 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             record_adopted_arrays(paths, record)
         if not due:
             # Members waiting for a slot with no scheduler alive (it was killed, or never started): start one.
-            healed = chosen == "local" and record.executor == "local" and stall(paths, record) is not None
-            if healed:
-                start_scheduler(paths)
+            healed = (chosen == "local" and record.executor == "local" and stall(paths, record) is not None
+                      and start_scheduler(paths) != 0)
             return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel,
                                   scheduler_started=healed)
         submitted = None
@@ -258,9 +257,7 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             change_sweep(paths, lambda r: replace(
                 r, executor="local", queue=(*r.queue, *({"name": m.name, "at": at} for m in due)),
                 problems={name: text for name, text in r.problems.items() if name not in {m.name for m in due}}))
-            started = not scheduler_alive(paths)
-            if started:
-                start_scheduler(paths)
+            started = start_scheduler(paths) != 0  # 0: a scheduler is alive and takes the new entries
             job_ids = ()
     result = SweepSubmitted(paths.sweep_dir, record.name, chosen, tuple(member.name for member in due), skipped,
                             record.max_parallel, tuple(job_ids), scheduler_started=started)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..rundir import state as run_state
 from ..rundir.paths import RunPaths, SweepPaths
-from ..rundir.sweep_record import SweepRecord, change_sweep, load_sweep, scheduler_alive, sweep_lock, update_sweep
+from ..rundir.sweep_record import SweepRecord, change_sweep, load_sweep, sweep_lock, take_scheduler_lock, update_sweep
 from ..rundir.sweep_status import ProcessTable, member_is_live
 
 POLL_S = 0.5
@@ -59,10 +59,8 @@ def start_scheduler(paths: SweepPaths) -> int:
     if child == 0:  # the intermediate child: take the lock, start the scheduler, report its pid, exit
         try:
             os.close(reader)
-            lock = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            lock = take_scheduler_lock(paths)
+            if lock is None:
                 os.write(writer, b"0")  # a scheduler works the sweep already
                 os._exit(0)
             os.setsid()
@@ -91,8 +89,14 @@ def start_scheduler(paths: SweepPaths) -> int:
 
 
 def _handed_over_since(paths: RunPaths, queued_at: str) -> bool:
+    """Whether the member got a job since it was queued. A hand-over recorded ahead whose job was never
+    recorded (a scheduler killed in the middle of it) does not count: the next one settles it (adopting the
+    job it started, if any)."""
     state = run_state.load_state(paths)
-    return state is not None and bool(state.submissions) and state.submissions[-1].at >= queued_at
+    if state is None or not state.submissions:
+        return False
+    latest = state.submissions[-1]
+    return latest.at >= queued_at and latest.job_id is not None
 
 
 def _hand_over(paths: RunPaths) -> None:
@@ -145,11 +149,8 @@ def run_scheduler(sweep_dir: str, lock_descriptor: int | None = None) -> int:
     paths = SweepPaths(Path(sweep_dir))
     descriptor = lock_descriptor
     if descriptor is None:
-        descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
+        descriptor = take_scheduler_lock(paths)
+        if descriptor is None:
             print(f"{run_state.now()} another scheduler works this sweep; exiting", flush=True)
             return 0
     try:

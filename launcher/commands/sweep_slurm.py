@@ -188,7 +188,8 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
         # Each member's spec as its job sees it: workdir is the sweep's code snapshot (the member's code.json).
         due = [(member.name, job_spec(load_spec(member_paths[member.name].spec), member_paths[member.name]))
                for member in members if member.name not in left]
-        after = live_arrays(record)
+        # After the arrays still queued or running, those an interrupted hand-over queued (just adopted) too.
+        after = live_arrays(record_adopted_arrays(paths, record))
         for group in _groups(due, limit):
             if error_text is not None:  # an earlier array was refused: this one would have waited for it
                 refused.update((name, f"not handed over: {error_text}") for name, _ in group)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .paths import RunPaths
+from .paths import RunPaths, SweepPaths
 
 if TYPE_CHECKING:
     from ..spec import JobSpec, Resources, Slurm
@@ -33,9 +33,44 @@ def run_paths(run_dir: str | os.PathLike[str]) -> RunPaths:
         raise UsageError(f"{run_dir}: no such run directory; give the run_dir of a submitted job "
                          "(its job.yaml names it)")
     if not paths.spec.is_file() and not paths.state.is_file():
+        members = _members_without_sweep(paths.run_dir)
+        if members:
+            raise UsageError(
+                f"{run_dir}: holds run directories ({', '.join(members[:3])}{', ...' if len(members) > 3 else ''}) "
+                f"but no {SweepPaths(paths.run_dir).record.name}: an `elfes submit` of a sweep was interrupted while "
+                "it created its members, before it handed any over; submit the sweep again (elfes submit SPEC, the "
+                "same spec): it creates the sweep anew in this folder")
         raise UsageError(f"{run_dir}: not a run directory (no {paths.spec.name} or {paths.state.name}); give the "
                          "run_dir of a job submitted with `elfes submit`")
     return paths
+
+
+def _members_without_sweep(folder: Path) -> list[str]:
+    """The sub-folders of ``folder`` that hold nothing but a recorded spec, when ``folder`` has no ``sweep.json``:
+    what `elfes submit` of a sweep leaves when it is killed before it wrote ``sweep.json`` (it writes the
+    members' ``job.yaml`` first)."""
+    if SweepPaths(folder).record.exists():
+        return []
+    try:
+        return sorted(child.name for child in folder.iterdir()
+                      if RunPaths(child).spec.is_file() and is_left_by_interrupted_creation(child))
+    except OSError:
+        return []
+
+
+def is_left_by_interrupted_creation(member: Path) -> bool:
+    """Whether the folder holds at most a ``job.yaml`` and a ``code.json`` (and the temporaries of their atomic
+    writes): a sweep member created by an `elfes submit` killed before it wrote ``sweep.json``; nothing of it
+    was handed over."""
+    from elfes.files import is_temporary
+
+    paths = RunPaths(member)
+    created = (paths.spec, paths.code_record)
+    try:
+        return member.is_dir() and all(is_temporary(child) or child in created for child in member.iterdir()) and (
+            paths.spec.is_file() or not paths.spec.exists())
+    except OSError:
+        return False
 
 
 def recorded_spec(paths: RunPaths) -> JobSpec | None:

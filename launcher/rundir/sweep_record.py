@@ -11,6 +11,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -138,19 +139,40 @@ def change_sweep(paths: SweepPaths, change: Callable[[SweepRecord], SweepRecord]
 
 
 def scheduler_alive(paths: SweepPaths) -> bool:
-    """Whether a local scheduler holds the sweep's scheduler lock now (an ``flock``: the kernel releases it
-    when the scheduler dies, however it dies)."""
+    """Whether a local scheduler holds the sweep's scheduler lock now (an exclusive ``flock``: the kernel
+    releases it when the scheduler dies, however it dies). Writes nothing: the lock is asked for shared, on a
+    read-only descriptor, so that looks do not exclude each other and a user who may only read the sweep sees
+    the truth; a scheduler starting meanwhile waits for the look to end (:func:`take_scheduler_lock`)."""
     try:
-        descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = os.open(paths.scheduler_lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False  # no scheduler ever started
     except OSError:
-        return False
+        return True  # cannot be told from here: not called stalled on a guess
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
         os.close(descriptor)
     return False
+
+
+def take_scheduler_lock(paths: SweepPaths, *, patience_s: float = 2.0) -> int | None:
+    """The scheduler lock, taken (its descriptor), or None when a scheduler holds it. A look at the sweep
+    (:func:`scheduler_alive`) holds it shared for a moment: that is waited out for up to ``patience_s``,
+    whereas a scheduler holds it for its whole life."""
+    descriptor = os.open(paths.scheduler_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return descriptor
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(descriptor)
+                return None
+            time.sleep(0.01)
 
 
 def stall(paths: SweepPaths, record: SweepRecord) -> str | None:

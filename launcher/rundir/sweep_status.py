@@ -10,6 +10,7 @@ Torch-free.
 from __future__ import annotations
 
 import os
+import socket
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -79,9 +80,24 @@ def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
         return False
     if state is None or state.status in run_state.ENDED:
         return False
-    if state.status == "submitted" or state.executor != "local":
+    if state.executor != "local":
         return True
+    if state.status == "submitted":  # a hand-over under way, or one cut short (submitter killed) that started nothing
+        return processes.alive(paths) or _submitter_alive(state)
     return processes.alive(paths)
+
+
+def _submitter_alive(state: run_state.RunState) -> bool:
+    submission = state.submissions[-1] if state.submissions else None
+    if submission is None or submission.pid is None or submission.host not in (None, socket.gethostname()):
+        return submission is not None  # another host's submitter cannot be looked at: taken as alive
+    try:
+        os.kill(submission.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _last_checkpoint(paths: RunPaths) -> str | None:
@@ -147,4 +163,36 @@ def sweep_status(sweep_dir: str | os.PathLike[str], record: SweepRecord | None =
         sweep_dir=str(paths.sweep_dir), name=record.name, executor=record.executor,
         max_parallel=record.max_parallel, members=best_first(members), counts=counts,
         jobs=[asdict(job) for job in record.jobs], scheduler=record.scheduler, problems=dict(record.problems),
-        stalled=stall(paths, record))
+        stalled=stall(paths, record) or _cut_short(paths, [m for m in members if m.name not in queued], processes))
+
+
+def _may_start(paths: RunPaths, state: run_state.RunState, processes: ProcessTable | None) -> bool:
+    """Whether the job of a cut-short hand-over may run anyway (and record its start): a local job whose
+    processes live, or a SLURM task whose pickle submitit wrote (an earlier array's pickle counts too: never
+    called stalled on a guess)."""
+    if state.executor == "local":
+        return processes is not None and processes.alive(paths)
+    submission = state.submissions[-1]
+    folder = Path(submission.submitit_folder) if submission.submitit_folder else paths.submitit
+    task = "" if submission.array_task is None else f"_{submission.array_task}"
+    return any(folder.glob(f"*{task}_submitted.pkl"))
+
+
+def _cut_short(paths: SweepPaths, members: list[MemberStatus], processes: ProcessTable | None) -> str | None:
+    """Why the sweep is stalled when a member's hand-over was cut short (its submitter killed before it recorded
+    the job) and nothing but a resume settles it: its state stays "submitted" for good. None otherwise.
+    ``members``: those not queued for the local scheduler (which settles a queued one)."""
+    for member in members:
+        if member.status != "submitted":
+            continue
+        try:
+            state = run_state.load_state(RunPaths(Path(member.run_dir)))
+        except run_state.StateError:
+            continue
+        if state is None or _submitter_alive(state) or _may_start(RunPaths(Path(member.run_dir)), state, processes):
+            continue
+        submission = state.submissions[-1]
+        return (f"stalled: member {member.name}'s hand-over was cut short (its submitter, pid {submission.pid} on "
+                f"{submission.host}, is gone), so its state will not change by itself; `elfes resume "
+                f"{paths.sweep_dir}` settles it (adopting the job it started, if any)")
+    return None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,9 @@ def _declared(loc: Sequence[str | int]) -> tuple[tuple[str | int, ...], Any, typ
         field = model.model_fields[part]
         found = tuple(loc[: index + 1])
         annotation = field.annotation
+        options = [option for option in typing.get_args(annotation) if option is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(options) == 1:
+            annotation = options[0]  # an optional section (``sweep: Sweep | None``) is described as the section
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     return found, field, (model if len(found) == len(loc) else None)
 

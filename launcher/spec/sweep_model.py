@@ -14,12 +14,33 @@ imports it, so it imports nothing of the spec).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
+
+
+def _one_scalar(value: Any) -> Any:
+    """A list or mapping is refused once, saying why (not once per scalar type it failed to be)."""
+    if isinstance(value, (list, dict)):
+        raise PydanticCustomError("sweep_scalar", "a sweep value is one scalar (a string, number, boolean or null), "
+                                  "not a {kind}; give scalars only",
+                                  {"kind": "list" if isinstance(value, list) else "mapping"})
+    return value
+
+
+Scalar = Annotated[StrictBool | StrictInt | StrictFloat | StrictStr | None, BeforeValidator(_one_scalar)]
 # Fields a member may not change: each member's run directory is derived from the sweep's, and a member
 # is one run, not a sweep.
 FIXED_BY_THE_SWEEP = ("run_dir", "sweep")

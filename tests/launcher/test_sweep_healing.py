@@ -160,6 +160,122 @@ def test_a_damaged_member_record_is_shown_unreadable_and_the_scheduler_goes_on_p
     assert f"left alone: {record.members[0].name} (unreadable: " in said
 
 
+def test_a_sweep_whose_submitter_was_killed_while_it_created_the_members_is_submitted_again(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    """`elfes submit` SIGKILLed after it wrote some members' job.yaml, before sweep.json: the folder is named
+    for what it is, and the same submit again creates the sweep (no member of it had been handed over)."""
+    from elfes.files import write_text_atomically
+
+    spec = command_sweep(tmp_path)
+    plan = plan_sweep(spec)
+    first = plan.members[0].spec
+    first.run_dir.mkdir(parents=True)
+    write_text_atomically(RunPaths(first.run_dir).spec, first.to_yaml())
+    write_text_atomically(RunPaths(first.run_dir).code_record, "{}")  # written beside job.yaml, before sweep.json
+    for verb in ("status", "resume"):
+        assert elfes([verb, str(plan.sweep_dir)]) == 2
+        said = capsys.readouterr().err
+        assert "but no sweep.json: an `elfes submit` of a sweep was interrupted" in said, said
+        assert "submit the sweep again" in said, said
+    paths = SweepPaths(plan.sweep_dir)
+    leftovers.append(paths)
+    assert elfes(["submit", str(spec), "--executor", "local"]) == 0, capsys.readouterr().err
+    assert elfes(["status", str(plan.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0
+    states = [run_state.load_state(RunPaths(member.run_dir)) for member in load_sweep(paths).members]
+    assert [len(state.submissions) for state in states] == [1, 1]
+
+    # A member folder that holds more than the job.yaml of an interrupted creation is still refused.
+    other = command_sweep(tmp_path, "other")
+    member = plan_sweep(other).members[0].spec.run_dir
+    member.mkdir(parents=True)
+    (member / "state.json").write_text("{}")
+    assert elfes(["submit", str(other), "--executor", "local"]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+
+
+def test_a_look_at_the_sweep_while_resume_starts_its_scheduler_neither_writes_nor_keeps_it_from_starting(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    """`elfes status` asks whether a scheduler lives by taking the scheduler lock for a moment; a resume that
+    starts one in that moment must still start it (it said "started one" and left the sweep stalled)."""
+    import subprocess
+
+    paths = created_without_scheduler(command_sweep(tmp_path))
+    leftovers.append(paths)
+    assert elfes(["status", str(paths.sweep_dir)]) == 0
+    assert not paths.scheduler_lock.exists()  # status writes nothing
+    capsys.readouterr()
+    paths.scheduler_lock.touch()
+    hold = ("import fcntl, os, sys, time; lock = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(lock, fcntl.LOCK_SH); "
+            "print('held', flush=True); time.sleep(0.5)")  # as a look at the sweep holds it, a moment longer
+    looking = subprocess.Popen([sys.executable, "-c", hold, str(paths.scheduler_lock)], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert looking.stdout.readline() == "held\n"
+        assert elfes(["resume", str(paths.sweep_dir)]) == 0
+    finally:
+        looking.wait(timeout=TIMEOUT_S)
+    assert "started one for the 2 waiting member(s)" in capsys.readouterr().out
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0, \
+        capsys.readouterr()
+
+
+def test_a_scheduler_killed_mid_hand_over_leaves_no_member_holding_a_slot_for_good(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    """The scheduler SIGKILLed after it recorded a member's hand-over ahead, before the member's job started:
+    that member ("submitted") neither holds the only slot for good nor is taken off the queue as handed over;
+    `elfes resume SWEEP_DIR` settles it and every member runs once."""
+    import socket
+
+    paths = created_without_scheduler(command_sweep(tmp_path))
+    leftovers.append(paths)
+    first = RunPaths(load_sweep(paths).members[0].run_dir)
+    run_state.update_state(first, lambda s: run_state.record_submission(
+        s, executor="local", kind="submit", max_requeues=3, host=socket.gethostname(), pid=GONE_PID))
+    update_sweep(paths, lambda r: __import__("dataclasses").replace(
+        r, scheduler={"pid": GONE_PID, "host": socket.gethostname(), "started_at": run_state.now()}))
+
+    assert elfes(["resume", str(paths.sweep_dir)]) == 0
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0, \
+        capsys.readouterr()
+    states = [run_state.load_state(RunPaths(member.run_dir)) for member in load_sweep(paths).members]
+    assert [state.status for state in states] == ["finished", "finished"]
+    assert [len(state.attempts) for state in states] == [1, 1]  # each ran once
+
+
+def test_a_slurm_sweep_member_whose_hand_over_was_cut_short_is_called_stalled(tmp_path: Path, capsys) -> None:
+    """`elfes submit` of a SLURM sweep SIGKILLed between recording the hand-over ahead and sbatch's answer: the
+    members say "submitted" and nothing will ever change that but `elfes resume SWEEP_DIR`; status says so and
+    a wait stops at once (it waited forever)."""
+    import socket
+
+    from elfes.launcher.commands.sweep import _code_plan, _create
+
+    plan = plan_sweep(command_sweep(tmp_path))
+    plan.sweep_dir.mkdir(parents=True)
+    _create(plan, "slurm", _code_plan(plan))
+    paths = SweepPaths(plan.sweep_dir)
+    first = RunPaths(load_sweep(paths).members[0].run_dir)
+    run_state.update_state(first, lambda s: run_state.record_submission(
+        s, executor="slurm", kind="submit", max_requeues=3, host=socket.gethostname(), pid=GONE_PID,
+        submitit_folder=str(paths.submitit), array_task=0))
+
+    assert elfes(["status", str(paths.sweep_dir)]) == 0
+    shown = capsys.readouterr().out
+    said = (f"stalled: member {first.run_dir.name}'s hand-over was cut short (its submitter, pid {GONE_PID} on "
+            f"{socket.gethostname()}, is gone)")
+    assert said in shown and f"`elfes resume {paths.sweep_dir}` settles it" in shown, shown
+    began = time.monotonic()
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", "60"]) == 3
+    assert time.monotonic() - began < 30 and said in capsys.readouterr().err
+    # Once submitit wrote the task's pickle, the queued task may run and record its start: not stalled.
+    paths.submitit.mkdir()
+    (paths.submitit / "7_0_submitted.pkl").touch()
+    assert elfes(["status", str(paths.sweep_dir)]) == 0 and "stalled" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("content", [[], None, "members-run-dir", "queue-entry", "not-json"])
 def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path, capsys, content) -> None:
     paths = created_without_scheduler(command_sweep(tmp_path))

@@ -82,11 +82,14 @@ def test_a_bad_member_names_the_member_and_the_field_and_nothing_is_created(tmp_
     ({"grid": {"config.lr": [1]}, "members": [{"config.lr": 1}]}, "give exactly one of grid"),
     ({"members": [{"config.lr": 1}, {"config.lr": 1}]}, "sweep member 1 (lr=1~2) repeats member 0 (lr=1)"),
     ({"grid": {"config.lr": [1]}, "max_parallel": 0}, "sweep.max_parallel"),
+    ({"grid": {"config.lr": [1, [64, 64]]}}, 'sweep.grid["config.lr"][1] = [64, 64]: a sweep value is one scalar'),
+    ({"members": [{"config.lr": {"a": 1}}]}, 'sweep.members[0]["config.lr"] = {"a": 1}: a sweep value is one'),
 ])
 def test_bad_sweeps_are_refused_by_name(tmp_path: Path, capsys, sweep: dict, says: str) -> None:
     spec = sweep_spec(tmp_path, sweep)
     assert elfes(["submit", str(spec), "--executor", "local"]) == 2
-    assert says in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert says in said and "(1 problem)" in said or "problem" not in said, said
     assert not (tmp_path / "runs").exists()
 
 

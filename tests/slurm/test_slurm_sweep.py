@@ -354,3 +354,42 @@ def test_a_refused_second_array_keeps_the_sweep_and_resume_chains_after_the_live
     assert most_at_once(intervals) <= 3, intervals
     ended = max(end for task, _, end in intervals if task.startswith(f"{first.job_id}_"))
     assert min(start for task, start, _ in intervals if task.startswith(f"{second}_")) >= ended, (second, intervals)
+
+
+def test_resume_chains_a_new_array_after_an_array_that_an_interrupted_hand_over_queued(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """An array that `elfes submit` queued but did not record (SIGKILLed between sbatch and sweep.json; each of
+    its members adopted its task) still runs (held here: the test ends before it does): `elfes resume SWEEP_DIR`
+    hands the other members over as an array that waits for it, else both run at once, above max_parallel."""
+    import dataclasses
+
+    from elfes.launcher.rundir.sweep_record import update_sweep
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    spec = chain_sweep(tmp_path, "adopted", [{"config.member": 0, "config.hold": str(hold)},
+                                             *({"config.member": k} for k in range(1, 12))], max_parallel=3)
+    elfes(slurm, "submit", str(spec), "--executor", "slurm")
+    paths = SweepPaths(tmp_path / "adopted")
+    first, second = load_sweep(paths).jobs
+    # As a kill between sbatch and sweep.json leaves it: the first array queued but unrecorded, the members
+    # of the second never handed over.
+    for member in second.members:
+        elfes(slurm, "cancel", str(paths.sweep_dir / member))
+    def cancelled() -> set[str]:
+        shown = json.loads(elfes(slurm, "status", str(paths.sweep_dir), "--json").stdout)
+        return {member["name"] for member in shown["members"] if member["status"] == "cancelled"}
+
+    wait_for(lambda: cancelled() == set(second.members), timeout_s=60, what="the second array's members to end "
+             "cancelled", interval_s=0.5)
+    update_sweep(paths, lambda r: dataclasses.replace(r, jobs=(second,)))
+    held = paths.sweep_dir / first.members[0]
+    wait_run(held, lambda: (held / "chain.json").is_file(), "the held member of the first array to run")
+
+    elfes(slurm, "resume", str(paths.sweep_dir))
+    jobs = {job.job_id: job for job in load_sweep(paths).jobs}
+    assert first.job_id in jobs and len(jobs) == 3, jobs  # the adopted array recorded, and one new
+    (third,) = [job_id for job_id in jobs if job_id not in (first.job_id, second.job_id)]
+    assert f"afterany:{first.job_id}" in slurm.run("scontrol", "show", "job", third).stdout
+    elfes(slurm, "cancel", str(paths.sweep_dir))  # the held member ends cancelled rather than requeued by a scancel
