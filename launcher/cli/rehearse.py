@@ -136,7 +136,8 @@ def _print_verdict(report: Any) -> None:
 
     recorded = [(name, item) for name, run in report.runs.items() for item in run.get("provenance", ()) if item]
     if recorded:  # the first attempt's; a change in any later one is among the notes
-        console.print(f"{recorded[0][0]} ran on {Provenance.from_json(recorded[0][1]).describe()}", markup=False)
+        console.print(f"{recorded[0][0]} ran on {Provenance.from_json(recorded[0][1]).describe()}", markup=False,
+                      soft_wrap=True)
     console.print(f"verdict: {report.summary}")
     for line in report.notes:
         console.print(f"  note: {line}")

@@ -65,7 +65,7 @@ class Provenance:
         if self.gpu:
             parts.append(self.gpu)
         if self.threads is not None:
-            parts.append(f"{self.threads} threads")
+            parts.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
         code = "workdir as it was (no snapshot)"
         if self.code is not None:
             git = ("" if self.code.commit is None else f", git {self.code.commit[:12]}"

@@ -126,9 +126,13 @@ def test_make_run_finishes_the_example_job_then_the_tour_runs_as_written(tmp_pat
     documented = block("rehearse/output").text
     for kind in ("requeue", "stop", "kill"):
         assert re.search(rf"interruption \d/3: {kind} at step \d+", rehearsal) and kind in documented
-    shape = [re.sub(r"\d+", "N", line.split(" (")[0]) for line in documented.splitlines() if line.startswith("straight")]
-    assert shape == [re.sub(r"\d+", "N", line.split(" (")[0]) for line in rehearsal.splitlines()
-                     if line.startswith("straight")]
+    def shape(text: str) -> list[str]:  # the lines of each straight run, its provenance line apart
+        return [re.sub(r"\d+", "N", line.split(" (")[0]) for line in text.splitlines()
+                if line.startswith("straight") and " ran on " not in line]
+
+    assert shape(documented) == shape(rehearsal)
+    ran_on = r"^straight-1 ran on Python [\d.]+, torch \S+, CPU build, \d+ threads?; code: snapshot \S+/straight-1/code/1 \("
+    assert re.search(ran_on, documented, flags=re.M) and re.search(ran_on, rehearsal, flags=re.M), rehearsal
     report = json.loads((tmp_path / "runs" / "quickstart-job.rehearsal" / "report.json").read_text())
     assert report["verdict"] == "exact" and len(report["interruptions"]) == 3
 
