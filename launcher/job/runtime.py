@@ -442,15 +442,19 @@ class _Attempt:
         return run_state.exclude_nodes(state, hosts=failure.nodes, attempt=self.attempt, cause=failure.cause)
 
     def _requeue_leaving_out(self, excluded: tuple[str, ...]) -> str | None:
-        """``scontrol requeue``, then ``ExcNodeList`` of the requeued job when the run excludes nodes, unless
-        the job could then not be placed (launcher/submit/placement.py). None, or why it did not requeue."""
+        """``scontrol requeue``, then ``ExcNodeList`` of the requeued job when the run excludes nodes. Where the
+        exclusions would leave the partition too few nodes for the job (launcher/submit/placement.py), SLURM
+        would hold it pending for good: nothing is left out then, the job is requeued onto every node, and the
+        log says so. None, or why it did not requeue."""
         if excluded:
             partition = os.environ.get("SLURM_JOB_PARTITION") or self.spec.slurm.partition
             nodes = partition_nodes(partition)
             problem = nodes and placement_problem(needed=self.spec.resources.nodes, partition=partition, nodes=nodes,
                                                   excluded=excluded)
             if problem:
-                return problem.replace("RUN_DIR", str(self.paths.run_dir))
+                self._update(run_state.include_nodes)
+                print(f"elfes: {problem}", flush=True)
+                excluded = ()
         refused = requeue_slurm_job(self.start.job_id)
         if refused is None and excluded:
             exclude_from_slurm_job(self.start.job_id, excluded)

@@ -2,12 +2,13 @@
 
 SLURM does not refuse a requeued job whose ``ExcNodeList`` leaves its partition too few nodes: the job
 stays PENDING (``BadConstraints``) for good. So before a requeue that excludes nodes, the job compares
-the nodes its partition has (``sinfo``) with those it needs and those the run excludes, and ends the
-run failed, saying so, instead of requeueing into a wait that never ends. (``sbatch --exclude`` with too
-few nodes left is refused at once: "Requested node configuration is not available".) Torch-free.
+the nodes its partition has (``sinfo``) with those it needs and those the run excludes; when too few
+would remain, it leaves nothing out and says so, instead of requeueing into a wait that never ends.
+(``sbatch --exclude`` with too few nodes left is refused at once: "Requested node configuration is not
+available".) Torch-free.
 
 >>> placement_problem(needed=2, partition="low", nodes=("node1", "node2"), excluded=("node2",))
-'the requeued job cannot be placed: partition low has 2 nodes (node1, node2), the run excludes node2 ...'
+'the requeued job cannot be placed without node2: partition low has 2 nodes (node1, node2) ...'
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def placement_problem(*, needed: int, partition: str | None, nodes: Sequence[str
     if len(left) >= needed:
         return None
     where = f"partition {partition}" if partition else "the cluster"
-    return (f"the requeued job cannot be placed: {where} has {len(nodes)} node{'s' if len(nodes) != 1 else ''} "
-            f"({', '.join(nodes)}), the run excludes {', '.join(excluded)} after failures there "
-            f"(requeue.exclude_failed_nodes), and the job needs {needed} (resources.nodes); not requeued. Check the "
-            "node, then `elfes resume RUN_DIR --include-nodes` allows the excluded nodes again")
+    return (f"the requeued job cannot be placed without {', '.join(excluded)}: {where} has {len(nodes)} "
+            f"node{'s' if len(nodes) != 1 else ''} ({', '.join(nodes)}) and the job needs {needed} (resources.nodes), "
+            "so no node is left out (requeue.exclude_failed_nodes) and it is requeued onto them all; if a node is "
+            "bad, drain it (scontrol update NodeName=NODE State=DRAIN Reason=...) or add nodes to the partition")

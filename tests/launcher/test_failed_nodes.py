@@ -128,12 +128,10 @@ def test_status_lists_the_excluded_nodes_and_why(tmp_path: Path) -> None:
 # -- placement and resubmission ---------------------------------------------------------------------------------
 def test_a_requeue_the_exclusions_leave_no_room_for_says_so() -> None:
     two_of_two = placement_problem(needed=2, partition="low", nodes=TWO_HOSTS, excluded=("node2",))
-    assert two_of_two.startswith("the requeued job cannot be placed: partition low has 2 nodes (node1, node2), the "
-                                 "run excludes node2 after failures there (requeue.exclude_failed_nodes), and the job "
-                                 "needs 2 (resources.nodes); not requeued")
-    assert "`elfes resume RUN_DIR --include-nodes`" in two_of_two
+    assert two_of_two.startswith("the requeued job cannot be placed without node2: partition low has 2 nodes "
+                                 "(node1, node2) and the job needs 2 (resources.nodes), so no node is left out")
     assert placement_problem(needed=1, partition=None, nodes=TWO_HOSTS, excluded=TWO_HOSTS).startswith(
-        "the requeued job cannot be placed: the cluster has 2 nodes")
+        "the requeued job cannot be placed without node1, node2: the cluster has 2 nodes")
     assert placement_problem(needed=1, partition="low", nodes=TWO_HOSTS, excluded=("node2",)) is None
 
 

@@ -324,42 +324,33 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
     assert_runs_bitwise_equal(run_dir, expected)
 
 
-def test_a_two_node_job_that_loses_a_rank_leaves_its_node_out_says_it_has_no_room_and_resumes_bitwise(
+def test_a_two_node_job_that_loses_a_rank_is_requeued_onto_both_nodes_and_resumes_bitwise(
     slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
 ):
     """The task on node2 is SIGKILLed mid-run (a rank lost; it reports nothing): rank 0's collective fails
     with the lost peer, rank 0 waits for rank 1's report, none comes, so the failure names node2, where the
-    silent rank ran, and node2 is excluded (requeue.exclude_failed_nodes, the default). A 2-node job with one
-    of the cluster's 2 nodes excluded cannot be placed: instead of a requeue that would wait for good, the run
-    ends failed saying so, and `elfes status` shows it. `elfes resume --include-nodes` allows node2 again; the
-    run resumes on both hosts, bitwise equal to the uninterrupted run."""
+    silent rank ran. Leaving node2 out (requeue.exclude_failed_nodes, the default) would leave a 2-node job
+    no room on the cluster's 2 nodes, where SLURM would hold it pending for good: so nothing is left out,
+    the log says why, and the job is requeued onto both hosts and ends bitwise equal to the uninterrupted run."""
     expected = reference()
     run_dir = submit(slurm_two_hosts, tmp_path, "rank-lost", step_delay_s=STEP_DELAY_S)
     record = wait_run(run_dir, lambda: task(run_dir, 0, 1) and trained_to(run_dir, 2) and task(run_dir, 1, 1),
                       "attempt 1 to train to step 2")
     assert record["host"] == "node2" and "submitit.core._submit" in _command(record["pid"])
     os.kill(record["pid"], signal.SIGKILL)
-    state = wait_ended(run_dir, "failed")
+    state = wait_finished(run_dir)
 
     failure = state.attempts[0].failure
     assert failure.category == "lost" and failure.rank == 0 and failure.host == "node1", diagnostics(run_dir)
-    assert failure.nodes == ("node2",) and not failure.retried
-    assert [(node.host, node.attempt) for node in state.excluded_nodes] == [("node2", 1)]
+    assert failure.nodes == ("node2",) and failure.retried
     assert state.attempts[0].error.startswith("a peer rank was lost: ")
-    assert failure.reason.startswith("the requeued job cannot be placed: partition low has 2 nodes (node1, node2), "
-                                     "the run excludes node2 after failures there (requeue.exclude_failed_nodes), "
-                                     "and the job needs 2 (resources.nodes); not requeued")
-    assert f"`elfes resume {run_dir} --include-nodes`" in state.error
-    shown = elfes(slurm_two_hosts, "status", str(run_dir)).stdout
-    assert "node node2 excluded after attempt 1 failed there" in shown and "cannot be placed" in shown, shown
-
-    wait_for(lambda: state.job_id not in slurm_two_hosts.run("squeue", "-h", "-o", "%i").stdout.split(),
-             timeout_s=60, what=f"the failed job {state.job_id} to leave the queue")
-    elfes(slurm_two_hosts, "resume", str(run_dir), "--include-nodes")
-    state = wait_finished(run_dir)
+    assert state.excluded_nodes == () and state.failures_used == 1 and state.requeues_used == 0
     hosts = ("node1", "node2")
-    assert outcomes(state) == [("failed", None, "submit", hosts), ("finished", None, "resume", hosts)]
-    assert state.excluded_nodes == () and state.failures_used == 0 and state.requeues_used == 0
+    assert [(a.outcome, a.launch, a.hosts) for a in state.attempts] == [
+        ("failed", "submit", hosts), ("finished", "requeue", hosts)], diagnostics(run_dir)
+    log = "".join(path.read_text() for path in RunPaths(run_dir).attempt_logs(1).glob("rank-*.out"))
+    assert ("the requeued job cannot be placed without node2: partition low has 2 nodes (node1, node2) and the "
+            "job needs 2 (resources.nodes), so no node is left out") in log, log[-3000:]
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
     assert_runs_bitwise_equal(run_dir, expected)
 
