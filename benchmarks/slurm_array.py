@@ -64,6 +64,20 @@ def _peak_concurrency(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def _accounted_tasks(cluster: Any, array: str, *, timeout_s: float = 120) -> list[list[str]]:
+    """sacct's JobID, State, Start and End of every task of ``array``, once none is still pending or running.
+
+    A member records "finished" before its task's process exits, so the last tasks can still be running in
+    SLURM's books when ``elfes status`` counts every member ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        accounted = cluster.run("sacct", "-n", "-X", "-P", "-o", "JobID,State,Start,End", "-j", array).stdout
+        tasks = [line.split("|") for line in accounted.splitlines() if line]
+        if not any(state in ("PENDING", "RUNNING", "REQUEUED") for _, state, *_ in tasks) or time.monotonic() > deadline:
+            return tasks
+        time.sleep(1)
+
+
 def _check_members(sweep_dir: Path, array: str, members: int) -> list[str]:
     """What is wrong with the members (empty: each finished after one attempt, as its task of ``array``)."""
     from elfes.launcher.rundir.paths import RunPaths, SweepPaths
@@ -130,8 +144,7 @@ def _measure(cluster: Any, folder: Path, members: int, max_parallel: int, progre
         time.sleep(5)
     wall = time.perf_counter() - started
     wrong = _check_members(sweep_dir, array, members)
-    accounted = cluster.run("sacct", "-n", "-X", "-P", "-o", "JobID,State,Start,End", "-j", array).stdout.splitlines()
-    tasks = [line.split("|") for line in accounted if line]
+    tasks = _accounted_tasks(cluster, array)
     intervals = [(datetime.fromisoformat(start).timestamp(), datetime.fromisoformat(end).timestamp())
                  for _, state, start, end in tasks if state == "COMPLETED"]
     ran_twice = len(tasks) - len({job_id for job_id, *_ in tasks})

@@ -8,7 +8,9 @@ What a figure holds, one panel per metric (gid ``panel:<metric>``) with the step
 label is the metric, with `` (log)`` where positive values spanning more than a factor 20 get a log
 axis. Tests read the data back by gid:
 
-- the kept path of each run, one line per run and panel, labelled by the run's name (gid ``kept:<run>``);
+- the kept path of each run, one line per run and panel, labelled by the run's name (gid ``kept:<run>``),
+  each run in its own colour; beyond eight runs the colours follow a colour map over the runs' order and the
+  legend names the first and the last run;
 - each segment lost to a kill or crash, as a faded wide stroke (gid ``lost:<attempt>:<run>``): after an
   exact resume the redo retraces it, so the stroke shows around the kept line where work was redone;
 - the step range of that lost work, shaded (gid ``lostspan:<attempt>:<run>``);
@@ -33,6 +35,7 @@ from pathlib import Path
 from elfes.records.timeline import Marker, Timeline
 
 try:
+    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -47,6 +50,7 @@ except ImportError as error:
 
 FORMATS = (".png", ".svg")
 RUN_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+MANY_RUNS_COLORMAP = "viridis"  # for more runs than RUN_COLORS: the first run dark blue, the last yellow
 # Marker kind -> (colour, line style, legend text).
 MARKER_STYLES: dict[str, tuple[str, str, str]] = {
     "start": ("dimgray", ":", "start"),
@@ -86,9 +90,10 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     figure = Figure(figsize=(9.0, 1.2 + PANEL_HEIGHT_IN * len(metrics)), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    colors = run_colors(len(runs))
     for ax, metric in zip(axes, metrics):
-        for index, run in enumerate(runs):
-            _draw_series(ax, run, metric, RUN_COLORS[index % len(RUN_COLORS)])
+        for run, color in zip(runs, colors):
+            _draw_series(ax, run, metric, color)
         _draw_markers(ax, runs)
         log = _wants_log_scale(runs, metric)
         if log:
@@ -99,7 +104,7 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     labels = _label_markers(axes[0], runs)
     axes[-1].set_xlabel("optimizer step")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0].legend(handles=_legend_handles(runs), loc="upper right", fontsize=8, framealpha=0.85)
+    axes[0].legend(handles=_legend_handles(runs, colors), loc="upper right", fontsize=8, framealpha=0.85)
     figure.suptitle(title or _title(runs), fontsize=10)
     _stack_labels(axes[0], labels)
     return figure
@@ -248,9 +253,20 @@ def _short_label(run: RunCurves, marker: Marker) -> str:
     return "kill" if marker.kind == "killed" else marker.kind
 
 
-def _legend_handles(runs: Sequence[RunCurves]) -> list[Line2D]:
-    handles = [Line2D([], [], color=RUN_COLORS[i % len(RUN_COLORS)], linewidth=1.6, label=run.name)
-               for i, run in enumerate(runs)]
+def run_colors(count: int) -> list:
+    """A colour per run: the distinct RUN_COLORS while they last; for more runs (a sweep) a sequential colour map
+    over the runs' order, since a legend of every member would cover the panel and repeated colours would lie."""
+    if count <= len(RUN_COLORS):
+        return list(RUN_COLORS[:count])
+    return [colormaps[MANY_RUNS_COLORMAP](index / (count - 1)) for index in range(count)]
+
+
+def _legend_handles(runs: Sequence[RunCurves], colors: Sequence) -> list[Line2D]:
+    if len(runs) <= len(RUN_COLORS):
+        handles = [Line2D([], [], color=color, linewidth=1.6, label=run.name) for run, color in zip(runs, colors)]
+    else:  # the first and the last run name the ends of the colour map
+        handles = [Line2D([], [], color=colors[0], linewidth=1.6, label=f"{runs[0].name} (first of {len(runs)})"),
+                   Line2D([], [], color=colors[-1], linewidth=1.6, label=f"{runs[-1].name} (last)")]
     if any(series.lost for run in runs for series in run.timeline.series.values()):
         handles.append(Line2D([], [], color="gray", alpha=LOST_ALPHA, linewidth=6, solid_capstyle="round",
                               label="lost to a kill, trained again"))

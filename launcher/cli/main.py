@@ -225,7 +225,9 @@ def _plot(args: argparse.Namespace) -> int:
     from ..commands import plot
 
     result = plot.plot(args.run_dirs, output=args.output, metrics=args.metric)
-    print_line(f"wrote {result.output}: {', '.join(result.metrics)} of {', '.join(run.name for run in result.runs)}")
+    names = [run.name for run in result.runs]
+    drawn = ", ".join(names) if len(names) <= 8 else f"{len(names)} runs, {names[0]} to {names[-1]}"
+    print_line(f"wrote {result.output}: {', '.join(result.metrics)} of {drawn}")
     if result.not_drawn:
         print_line(f"not drawn (no run records yet): {', '.join(result.not_drawn)}")
     for note in result.notes:

@@ -71,6 +71,22 @@ def test_several_runs_overlay_in_each_panel_labelled_by_run_name(tmp_path):
     assert markers == {"marker:start:1:alpha", "marker:stop:1:alpha", "marker:resume:2:alpha", "marker:start:1:beta"}
 
 
+def test_many_runs_get_a_colour_each_and_a_legend_that_names_the_first_and_the_last(tmp_path, capsys):
+    """Twelve runs: more than the eight distinct colours, so a colour map over their order; the legend names the
+    ends of it instead of covering the panel with every run, and so does the command's message."""
+    runs = [write_run(tmp_path / f"run{index:02}", {1: 1.0 + index, 2: 0.5 + index}) for index in range(12)]
+    result = plot(runs, output=tmp_path / "many.png")
+    ax = result.figure.get_axes()[0]
+    colors = {line.get_gid(): tuple(line.get_color()) for line in ax.get_lines()
+              if (line.get_gid() or "").startswith("kept:")}
+    assert len(colors) == 12 and len(set(colors.values())) == 12
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert legend == ["run00 (first of 12)", "run11 (last)", "start"]
+    assert elfes(["plot", *map(str, runs), "-o", str(tmp_path / "many.png")]) == 0
+    assert capsys.readouterr().out == (f"wrote {tmp_path / 'many.png'}: train/loss, eval/validation/loss of "
+                                       "12 runs, run00 to run11\n")
+
+
 def test_a_cancelled_then_resumed_run_is_labelled_cancel_not_sigterm(tmp_path):
     """`elfes cancel` stops the run with SIGTERM; state.json records the attempt cancelled, and so does the plot."""
     paths = RunPaths(tmp_path / "alpha")
