@@ -156,7 +156,7 @@ def _draw_series(ax, run: RunCurves, metric: str, color: str) -> None:
     series = run.timeline.series.get(metric)
     if series is None:
         return
-    dots = "o" if len(series.kept) <= 60 else None
+    dots = "o" if len(series.kept_steps) <= 60 else None
     ax.plot(series.kept_steps, series.kept_values, color=color, linewidth=1.6, marker=dots, markersize=2.5,
             gid=f"kept:{run.name}", label=run.name, zorder=3)
     for segment in series.lost:
@@ -167,8 +167,8 @@ def _draw_series(ax, run: RunCurves, metric: str, color: str) -> None:
 
 def _wants_log_scale(runs: Sequence[RunCurves], metric: str) -> bool:
     """A log axis for a metric whose values are all positive and span more than LOG_SCALE_RATIO."""
-    values = [point.value for run in runs if (series := run.timeline.series.get(metric)) is not None
-              for point in (*series.kept, *(point for segment in series.lost for point in segment))]
+    values = [value for run in runs if (series := run.timeline.series.get(metric)) is not None
+              for value in (*series.kept_values, *(point.value for segment in series.lost for point in segment))]
     return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SCALE_RATIO
 
 

@@ -81,19 +81,19 @@ class Point:
 
 @dataclass(frozen=True)
 class Series:
-    """One metric: ``kept`` (steps strictly increasing) and ``lost`` segments (one per attempt that lost work)."""
+    """One metric: the kept path (steps strictly increasing), held as columns since a long run has a million
+    points, and ``lost`` segments (one per attempt that lost work)."""
 
     name: str
-    kept: tuple[Point, ...]
+    kept_steps: tuple[int, ...]
+    kept_values: tuple[float, ...]
+    kept_attempts: tuple[int, ...]
     lost: tuple[tuple[Point, ...], ...]
 
     @property
-    def kept_steps(self) -> tuple[int, ...]:
-        return tuple(point.step for point in self.kept)
-
-    @property
-    def kept_values(self) -> tuple[float, ...]:
-        return tuple(point.value for point in self.kept)
+    def kept(self) -> tuple[Point, ...]:
+        """The kept path as points."""
+        return tuple(map(Point, self.kept_steps, self.kept_values, self.kept_attempts))
 
 
 @dataclass(frozen=True)
@@ -277,24 +277,28 @@ class TimelineBuilder:
         redo_from: list[float] = [float("inf")] * count
         for index in range(count - 2, -1, -1):
             redo_from[index] = min(redo_from[index + 1], attempts[index + 1].start_step)
-        kept: dict[str, list[Point]] = {name: [] for name in self._names}
+        kept: dict[str, tuple[list[int], list[float], list[int]]] = {name: ([], [], []) for name in self._names}
         lost: dict[str, dict[int, list[Point]]] = {}
         for attempt, parts, redo in zip(attempts, self._attempts, redo_from):
             for name, (steps, values) in parts.points.items():
                 number = attempt.number
+                kept_steps, kept_values, kept_attempts = kept[name]
                 if redo == float("inf") or max(steps) <= redo:  # the usual case: nothing of it was trained again
-                    kept[name].extend(map(Point, steps, values, itertools.repeat(number)))
+                    kept_steps.extend(steps)
+                    kept_values.extend(values)
+                    kept_attempts.extend(itertools.repeat(number, len(steps)))
                     continue
                 for step, value in zip(steps, values):
-                    point = Point(step, value, number)
                     if step > redo:
-                        lost.setdefault(name, {}).setdefault(number, []).append(point)
+                        lost.setdefault(name, {}).setdefault(number, []).append(Point(step, value, number))
                     else:
-                        kept[name].append(point)
+                        kept_steps.append(step)
+                        kept_values.append(value)
+                        kept_attempts.append(number)
         # Train metrics first, then evaluations; each group in order of first appearance.
         names = sorted(kept, key=lambda name: not name.startswith(TRAIN_PREFIX))
         series = {
-            name: Series(name, tuple(kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
+            name: Series(name, *map(tuple, kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
             for name in names
         }
         markers = tuple(marker for attempt in attempts for marker in _markers(attempt))

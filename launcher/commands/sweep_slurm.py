@@ -125,7 +125,12 @@ def live_arrays(record: SweepRecord) -> list[str]:
         return []
     queued = run_slurm_tool(["squeue", "-h", "-r", "-u", getpass.getuser(), "-O", "ArrayJobID:|,JobID:"])
     if queued is None or queued.returncode != 0:
-        return []
+        # Not knowing which arrays still run, a new one could run beside them past max_parallel: refuse.
+        why = "squeue is not on PATH here" if queued is None else (queued.stderr.strip() or f"exit {queued.returncode}")
+        raise executors.SubmissionError(
+            f"cannot tell which of the sweep's job arrays {', '.join(sorted(recorded))} still run ({why}), so a new "
+            f"array could run beside them past max_parallel {record.max_parallel}; nothing was handed over. Run the "
+            "same command again once squeue answers")
     found = set()
     for line in queued.stdout.splitlines():
         array_job, _, job_id = (part.strip() for part in line.partition("|"))
