@@ -58,28 +58,32 @@ def iter_events(run_dir_or_file: Path) -> Iterator[dict[str, Any]]:
 
 def _events(path: Path) -> Iterator[dict[str, Any]]:
     with path.open(encoding="utf-8", errors="replace") as file:
-        numbered = enumerate(file, start=1)
-        while block := list(itertools.islice(numbered, CHUNK_LINES)):
-            chunk = [(number, line) for number, line in block if line.strip()]
-            if chunk:
-                yield from _parse_chunk(path, chunk)
+        first = 1  # the number of the block's first line
+        while block := list(itertools.islice(file, CHUNK_LINES)):
+            yield from _parse_chunk(path, first, block)
+            first += len(block)
 
 
-def _parse_chunk(path: Path, chunk: list[tuple[int, str]]) -> list[dict[str, Any]]:
-    """The events of ``chunk`` (numbered lines), as a per-line ``json.loads`` gives them: parsed as one array
-    when every line holds one object (``{`` to ``}``) and the array has one element per line and each is an
-    event, else line by line, skipping (and naming) the lines that are not events."""
-    lines = [line.strip() for _, line in chunk]
-    if all(line[0] == "{" and line[-1] == "}" for line in lines):
+def _parse_chunk(path: Path, first: int, block: list[str]) -> list[dict[str, Any]]:
+    """The events of ``block`` (lines numbered from ``first``), as a per-line ``json.loads`` gives them: parsed as
+    one array when every line holds one object (``{`` to ``}``) and the array has one element per line and each
+    is an event, else line by line, skipping (and naming) the lines that are not events. Blank lines are no
+    events."""
+    lines = [line for line in map(str.strip, block) if line]
+    # A newline ends each line and is in none, so the lines are all objects when every boundary is "}\n{".
+    joined = "\n".join(lines)
+    if joined[:1] == "{" and joined[-1:] == "}" and joined.count("}\n{") == len(lines) - 1:
         try:
-            events = json.loads("[" + ",".join(lines) + "]")
+            events = json.loads("[" + joined.replace("\n", ",") + "]")
         except json.JSONDecodeError:
             events = None
         if events is not None and len(events) == len(lines) and all(
                 type(event) is dict and "event" in event for event in events):
             return events
     events = []
-    for number, line in chunk:
+    for number, line in enumerate(block, start=first):
+        if not line.strip():
+            continue
         try:
             event = json.loads(line)
         except json.JSONDecodeError:

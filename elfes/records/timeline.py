@@ -211,10 +211,12 @@ class _AttemptParts:
     def add(self, event: Mapping[str, Any], kind: Any, step: int | None) -> None:
         """Take one event of the attempt: its ``kind`` (``event``) and its step (:func:`_event_step`)."""
         if step is not None:
-            if self.low_step is None or step < self.low_step:
-                self.low_step = step
-            if self.high_step is None or step > self.high_step:
+            if self.low_step is None:
+                self.low_step = self.high_step = step
+            elif step > self.high_step:
                 self.high_step = step
+            elif step < self.low_step:
+                self.low_step = step
         if kind in END_EVENTS:
             self.end_event = event
         elif kind == "stop_requested":
@@ -239,13 +241,16 @@ class TimelineBuilder:
 
     def add(self, event: Mapping[str, Any]) -> None:
         """Take the run's next event (oldest first)."""
-        if event.get("event") in START_EVENTS or not self._attempts:
+        kind = event.get("event")
+        if kind in START_EVENTS or not self._attempts:
             self._attempts.append(_AttemptParts(event))  # events before the first start form an attempt of their own
         parts = self._attempts[-1]
         step = event.get("step")
-        kind = event.get("event")
-        parts.add(event, kind, step if type(step) is int else _event_step(event))  # type(): a bool is no step
-        if not isinstance(step, int) or kind not in ("train", "evaluation"):
+        if type(step) is not int:  # type(): a bool is no step
+            parts.add(event, kind, _event_step(event))
+            return
+        parts.add(event, kind, step)
+        if kind != "train" and kind != "evaluation":
             return
         for name, value in event_scalars(event).items():
             found = parts.points.get(name)
