@@ -303,6 +303,13 @@ exec {sbatch} "$@"
 """
 
 
+SQUEUE_WRAPPER = """#!/bin/bash
+# squeue failing while {fail} exists, as a controller that does not answer.
+if [ -e {fail} ]; then echo "squeue: error: Socket timed out on send/recv operation" >&2; exit 1; fi
+exec {squeue} "$@"
+"""
+
+
 def test_a_refused_second_array_keeps_the_sweep_and_resume_chains_after_the_live_array(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -319,6 +326,9 @@ def test_a_refused_second_array_keeps_the_sweep_and_resume_chains_after_the_live
     (folder / "sbatch").write_text(SBATCH_WRAPPER.format(count=count, refuse=refuse, interrupt=interrupt,
                                                          sbatch=shutil.which("sbatch")))
     (folder / "sbatch").chmod(0o755)
+    squeue_fails = tmp_path / "squeue-fails"
+    (folder / "squeue").write_text(SQUEUE_WRAPPER.format(fail=squeue_fails, squeue=shutil.which("squeue")))
+    (folder / "squeue").chmod(0o755)
     environment = {**slurm.env, "PATH": f"{folder}:{os.environ['PATH']}"}
     refuse.write_text("2")
     spec = chain_sweep(tmp_path, "split", [{"config.member": k} for k in range(12)], max_parallel=3)
@@ -336,6 +346,13 @@ def test_a_refused_second_array_keeps_the_sweep_and_resume_chains_after_the_live
     assert status["counts"]["not started"] == 2
 
     refuse.unlink()
+    squeue_fails.touch()  # not knowing which arrays still run, a new array could run past max_parallel: refused
+    blind = subprocess.run([ELFES, "resume", str(sweep_dir)], capture_output=True, text=True, timeout=180,
+                           env=environment)
+    assert blind.returncode == 3 and "cannot tell which of the sweep's job arrays" in blind.stderr, blind
+    assert "Socket timed out" in blind.stderr and "nothing was handed over" in blind.stderr
+    assert len(load_sweep(SweepPaths(sweep_dir)).jobs) == 1 and all(state_of(run_dir) is None for run_dir in left)
+    squeue_fails.unlink()
     interrupt.touch()
     assert slurm.run("squeue", "-h", "-j", first.job_id, "-o", "%i").stdout.strip(), "the first array still runs"
     resumed = subprocess.run([ELFES, "resume", str(sweep_dir)], capture_output=True, text=True, timeout=180,
