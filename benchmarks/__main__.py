@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -67,6 +68,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
+    # The commands measured run as a user's do, with Python's bytecode cache: where the environment turns
+    # it off (PYTHONDONTWRITEBYTECODE), every `elfes` command would also compile the project's modules.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     progress = Progress()
     info = machine()
     progress(
