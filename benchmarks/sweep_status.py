@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from elfes.launcher.rundir import state as run_state
@@ -51,20 +52,28 @@ def _finished_run(paths: RunPaths, job_id: str) -> None:
     run_state.update_state(paths, lambda s: run_state.end_attempt(s, token=token, outcome="finished", step=20))
 
 
-def build_sweep(folder: Path, members: int) -> Path:
-    """A sweep folder of ``members`` finished members (each with state.json and a 22-line events.jsonl)."""
-    sweep_dir = folder / "sweep"
-    template = RunPaths(folder / "template")
-    _finished_run(template, "4194999")
-    template.events.write_text(_event_lines(20))
+def _sweep_of_copies(sweep_dir: Path, template: RunPaths, make_template: Callable[[RunPaths], None], members: int,
+                     *, max_parallel: int) -> Path:
+    """A local sweep folder of ``members`` copies (``lr=INDEX,seed=0``) of the run that ``make_template``
+    writes at ``template``."""
+    make_template(template)
     records = []
     for index in range(members):
         name = f"lr={index},seed=0"
         shutil.copytree(template.run_dir, sweep_dir / name)
         records.append(MemberRecord(index, name, str(sweep_dir / name), {"config.lr": index, "config.seed": 0}))
-    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=10,
+    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=max_parallel,
                                                  members=tuple(records)))
     return sweep_dir
+
+
+def build_sweep(folder: Path, members: int) -> Path:
+    """A sweep folder of ``members`` finished members (each with state.json and a 22-line events.jsonl)."""
+    def finished(template: RunPaths) -> None:
+        _finished_run(template, "4194999")
+        template.events.write_text(_event_lines(20))
+
+    return _sweep_of_copies(folder / "sweep", RunPaths(folder / "template"), finished, members, max_parallel=10)
 
 
 def _vanished_run(paths: RunPaths, job_id: str) -> None:
@@ -92,18 +101,12 @@ def _recorded_spec(paths: RunPaths) -> str:
 def build_vanished_sweep(folder: Path, members: int) -> Path:
     """A local sweep of ``members`` members that each started an attempt whose job vanished (killed with its
     node: no process, no end recorded), so that status counts each lost and says why."""
-    sweep_dir = folder / "vanished"
-    template = RunPaths(folder / "vanished-template")
-    _vanished_run(template, "4194997")
-    template.events.write_text("".join(_event_lines(20).splitlines(True)[:-1]))  # no "finished"
-    records = []
-    for index in range(members):
-        name = f"lr={index},seed=0"
-        shutil.copytree(template.run_dir, sweep_dir / name)
-        records.append(MemberRecord(index, name, str(sweep_dir / name), {"config.lr": index, "config.seed": 0}))
-    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=members,
-                                                 members=tuple(records)))
-    return sweep_dir
+    def vanished(template: RunPaths) -> None:
+        _vanished_run(template, "4194997")
+        template.events.write_text("".join(_event_lines(20).splitlines(True)[:-1]))  # no "finished"
+
+    return _sweep_of_copies(folder / "vanished", RunPaths(folder / "vanished-template"), vanished, members,
+                            max_parallel=members)
 
 
 def _curve_lines(steps: int, every: int) -> str:
@@ -121,18 +124,12 @@ def _curve_lines(steps: int, every: int) -> str:
 
 def build_plot_sweep(folder: Path, members: int, steps: int = 500) -> Path:
     """A sweep of ``members`` finished members, each with ``steps`` train events and an evaluation every 50."""
-    sweep_dir = folder / "plotted"
-    template = RunPaths(folder / "plotted-template")
-    _finished_run(template, "4194996")
-    template.events.write_text(_curve_lines(steps, 50))
-    records = []
-    for index in range(members):
-        name = f"lr={index},seed=0"
-        shutil.copytree(template.run_dir, sweep_dir / name)
-        records.append(MemberRecord(index, name, str(sweep_dir / name), {"config.lr": index, "config.seed": 0}))
-    save_sweep(SweepPaths(sweep_dir), SweepRecord(name="bench", executor="local", max_parallel=10,
-                                                 members=tuple(records)))
-    return sweep_dir
+    def curves(template: RunPaths) -> None:
+        _finished_run(template, "4194996")
+        template.events.write_text(_curve_lines(steps, 50))
+
+    return _sweep_of_copies(folder / "plotted", RunPaths(folder / "plotted-template"), curves, members,
+                            max_parallel=10)
 
 
 def build_big_run(folder: Path, lines: int, log_bytes: int) -> Path:

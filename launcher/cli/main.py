@@ -28,6 +28,7 @@ from .exit_codes import (
 )
 from .output import print_error, print_line, shell_quoted, table_console
 from .parser import build_parser
+from .status_wait import wait_in_turn
 
 
 # -- the verbs --------------------------------------------------------------------------------------------------
@@ -158,36 +159,21 @@ def _status_exit_code(results: Any) -> int:
 
 def _wait(args: argparse.Namespace) -> int:
     """``status --wait``: block until every run reaches ``--until``; the exit code says how that went."""
-    import time
+    from ..commands.status_wait import wait_for
+    from ..rundir.lookup import run_paths
 
-    from ..commands.status_wait import Until, wait_for
-    from ..rundir.lookup import UsageError, run_paths
+    return wait_in_turn(args.run_dirs, until_text=args.until, timeout_s=args.timeout_s, wait=wait_for,
+                        outcome=_run_wait_code, waiting_for=str, goes_on="the job keeps running",
+                        check=run_paths)  # a path that is no run directory is refused before any wait, not after
 
-    until = Until.parse(args.until or "ended")
-    if args.timeout_s is not None and not args.timeout_s > 0:
-        raise UsageError(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
-    for run_dir in args.run_dirs:
-        run_paths(run_dir)  # a path that is no run directory is refused before any wait, not after
-    deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
-    code = EXIT_OK
-    for run_dir in args.run_dirs:
-        if sys.stderr.isatty():
-            print(f"elfes: waiting until {run_dir} is at {until}", file=sys.stderr, flush=True)
-        try:
-            waited = wait_for(run_dir, until, deadline=deadline)
-        except KeyboardInterrupt:
-            print_line(f"\nstopped waiting; the job keeps running (elfes status {shell_quoted(run_dir)})")
-            return EXIT_INTERRUPTED
-        ended_code = {"finished": EXIT_OK, "failed": EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
-        if until.kind == "ended" and waited.reached:
-            outcome = ended_code
-        elif waited.reached:
-            outcome = EXIT_OK
-        else:
-            print_error(waited.describe())
-            outcome = EXIT_NOT_NOW if waited.timed_out or waited.status == "finished" else ended_code
-        code = code or outcome
-    return code
+
+def _run_wait_code(until: Any, waited: Any) -> int:
+    """A run's exit code for ``status --wait``: reached, OK (at the end: as the run ended); short of it,
+    not-now when the time ran out or the run finished first, else as the run ended (failed or stopped)."""
+    ended_code = {"finished": EXIT_OK, "failed": EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
+    if waited.reached:
+        return ended_code if until.kind == "ended" else EXIT_OK
+    return EXIT_NOT_NOW if waited.timed_out or waited.status == "finished" else ended_code
 
 
 def _logs(args: argparse.Namespace) -> int:

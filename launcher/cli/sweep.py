@@ -13,6 +13,7 @@ from typing import Any
 
 from ..rundir.sweep_record import is_sweep_dir
 from .output import print_line, shell_quoted, table_console
+from .status_wait import wait_in_turn
 
 SWEEP_HELP = ("run a sweep: one member per value (repeatable; several give every combination), e.g. "
               "--sweep config.lr=0.001,0.003 --sweep config.seed=0,1; each member is a run directory under run_dir")
@@ -153,38 +154,27 @@ def _sweep_table(console: Any, result: Any) -> None:
 
 def _wait_sweeps(args: argparse.Namespace, sweeps: list[str]) -> int:
     """``status SWEEP_DIR --wait/--until``: block until every member of each sweep reaches the point."""
-    import time
+    from ..commands.status_wait import wait_for_sweep
 
-    from ..commands.status_wait import Until, wait_for_sweep
-    from ..rundir.lookup import UsageError
-    from .exit_codes import EXIT_INTERRUPTED, EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
-    from .output import print_error
+    return wait_in_turn(sweeps, until_text=args.until, timeout_s=args.timeout_s, wait=wait_for_sweep,
+                        outcome=_sweep_wait_code, waiting_for=lambda folder: f"every member of {folder}",
+                        goes_on="the sweep goes on")
 
-    until = Until.parse(args.until or "ended")
-    if args.timeout_s is not None and not args.timeout_s > 0:
-        raise UsageError(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
-    deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
-    code = EXIT_OK
-    for folder in sweeps:
-        if sys.stderr.isatty():
-            print(f"elfes: waiting until every member of {folder} is at {until}", file=sys.stderr, flush=True)
-        try:
-            waited = wait_for_sweep(folder, until, deadline=deadline)
-        except KeyboardInterrupt:
-            print_line(f"\nstopped waiting; the sweep goes on (elfes status {shell_quoted(folder)})")
-            return EXIT_INTERRUPTED
-        counts = waited.counts
-        ended_code = (EXIT_RUN_FAILED if counts.get("failed") else
-                      EXIT_RUN_STOPPED if any(counts.get(word) for word in ("stopped", "cancelled", "not started"))
-                      else EXIT_OK)
-        if waited.reached:
-            outcome = ended_code if until.kind == "ended" else EXIT_OK
-        else:
-            print_error(waited.describe())
-            outcome = EXIT_NOT_NOW if (waited.timed_out or waited.stalled or waited.unreadable) else (
-                EXIT_RUN_FAILED if counts.get("failed") else EXIT_NOT_NOW if ended_code == EXIT_OK else ended_code)
-        code = code or outcome
-    return code
+
+def _sweep_wait_code(until: Any, waited: Any) -> int:
+    """A sweep's exit code for ``status --wait``: reached, OK (at the end: failed if a member failed, stopped
+    if one stopped, was cancelled or not started); short of it, not-now when the time ran out, the sweep
+    stalled or a member cannot be read, else failed or stopped as above (not-now when every member ended well)."""
+    from .exit_codes import EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
+
+    counts = waited.counts
+    ended_code = (EXIT_RUN_FAILED if counts.get("failed") else
+                  EXIT_RUN_STOPPED if any(counts.get(word) for word in ("stopped", "cancelled", "not started"))
+                  else EXIT_OK)
+    if waited.reached:
+        return ended_code if until.kind == "ended" else EXIT_OK
+    return EXIT_NOT_NOW if (waited.timed_out or waited.stalled or waited.unreadable) else (
+        EXIT_RUN_FAILED if counts.get("failed") else EXIT_NOT_NOW if ended_code == EXIT_OK else ended_code)
 
 
 def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], int]) -> int:

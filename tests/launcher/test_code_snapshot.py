@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+from local_runs import Runs, outcomes, preempt, tasks_running, trained_to, wait_ended, wait_for
 from run_comparison import assert_runs_bitwise_equal
 from snapshot_project import TRAIN, git, make_project, set_scale
-from test_local_jobs import Runs, outcomes, preempt, tasks_running, trained_to, wait_ended, wait_for
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands.status import run_status
@@ -181,13 +181,6 @@ def test_status_shows_what_the_latest_attempt_ran_on_and_names_a_change(tmp_path
 
 
 # -- end to end on the local executor ---------------------------------------------------------------------------
-@pytest.fixture
-def runs(tmp_path: Path):
-    runs = Runs(tmp_path)
-    yield runs
-    runs.kill_leftovers()
-
-
 def submit(runs: Runs, spec: Path) -> Path:
     run_dir = Path(load_spec(spec).run_dir)
     runs.run_dirs.append(run_dir)

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_comparison import assert_runs_bitwise_equal
-from test_local_jobs import (
+from local_runs import (
     CONFIG,
     PLANNED_STEPS,
     REPOSITORY,
@@ -30,7 +29,6 @@ from test_local_jobs import (
     Runs,
     diagnostics,
     outcomes,
-    references,  # noqa: F401 (a fixture: the uninterrupted reference runs)
     state_of,
     tasks_running,
     trained_to,
@@ -38,6 +36,7 @@ from test_local_jobs import (
     wait_for,
     write_spec,
 )
+from run_comparison import assert_runs_bitwise_equal
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands import signalling
@@ -72,7 +71,8 @@ class CommandRuns(Runs):
 
 
 @pytest.fixture
-def runs(tmp_path: Path) -> Iterator[CommandRuns]:
+def command_runs(tmp_path: Path) -> Iterator[CommandRuns]:
+    """Like conftest.py's ``runs``, with :class:`CommandRuns`: teardown also ends the commands' process groups."""
     runs = CommandRuns(tmp_path)
     yield runs
     runs.kill_leftovers()
@@ -130,11 +130,11 @@ def ended_with_nothing_left(run_dir: Path, status: str) -> run_state.RunState:
 
 # -- 2: a wrapper's trainer --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("after_units", [1, 8, 30])
-def test_a_killed_wrapper_takes_its_trainer_with_it(runs: CommandRuns, after_units: int) -> None:
+def test_a_killed_wrapper_takes_its_trainer_with_it(command_runs: CommandRuns, after_units: int) -> None:
     """The wrapper (which forwards nothing) is SIGKILLed at several points of the training: its trainer,
     re-parented to the task, gets SIGTERM and saves; the attempt fails only once no process of the
     command is left, and its retry (requeue.max_failures) then runs one trainer, from the saved count."""
-    run_dir = runs.submit_command(f"wrapper-killed-{after_units}", protocol_command(wrapped=True, units=200))
+    run_dir = command_runs.submit_command(f"wrapper-killed-{after_units}", protocol_command(wrapped=True, units=200))
     trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, after_units),
                        what=f"the trainer to count to {after_units}", run_dir=run_dir)
     wrapper = process_stat(trainer).parent
@@ -151,14 +151,14 @@ def test_a_killed_wrapper_takes_its_trainer_with_it(runs: CommandRuns, after_uni
     assert (run_dir / "count.txt").read_text() == "200"
 
 
-def test_a_trainer_whose_task_was_killed_keeps_the_run_alive(runs: CommandRuns) -> None:
+def test_a_trainer_whose_task_was_killed_keeps_the_run_alive(command_runs: CommandRuns) -> None:
     """The task is SIGKILLed: the wrapper goes with it, its trainer (re-parented to pid 1) trains on. The
     run is alive for status, resume and submit while it does; `elfes cancel` ends it, after which the run
     resumes with one trainer."""
-    finish_now = runs.folder / "task-killed-finishes"  # counting never ends before the test says so
+    finish_now = command_runs.folder / "task-killed-finishes"  # counting never ends before the test says so
     spec_fields = {"entrypoint": None, "config": {},
                    "command": protocol_command("--finish-when", str(finish_now), wrapped=True, units=100_000)}
-    run_dir = runs.submit("task-killed", **spec_fields)
+    run_dir = command_runs.submit("task-killed", **spec_fields)
     trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 2),
                        what="the trainer to count", run_dir=run_dir)
     task = json.loads(RunPaths(run_dir).pid_file(0).read_text())["pid"]
@@ -173,7 +173,8 @@ def test_a_trainer_whose_task_was_killed_keeps_the_run_alive(runs: CommandRuns) 
     assert status["status"] == "running" and status["queue_state"] == "RUNNING", status
     code, output = cli("resume", str(run_dir))
     assert code != 0 and "the run is running" in output
-    code, output = cli("submit", str(write_spec(runs.folder, "task-killed", **spec_fields)), "--executor", "local")
+    spec = write_spec(command_runs.folder, "task-killed", **spec_fields)
+    code, output = cli("submit", str(spec), "--executor", "local")
     assert code != 0 and "while the run is running" in output
     assert alive(trainer) and trainer_pids(run_dir) == [trainer]  # no second trainer started
 
@@ -192,14 +193,14 @@ def test_a_trainer_whose_task_was_killed_keeps_the_run_alive(runs: CommandRuns) 
 @pytest.mark.parametrize("after_units, wrapped", [(None, False), (0, True), (5, False), (25, True)],
                          ids=["starting-direct", "handlers-in-wrapped", "counted-5-direct", "counted-25-wrapped"])
 def test_a_command_catching_only_sigterm_is_preempted_through_it(
-    runs: CommandRuns, wrapped: bool, after_units: int | None
+    command_runs: CommandRuns, wrapped: bool, after_units: int | None
 ) -> None:
     """`elfes preempt` of a command catching SIGINT and SIGTERM (StopRequest().catch_signals()'s default),
     from before the command catches anything to mid-run: preempt says the task sends SIGTERM instead
     (once the command catches it); the command saves and exits 143; the attempt is requeued as SIGUSR2
     asked; the relaunch counts on to the end."""
     command = protocol_command("--catch", "SIGINT,SIGTERM", wrapped=wrapped, units=400, unit_s=0.02)
-    run_dir = runs.submit_command(f"term-only-{after_units}-{wrapped}", command)
+    run_dir = command_runs.submit_command(f"term-only-{after_units}-{wrapped}", command)
     wait_for(lambda: tasks_running(run_dir, 1, 1) and (after_units is None or trainer_counting(run_dir, after_units)),
              what=f"the command to count to {after_units}", run_dir=run_dir)
     code, output = cli("preempt", str(run_dir))
@@ -215,13 +216,13 @@ def test_a_command_catching_only_sigterm_is_preempted_through_it(
 
 
 def test_preempt_says_what_the_command_did_with_the_signal_when_it_was_sent(
-    runs: CommandRuns, monkeypatch: pytest.MonkeyPatch
+    command_runs: CommandRuns, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The note of `elfes preempt` describes the command as the signal found it. Here the preempt is
     held, after signalling, until the task has sent SIGTERM on and the command has saved and exited
     (as on a loaded machine): the note still says the command catches SIGTERM but not SIGUSR2."""
-    run_dir = runs.submit_command("note-before-signal", protocol_command("--catch", "SIGINT,SIGTERM", units=400,
-                                                                         unit_s=0.02))
+    run_dir = command_runs.submit_command("note-before-signal",
+                                          protocol_command("--catch", "SIGINT,SIGTERM", units=400, unit_s=0.02))
     trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 1),
                        what="the command to count", run_dir=run_dir)
     send = signalling._signal_pids
@@ -239,13 +240,13 @@ def test_preempt_says_what_the_command_did_with_the_signal_when_it_was_sent(
     assert outcomes(state)[:2] == [("requeued", "SIGUSR2", "submit"), ("finished", None, "requeue")], outcomes(state)
 
 
-def test_a_command_catching_nothing_says_so_at_once(runs: CommandRuns) -> None:
+def test_a_command_catching_nothing_says_so_at_once(command_runs: CommandRuns) -> None:
     """A command that catches neither SIGUSR2 nor SIGTERM: preempt's output, the run's log and
     `elfes status` say at once that the signal is held and why; when the command then ends by itself,
     the run is finished and its record says the preemption was never delivered."""
-    finish_now = runs.folder / "catches-nothing-finishes"
-    run_dir = runs.submit_command("catches-nothing", protocol_command("--catch", "", "--finish-when", str(finish_now),
-                                                                      units=100_000))
+    finish_now = command_runs.folder / "catches-nothing-finishes"
+    run_dir = command_runs.submit_command("catches-nothing", protocol_command("--catch", "", "--finish-when",
+                                                                              str(finish_now), units=100_000))
     wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 1), what="the command to count",
              run_dir=run_dir)
     code, output = cli("preempt", str(run_dir))
@@ -263,7 +264,7 @@ def test_a_command_catching_nothing_says_so_at_once(runs: CommandRuns) -> None:
 
 
 def test_an_engine_command_as_the_docs_write_it_is_preempted_bitwise(
-    runs: CommandRuns, references: Callable[[int], Path]  # noqa: F811 (the fixture imported above)
+    command_runs: CommandRuns, references: Callable[[int], Path]
 ) -> None:
     """The real engine in a command that uses `StopRequest().catch_signals()` (SIGINT and SIGTERM): a
     preemption saves `last` at a window boundary, requeues and resumes; the end is bitwise the
@@ -272,7 +273,7 @@ def test_an_engine_command_as_the_docs_write_it_is_preempted_bitwise(
     command = ["{python}", "-m", "tests.launcher.command_train", "--run-dir", "{run_dir}", "--epochs",
                str(CONFIG["epochs"]), "--train-samples", str(CONFIG["train_samples"]), "--step-delay-s",
                str(STEP_DELAY_S), "--default-signals"]
-    run_dir = runs.submit_command("engine-default-signals", command)
+    run_dir = command_runs.submit_command("engine-default-signals", command)
     wait_for(lambda: tasks_running(run_dir, 1, 1) and trained_to(run_dir, 2), what="attempt 1 to train to step 2",
              run_dir=run_dir)
     code, output = cli("preempt", str(run_dir))
@@ -289,12 +290,13 @@ def test_an_engine_command_as_the_docs_write_it_is_preempted_bitwise(
 @pytest.mark.parametrize("verb, outcome, signal_name", [("cancel", "cancelled", "SIGTERM"),
                                                          ("preempt", "requeued", "SIGUSR2")])
 def test_an_exit_zero_after_a_stop_is_the_stops_outcome(
-    runs: CommandRuns, records: bool, verb: str, outcome: str, signal_name: str
+    command_runs: CommandRuns, records: bool, verb: str, outcome: str, signal_name: str
 ) -> None:
     """A command that exits 0 on a stop signal, whether or not it records `stopped`: the attempt takes
     the stop's outcome with a warning naming the protocol, and `elfes resume` (or the relaunch) trains on."""
     options = ["--on-stop", "exit-zero", *(["--records"] if records else [])]
-    run_dir = runs.submit_command(f"exit-zero-{verb}-{records}", protocol_command(*options, units=300, unit_s=0.02))
+    run_dir = command_runs.submit_command(f"exit-zero-{verb}-{records}",
+                                          protocol_command(*options, units=300, unit_s=0.02))
     wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 5), what="the command to count",
              run_dir=run_dir)
     assert cli(verb, str(run_dir))[0] == 0
@@ -310,9 +312,9 @@ def test_an_exit_zero_after_a_stop_is_the_stops_outcome(
     assert (run_dir / "count.txt").read_text() == "300"
 
 
-def test_an_exit_zero_after_a_stop_that_finished_is_finished(runs: CommandRuns) -> None:
+def test_an_exit_zero_after_a_stop_that_finished_is_finished(command_runs: CommandRuns) -> None:
     """A command that finishes its training on SIGTERM and records `finished`: the run is finished."""
-    run_dir = runs.submit_command("finishes-on-stop", protocol_command("--on-stop", "finish", "--records"))
+    run_dir = command_runs.submit_command("finishes-on-stop", protocol_command("--on-stop", "finish", "--records"))
     wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 3), what="the command to count",
              run_dir=run_dir)
     assert cli("cancel", str(run_dir))[0] == 0
@@ -325,16 +327,17 @@ def test_an_exit_zero_after_a_stop_that_finished_is_finished(runs: CommandRuns) 
                          ids=["ignored", "caught-and-disregarded", "ignored-behind-a-wrapper"])
 @pytest.mark.parametrize("cancels", [1, 2])
 def test_a_command_ignoring_sigterm_is_killed_after_kill_wait(
-    runs: CommandRuns, how: str, wrapped: bool, cancels: int
+    command_runs: CommandRuns, how: str, wrapped: bool, cancels: int
 ) -> None:
     """`elfes cancel` (once, or twice) of a command that ignores SIGTERM: cancel says SIGKILL follows after
     resources.kill_wait_s; the command is killed then and the run ends cancelled, saying so."""
     options = (["--catch", "SIGINT", "--ignore", "SIGTERM"] if how == "SIG_IGN"
                else ["--catch", "SIGINT,SIGTERM", "--on-stop", "carry-on"])
-    run_dir = runs.submit_command(f"ignores-{how}-{wrapped}-{cancels}",
-                                  protocol_command(*options, wrapped=wrapped, units=100000),
-                                  resources={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1,
-                                             "mem_gb": 1, "timeout_min": 10, "kill_wait_s": 3})
+    run_dir = command_runs.submit_command(f"ignores-{how}-{wrapped}-{cancels}",
+                                          protocol_command(*options, wrapped=wrapped, units=100000),
+                                          resources={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0,
+                                                     "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 10,
+                                                     "kill_wait_s": 3})
     trainer = wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 2),
                        what="the command to count", run_dir=run_dir)
     code, output = cli("cancel", str(run_dir))
@@ -363,13 +366,14 @@ def test_kill_wait_s_is_a_spec_field_of_at_least_one_second(tmp_path: Path) -> N
     assert code == 2 and "resources.kill_wait_s = 0" in output and "greater than or equal to 1" in output, output
 
 
-def test_cancelling_a_command_that_catches_nothing_ends_it_cancelled_at_once(runs: CommandRuns) -> None:
+def test_cancelling_a_command_that_catches_nothing_ends_it_cancelled_at_once(command_runs: CommandRuns) -> None:
     """`elfes cancel` of a command that catches no signal: the SIGTERM is not held for the command to start
     catching (a preemption's would be), its default action ends the command, and the run ends cancelled,
     well inside resources.kill_wait_s, saying that nothing was saved."""
-    run_dir = runs.submit_command("cancel-catches-nothing", protocol_command("--catch", "", units=100_000),
-                                  resources={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1,
-                                             "mem_gb": 1, "timeout_min": 10, "kill_wait_s": 20})
+    run_dir = command_runs.submit_command("cancel-catches-nothing", protocol_command("--catch", "", units=100_000),
+                                          resources={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0,
+                                                     "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 10,
+                                                     "kill_wait_s": 20})
     wait_for(lambda: tasks_running(run_dir, 1, 1) and trainer_counting(run_dir, 1), what="the command to count",
              run_dir=run_dir)
     asked = time.monotonic()

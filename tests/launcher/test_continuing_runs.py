@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
+from local_runs import CONFIG, Runs, wait_ended, write_spec
 from run_comparison import assert_runs_bitwise_equal
 from run_fixtures import launch_environment
-from test_local_jobs import CONFIG, Runs, wait_ended, write_spec
 
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
@@ -26,13 +24,6 @@ TRAINING = {key: CONFIG[key] for key in ("train_samples", "log_every")}
 
 def elfes(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([ELFES, *argv], env=launch_environment(), capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[Runs]:
-    runs = Runs(tmp_path)
-    yield runs
-    runs.kill_leftovers()
 
 
 def test_resume_with_a_raised_epoch_budget_continues_a_finished_run_bitwise(runs: Runs):

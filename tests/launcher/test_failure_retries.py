@@ -13,18 +13,11 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from local_runs import CONFIG, Runs, diagnostics, events, wait_ended
 from run_comparison import assert_runs_bitwise_equal
-from test_local_jobs import CONFIG, Runs, diagnostics, events, wait_ended
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[Runs]:
-    runs = Runs(tmp_path)
-    yield runs
-    runs.kill_leftovers()
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from run_comparison import assert_runs_bitwise_equal
-from run_fixtures import make_run
-from test_local_jobs import (
+from local_runs import (
     CONFIG,
     Runs,
     events,
@@ -27,18 +25,13 @@ from test_local_jobs import (
     wait_for,
     write_spec,
 )
+from run_comparison import assert_runs_bitwise_equal
+from run_fixtures import make_run
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
 
 SLOW = {**CONFIG, "step_delay_s": 0.3}  # about 10 s of training: a cancel or a remount lands mid-run
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[Runs]:
-    runs = Runs(tmp_path)
-    yield runs
-    runs.kill_leftovers()
 
 
 def run_cli(*argv: str) -> tuple[int, str]:

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from local_runs import Runs, state_of
 from run_fixtures import make_run
-from test_local_jobs import Runs, state_of
 
 from elfes.launcher.cli.main import main
 from elfes.launcher.rundir.paths import RunPaths

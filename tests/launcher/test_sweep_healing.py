@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_local_jobs import REPOSITORY
+from local_runs import REPOSITORY
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir import state as run_state

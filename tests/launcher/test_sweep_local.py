@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from local_runs import REPOSITORY, Runs, state_of, tasks_running, trained_to, wait_ended, wait_for
 from run_comparison import assert_runs_bitwise_equal
-from test_local_jobs import REPOSITORY, Runs, state_of, tasks_running, trained_to, wait_ended, wait_for
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir import state as run_state
