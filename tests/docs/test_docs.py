@@ -3,7 +3,6 @@ against what the code says) by a test here, as a reader would copy it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -14,19 +13,10 @@ from pathlib import Path
 
 import pytest
 from blocks import REPOSITORY, all_blocks, block
+from launching import launch_environment
 
 from elfes.records import event_reference, read_events
 
-
-def _tests_conftest():
-    """tests/conftest.py, loaded by path (tests/slurm has a conftest.py too)."""
-    spec = importlib.util.spec_from_file_location("tests_conftest", REPOSITORY / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-launch_environment = _tests_conftest().launch_environment
 ELFES = str(Path(sys.executable).with_name("elfes"))
 # A bare machine's PATH: no virtual environment activated, so no torchrun, elfes or python of this one.
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"

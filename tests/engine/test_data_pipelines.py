@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import launch_environment
+from launching import launch_environment
 from data_jobs import IMAGES, DataCase, train, write_hf_files
 from workloads import assert_bitwise_equal
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import launch_torchrun
+from launching import launch_torchrun
 
 LAUNCHES = 10
 

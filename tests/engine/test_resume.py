@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import launch_environment
+from launching import launch_environment
 from workloads import (
     RunSpec,
     assert_bitwise_equal,

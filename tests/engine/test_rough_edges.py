@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import launch_environment
+from launching import launch_environment
 from workloads import RunSpec, build, events_named, fresh_accelerate, mse_step, quiet_logger
 
 from elfes.engine import Interval, Monitor, StopRequest, TrainConfig

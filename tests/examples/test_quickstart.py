@@ -11,22 +11,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from launching import REPOSITORY, launch_environment
 
 from elfes.records import EventsFileWarning, epoch_number, events_path, read_events
-
-
-def _tests_conftest():
-    """tests/conftest.py, loaded by path: tests/slurm has a conftest.py too, and whichever pytest imported
-    last owns the module name "conftest", so `from conftest import ...` may find the wrong one."""
-    spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_SHARED = _tests_conftest()
-REPOSITORY = _SHARED.REPOSITORY
-launch_environment = _SHARED.launch_environment
 
 SCRIPT = REPOSITORY / "examples" / "quickstart" / "train.py"
 

@@ -3,9 +3,10 @@ launcher/rundir/state.py's transitions, a few run records and log files. No job 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from launching import REPOSITORY, launch_environment, torchrun
 
 from elfes.files import write_text_atomically
 from elfes.launcher.rundir import state as run_state
@@ -22,21 +23,6 @@ resources: {{tasks_per_node: 2, timeout_min: 10}}
 slurm: {{signal_delay_s: 60}}
 requeue: {{max_requeues: 3}}
 """
-
-
-def _tests_conftest():
-    """tests/conftest.py, loaded by path: tests/slurm has a conftest.py too, and whichever pytest imported
-    last owns the module name "conftest", so `from conftest import ...` may find the wrong one."""
-    spec = importlib.util.spec_from_file_location("tests_conftest_launcher", Path(__file__).resolve().parents[1] / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_SHARED = _tests_conftest()
-REPOSITORY: Path = _SHARED.REPOSITORY
-launch_environment = _SHARED.launch_environment
-torchrun = _SHARED.torchrun
 
 # A pid far above any kernel's pid_max: no process has it.
 GONE_JOB_ID = "4194999"
