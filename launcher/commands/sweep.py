@@ -63,6 +63,7 @@ class SweepSubmitted:
     scheduler_started: bool = False  # local: a scheduler was started (none was alive)
     refused: dict[str, str] = field(default_factory=dict)  # SLURM: members sbatch refused (or left after a refusal)
     error: str | None = None  # SLURM: sbatch's refusal of an array after others were queued
+    notes: tuple[str, ...] = ()  # SLURM: e.g. an array that could not leave its members' excluded nodes out
 
 
 def _check_folder(plan: SweepPlan) -> None:
@@ -192,7 +193,7 @@ def _after_arrays(result: SweepSubmitted, submitted: Any) -> SweepSubmitted:
         return result
     refused = dict(submitted.refused)
     result = replace(result, members=tuple(name for name in result.members if name not in refused), refused=refused,
-                     error=submitted.error)
+                     error=submitted.error, notes=submitted.notes)
     if submitted.interrupted is not None:
         raise Interrupted(submitted.interrupted, f"the sweep was handed over first: SLURM job array(s) "
                           f"{', '.join(result.job_ids) or 'none'} queued (elfes status {result.sweep_dir}; "
@@ -208,9 +209,10 @@ def sweep_paths(sweep_dir: str | os.PathLike[str]) -> SweepPaths:
 
 
 def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
-           sets: Sequence[str] = ()) -> SweepSubmitted:
+           sets: Sequence[str] = (), include_nodes: bool = False) -> SweepSubmitted:
     """Hand over again only the members that are not finished and not live (stopped, cancelled, failed,
-    never started); finished and running members are left alone."""
+    never started); finished and running members are left alone. On SLURM each array leaves out the nodes its
+    members excluded after failures; ``include_nodes`` allows them again first."""
     paths = sweep_paths(sweep_dir)
     if sets:
         raise UsageError(f"{sweep_dir}: `elfes resume SWEEP_DIR` takes no --set; resume a member with its own "
@@ -245,7 +247,8 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             from ..submit.cluster_checks import max_array_size
             from .sweep_slurm import record_adopted_arrays, submit_array
 
-            submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size())
+            submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size(),
+                                     include_nodes=include_nodes)
             change_sweep(paths, lambda r: replace(r, executor="slurm"))
             record_adopted_arrays(paths, load_sweep(paths))
             skipped |= submitted.left
