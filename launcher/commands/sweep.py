@@ -274,15 +274,31 @@ class SweepCancelled:
     unqueued: tuple[str, ...]  # members that were waiting for a slot and now will not start
 
 
+def cancel_order(members: Sequence[Any], jobs: Sequence[Any]) -> list[Any]:
+    """``members`` (each with a ``job_id``) in the order a sweep's cancel reaches them: the chained arrays' from
+    the last array (``jobs``, sweep.json's, in hand-over order) to the first, and within an array from the last
+    task to the first. Each array waits for the one before (``afterany``) and a throttled task for a running
+    one: cancelled first, no dependent can start while the one it waits for is being cancelled. Members
+    whose job is no array of the sweep's (resumed alone) come first; their order does not matter."""
+    position = {job.job_id: number for number, job in enumerate(jobs)}
+
+    def key(member: Any) -> tuple[int, int]:
+        array, _, task = (member.job_id or "").partition("_")
+        return (-position.get(array, len(position)), -int(task) if task.isdigit() else 0)
+
+    return sorted(members, key=key)
+
+
 def cancel_sweep(sweep_dir: str | os.PathLike[str]) -> SweepCancelled:
     """Empty the local queue (waiting members do not start), then cancel every live member (each saves
-    ``last`` and ends cancelled; `elfes resume SWEEP_DIR` continues the unfinished ones)."""
+    ``last`` and ends cancelled; `elfes resume SWEEP_DIR` continues the unfinished ones), later arrays first
+    (:func:`cancel_order`)."""
     paths = sweep_paths(sweep_dir)
     with sweep_lock(paths):
         record = load_sweep(paths)
         change_sweep(paths, lambda r: replace(r, queue=()))
         signalled = []
-        for member in sweep_status(paths.sweep_dir, record).members:
+        for member in cancel_order(sweep_status(paths.sweep_dir, record).members, record.jobs):
             # A SLURM member that stopped on SIGTERM waits for SLURM to end it (and may come back): cancel it too.
             waits = member.executor == "slurm" and member.status == "stopped"
             if member.status not in (*run_state.ENDED, WAITING, NOT_STARTED) or waits:

@@ -308,5 +308,31 @@ def test_a_requeue_under_way_counts_before_the_relaunch() -> None:
     assert state.requeues_used == 1  # the relaunch is the same requeue
 
 
+def test_cancelling_a_slurm_sweep_reaches_the_later_arrays_first(tmp_path: Path, monkeypatch) -> None:
+    """Arrays 10 and 20 chained (`afterany:10`), a member resumed alone (job 30): the cancel reaches array 20 before
+    array 10, whose end would let 20 start, and each array's last task first (a throttled task waits for a running
+    one). Unit level: which order would make SLURM start a dependent is a race the cluster cannot show on demand."""
+    from types import SimpleNamespace
+
+    from elfes.launcher.commands import sweep as sweep_commands
+    from elfes.launcher.rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, save_sweep
+
+    paths = SweepPaths(tmp_path / "sweep")
+    paths.sweep_dir.mkdir()
+    jobs = {"a": "10_0", "b": "10_1", "c": "20_0", "d": "20_1", "e": "30", "f": "10_2"}
+    members = tuple(MemberRecord(k, name, str(paths.sweep_dir / name), {}) for k, name in enumerate(jobs))
+    save_sweep(paths, SweepRecord(name="sweep", executor="slurm", max_parallel=2, members=members, jobs=(
+        SweepJob(job_id="10", kind="submit", members=("a", "b", "f"), at="t", max_parallel=2),
+        SweepJob(job_id="20", kind="submit", members=("c", "d"), at="t", max_parallel=2))))
+    statuses = {"a": "running", "b": "running", "c": "pending", "d": "pending", "e": "running", "f": "finished"}
+    shown = [SimpleNamespace(name=name, run_dir=paths.sweep_dir / name, status=statuses[name], executor="slurm",
+                             job_id=job_id) for name, job_id in jobs.items()]
+    monkeypatch.setattr(sweep_commands, "sweep_status", lambda sweep_dir, record: SimpleNamespace(members=shown))
+    reached: list[str] = []
+    monkeypatch.setattr(sweep_commands, "cancel", lambda run_dir: reached.append(Path(run_dir).name))
+    sweep_commands.cancel_sweep(paths.sweep_dir)
+    assert reached == ["e", "d", "c", "b", "a"]
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-n", "0"]))
