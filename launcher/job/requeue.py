@@ -1,8 +1,8 @@
 """Carrying out an attempt's decision on its executor: a SLURM job requeues itself with
 ``scontrol requeue``; a local job exits for submitit's controller to relaunch it (or, past the
 controller's six starts, rank 0 resubmits the run); a cancelled SLURM job ``scancel``s itself, so that
-no requeue brings it back, and so does one whose failure is not retried, so that no task waits on; a SLURM job that stopped on SIGTERM waits for SLURM to end it. Inside the
-job; torch-free.
+no requeue brings it back, and so does one whose failure is not retried, so that no task waits on; a
+SLURM job that stopped on SIGTERM waits for SLURM to end it. Inside the job; torch-free.
 """
 
 from __future__ import annotations

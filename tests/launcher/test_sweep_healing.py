@@ -335,7 +335,7 @@ def test_a_member_whose_state_json_is_a_dangling_link_is_unreadable_and_the_advi
     damaged.state.rename(f"{damaged.state}.damaged")  # the advice, followed
     assert elfes(["resume", str(paths.sweep_dir)]) == 0
     said = capsys.readouterr().out
-    assert f"resumed 1 member(s)" in said and f"left alone: {load_sweep(paths).members[1].name} (finished)" in said
+    assert "resumed 1 member(s)" in said and f"left alone: {load_sweep(paths).members[1].name} (finished)" in said
     assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0
     assert run_state.load_state(damaged).status == "finished" and len(run_state.load_state(good).submissions) == 1
 
