@@ -63,12 +63,6 @@ def _resume(args: argparse.Namespace) -> int:
             raise UsageError(f"--code {args.code}: a sweep's members run the one snapshot taken when the sweep was "
                              "submitted; resume a member alone with --code current (elfes resume SWEEP_DIR/MEMBER "
                              "--code current), or submit the sweep again into another run_dir")
-        if args.include_nodes:
-            from ..rundir.lookup import UsageError
-
-            raise UsageError("--include-nodes: a sweep's members are resumed in job arrays, which leave no node out; "
-                             "resume a member alone to allow its excluded nodes again (elfes resume "
-                             "SWEEP_DIR/MEMBER --include-nodes)")
         return sweep.resume(args)
     from ..commands import submission
 

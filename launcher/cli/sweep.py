@@ -73,7 +73,8 @@ def _refusals(result: Any) -> int:
 def resume(args: argparse.Namespace) -> int:
     from ..commands import sweep
 
-    result = sweep.resume(args.run_dir, executor=args.executor, sets=args.sets)
+    result = sweep.resume(args.run_dir, executor=args.executor, sets=args.sets,
+                          include_nodes=args.include_nodes)
     if result.members:
         how = f"SLURM job array {', '.join(result.job_ids)}" if result.executor == "slurm" else "local jobs, queued"
         print_line(f"{result.name}: resumed {len(result.members)} member(s) as {how}: {', '.join(result.members)}")
@@ -84,6 +85,8 @@ def resume(args: argparse.Namespace) -> int:
         print_line(f"{result.name}: no scheduler was alive; started one for the {waiting} waiting member(s)")
     for name, why in result.skipped.items():
         print_line(f"  left alone: {name} ({why})")
+    for note in result.notes:
+        print_line(f"note: {note}")
     print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
     from ..rundir.sweep_status import UNREADABLE
     from .exit_codes import EXIT_NOT_NOW

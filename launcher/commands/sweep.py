@@ -63,6 +63,7 @@ class SweepSubmitted:
     scheduler_started: bool = False  # local: a scheduler was started (none was alive)
     refused: dict[str, str] = field(default_factory=dict)  # SLURM: members sbatch refused (or left after a refusal)
     error: str | None = None  # SLURM: sbatch's refusal of an array after others were queued
+    notes: tuple[str, ...] = ()  # SLURM: e.g. an array that could not leave its members' excluded nodes out
 
 
 def _check_folder(plan: SweepPlan) -> None:
@@ -192,7 +193,7 @@ def _after_arrays(result: SweepSubmitted, submitted: Any) -> SweepSubmitted:
         return result
     refused = dict(submitted.refused)
     result = replace(result, members=tuple(name for name in result.members if name not in refused), refused=refused,
-                     error=submitted.error)
+                     error=submitted.error, notes=submitted.notes)
     if submitted.interrupted is not None:
         raise Interrupted(submitted.interrupted, f"the sweep was handed over first: SLURM job array(s) "
                           f"{', '.join(result.job_ids) or 'none'} queued (elfes status {result.sweep_dir}; "
@@ -208,9 +209,10 @@ def sweep_paths(sweep_dir: str | os.PathLike[str]) -> SweepPaths:
 
 
 def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
-           sets: Sequence[str] = ()) -> SweepSubmitted:
+           sets: Sequence[str] = (), include_nodes: bool = False) -> SweepSubmitted:
     """Hand over again only the members that are not finished and not live (stopped, cancelled, failed,
-    never started); finished and running members are left alone."""
+    never started); finished and running members are left alone. On SLURM each array leaves out the nodes its
+    members excluded after failures; ``include_nodes`` allows them again first."""
     paths = sweep_paths(sweep_dir)
     if sets:
         raise UsageError(f"{sweep_dir}: `elfes resume SWEEP_DIR` takes no --set; resume a member with its own "
@@ -245,7 +247,8 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             from ..submit.cluster_checks import max_array_size
             from .sweep_slurm import record_adopted_arrays, submit_array
 
-            submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size())
+            submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size(),
+                                     include_nodes=include_nodes)
             change_sweep(paths, lambda r: replace(r, executor="slurm"))
             record_adopted_arrays(paths, load_sweep(paths))
             skipped |= submitted.left
@@ -271,15 +274,31 @@ class SweepCancelled:
     unqueued: tuple[str, ...]  # members that were waiting for a slot and now will not start
 
 
+def cancel_order(members: Sequence[Any], jobs: Sequence[Any]) -> list[Any]:
+    """``members`` (each with a ``job_id``) in the order a sweep's cancel reaches them: the chained arrays' from
+    the last array (``jobs``, sweep.json's, in hand-over order) to the first, and within an array from the last
+    task to the first. Each array waits for the one before (``afterany``) and a throttled task for a running
+    one: cancelled first, no dependent can start while the one it waits for is being cancelled. Members
+    whose job is no array of the sweep's (resumed alone) come first; their order does not matter."""
+    position = {job.job_id: number for number, job in enumerate(jobs)}
+
+    def key(member: Any) -> tuple[int, int]:
+        array, _, task = (member.job_id or "").partition("_")
+        return (-position.get(array, len(position)), -int(task) if task.isdigit() else 0)
+
+    return sorted(members, key=key)
+
+
 def cancel_sweep(sweep_dir: str | os.PathLike[str]) -> SweepCancelled:
     """Empty the local queue (waiting members do not start), then cancel every live member (each saves
-    ``last`` and ends cancelled; `elfes resume SWEEP_DIR` continues the unfinished ones)."""
+    ``last`` and ends cancelled; `elfes resume SWEEP_DIR` continues the unfinished ones), later arrays first
+    (:func:`cancel_order`)."""
     paths = sweep_paths(sweep_dir)
     with sweep_lock(paths):
         record = load_sweep(paths)
         change_sweep(paths, lambda r: replace(r, queue=()))
         signalled = []
-        for member in sweep_status(paths.sweep_dir, record).members:
+        for member in cancel_order(sweep_status(paths.sweep_dir, record).members, record.jobs):
             # A SLURM member that stopped on SIGTERM waits for SLURM to end it (and may come back): cancel it too.
             waits = member.executor == "slurm" and member.status == "stopped"
             if member.status not in (*run_state.ENDED, WAITING, NOT_STARTED) or waits:

@@ -17,6 +17,11 @@ member counts its own requeues in its own ``state.json``. The hand-over is one t
 every member's submission is recorded ahead ("submitted"), then sbatch is asked once, then every member
 gets its job id; when sbatch refuses, every member of that array is restored as it was (the arrays queued
 before it stay, and the members left out are recorded as the sweep's problems).
+
+An array leaves out (``--exclude``) every node its members' failures excluded (``requeue.exclude_failed_nodes``,
+each member's ``state.json``), as a single run's resubmission does: a node bad for one member is bad for its
+array. Where that would leave the partition too few nodes (``sinfo``), nothing is left out, the members'
+exclusions are cleared and the hand-over says so (launcher/submit/placement.py), as a single run's requeue does.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from ..spec import JobSpec, load_spec
 from ..spec.sweep import SweepPlan
 from ..submit import arrays, executors
 from ..submit.handover import RunDirUndo, record_ahead, record_job, signals_deferred, submission_lock
+from ..submit.placement import partition_nodes, placement_problem
 from .submission import close_lost_job, settle_interrupted_handover
 
 
@@ -95,6 +101,7 @@ class ArraysSubmitted:
     refused: dict[str, str] = field(default_factory=dict)  # member -> why not: sbatch refused its array (or an earlier one)
     error: str | None = None  # sbatch's refusal of an array after others were queued
     interrupted: int | None = None  # a stop signal (Ctrl-C) that arrived during the hand-over, held until it was done
+    notes: tuple[str, ...] = ()  # e.g. an array that could not leave its members' excluded nodes out
 
 
 def _settle(member: RunPaths) -> str | None:
@@ -114,6 +121,35 @@ def _settle(member: RunPaths) -> str | None:
     if state is not None and state.status not in run_state.ENDED:
         return f"{state.status} (job {state.job_id})"  # handed over meanwhile, e.g. by `elfes resume` of the member
     return None
+
+
+def array_exclusions(members: Sequence[tuple[RunPaths, JobSpec]]) -> tuple[str, ...]:
+    """The nodes an array of ``members`` (run directory, spec) leaves out (``--exclude``): those each member that
+    excludes the nodes of its failures (``requeue.exclude_failed_nodes``) recorded in its ``state.json``."""
+    hosts: dict[str, None] = {}
+    for member, spec in members:
+        if spec.requeue.exclude_failed_nodes:
+            state = run_state.load_state(member)
+            hosts.update(dict.fromkeys(state.excluded_hosts if state is not None else ()))
+    return tuple(hosts)
+
+
+def _placeable(members: Sequence[tuple[RunPaths, JobSpec]], excluded: tuple[str, ...],
+               nodes: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:
+    """``excluded``, and None; or, where leaving them out would leave the partition (``nodes``, sinfo's; None:
+    unknown) too few nodes for the array, nothing and why: the members' exclusions are cleared, as a single run's
+    requeue clears them, so that the array is not refused (sbatch: "Requested node configuration is not
+    available"). Under the members' submission locks."""
+    spec = members[0][1]
+    problem = nodes and placement_problem(
+        needed=spec.resources.nodes, partition=spec.slurm.partition, nodes=nodes, excluded=excluded,
+        job=f"the job array of {', '.join(member.run_dir.name for member, _ in members)}",
+        placed="it may run on every node")
+    if not problem:
+        return excluded, None
+    for member, _ in members:
+        run_state.update_state(member, lambda s: run_state.include_nodes(s) if s is not None else s)
+    return (), problem
 
 
 def live_arrays(record: SweepRecord) -> list[str]:
@@ -167,7 +203,7 @@ def record_adopted_arrays(paths: SweepPaths, record: SweepRecord) -> SweepRecord
 
 
 def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[MemberRecord], *,
-                 kind: str, limit: int | None = None) -> ArraysSubmitted:
+                 kind: str, limit: int | None = None, include_nodes: bool = False) -> ArraysSubmitted:
     """Hand ``members`` over as job array(s) (``kind``: "submit" or "resume"): one per distinct set of sbatch
     options, cut at ``limit`` tasks (``MaxArraySize``), each after the one before
     (``--dependency=afterany``), the first after the sweep's arrays still queued or running: together they
@@ -176,8 +212,11 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
     for the whole hand-over, so that a single-run ``elfes resume`` of a member cannot hand it over a second
     time. sbatch refusing the first array raises (every member's run directory as it was); refusing a later
     one keeps what was queued and returns the members left out (``refused``). A stop signal that arrives
-    meanwhile waits for the hand-over to be recorded (``interrupted``)."""
+    meanwhile waits for the hand-over to be recorded (``interrupted``). Each array leaves out the nodes its
+    members excluded after failures (:func:`array_exclusions`; ``include_nodes``: those exclusions are cleared
+    first, ``elfes resume SWEEP_DIR --include-nodes``)."""
     left: dict[str, str] = {}
+    notes: list[str] = []
     refused: dict[str, str] = {}
     array_ids: list[str] = []
     error_text = None
@@ -201,13 +240,21 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                 continue
             group_paths = [member_paths[name] for name, _ in group]
             try:
+                if include_nodes:
+                    for member in group_paths:
+                        run_state.update_state(member, lambda s: run_state.include_nodes(s) if s is not None else s)
+                exclude = array_exclusions([(member, spec) for member, (_, spec) in zip(group_paths, group)])
+                if exclude:
+                    exclude, note = _placeable([(member, spec) for member, (_, spec) in zip(group_paths, group)],
+                                               exclude, partition_nodes(group[0][1].slurm.partition))
+                    notes += [note] if note else []
                 for task, (member, (_, spec)) in enumerate(zip(group_paths, group)):
                     launch = "submit" if run_state.load_state(member) is None else "resume"
                     member.cancel_marker.unlink(missing_ok=True)
                     record_ahead(spec, member, "slurm", launch, submitit_folder=paths.submitit,
                                  array_task=task if len(group) > 1 else None)
                 job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(member.run_dir)) for member in group_paths],
-                                              paths, record.max_parallel, after=after)
+                                              paths, record.max_parallel, after=after, exclude=exclude)
             except executors.SubmissionError as error:
                 for name, _ in group:
                     undo[name].restore()
@@ -231,7 +278,7 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                 name: why for name, why in r.problems.items() if name not in job.members}))
         if refused:
             change_sweep(paths, lambda r: replace(r, problems={**r.problems, **refused}))
-    return ArraysSubmitted(array_ids, left, refused, error_text, arrived[0] if arrived else None)
+    return ArraysSubmitted(array_ids, left, refused, error_text, arrived[0] if arrived else None, tuple(notes))
 
 
 def array_findings(spec_file: str, config: dict[str, str]) -> list[tuple[str, str, str | None]]:

@@ -1,8 +1,8 @@
 """Carrying out an attempt's decision on its executor: a SLURM job requeues itself with
 ``scontrol requeue``; a local job exits for submitit's controller to relaunch it (or, past the
 controller's six starts, rank 0 resubmits the run); a cancelled SLURM job ``scancel``s itself, so that
-no requeue brings it back; a SLURM job that stopped on SIGTERM waits for SLURM to end it. Inside the
-job; torch-free.
+no requeue brings it back, and so does one whose failure is not retried, so that no task waits on; a
+SLURM job that stopped on SIGTERM waits for SLURM to end it. Inside the job; torch-free.
 """
 
 from __future__ import annotations
@@ -93,6 +93,23 @@ def cancel_slurm_job(job_id: str) -> None:
     said = (completed.stderr or completed.stdout).strip()
     print(f"elfes: cancelled SLURM job {job_id} (scancel" + (f": {said}" if said else "") + "); it does not come back",
           flush=True)
+
+
+def end_failed_slurm_job(job_id: str) -> None:
+    """``scancel JOB_ID`` from inside a job whose failure is not retried (the rank that decided it, once state.json
+    says "failed"). The other tasks may never learn that a rank is gone (waiting for it in the process group's
+    rendezvous, or in a collective with a long timeout) and would hold the allocation until the time limit;
+    SLURM ends them all now (SIGTERM, SIGKILL KillWait later) and the job is not requeued."""
+    try:
+        completed = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60, check=False,
+                                   preexec_fn=_ignore_stop_signals)
+    except (OSError, subprocess.SubprocessError) as error:
+        print(f"elfes: warning: `scancel {job_id}` could not run ({error}); the job's other tasks run on until they "
+              "fail or reach the time limit: `scancel` it", file=sys.stderr, flush=True)
+        return
+    said = (completed.stderr or completed.stdout).strip()
+    print(f"elfes: ended SLURM job {job_id} (scancel" + (f": {said}" if said else "") + ") so that its other tasks "
+          "do not wait for the failed rank: the failure is not retried", flush=True)
 
 
 def resubmit_local(paths: RunPaths, task: Any) -> None:

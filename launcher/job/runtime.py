@@ -27,8 +27,10 @@ and calls it. In order, on every rank:
    task returns; under SLURM a stopped task waits until SLURM ends it, so that a preempted job is
    requeued by SLURM, while a cancelled attempt (the cancel marker) has rank 0 ``scancel`` the job and
    every rank return, so that it never comes back; a cancel marker seen right before ``scontrol
-   requeue`` turns the requeue into a cancel); failed (an exception in user code: recorded with its message
-   on rank 0, re-raised, never requeued).
+   requeue`` turns the requeue into a cancel); failed (an exception, a nonzero exit, a lost rank, a hang:
+   the first rank to fail records it and decides whether it is retried, launcher/job/failures.py; one
+   not retried, of a multi-task SLURM job, that rank ends with ``scancel``, so that no healthy rank
+   waits on for the failed one until the time limit).
 
 The rooms below it, one job each: launcher/job/signals.py (the stop signals and the flag-only
 handlers), launcher/job/distributed_env.py (who this task is and the torch distributed environment),
@@ -83,6 +85,7 @@ from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
     cancel_slurm_job,
+    end_failed_slurm_job,
     exclude_from_slurm_job,
     requeue_slurm_job,
     resubmit_local,
@@ -420,6 +423,10 @@ class _Attempt:
             failure = decided[-1] if decided else None
             if self.decider and failure is not None and failure.retried:
                 failure = self._carry_out_retry(failure)
+            if self.decider and failure is not None and not failure.retried and self.start.executor == "slurm" \
+                    and self.start.world_size > 1:
+                # The healthy ranks may never see this one go (a rendezvous, a long collective): end them all now.
+                end_failed_slurm_job(self.start.job_id)
             print(f"elfes: attempt {self.attempt} ended failed on rank {self.start.rank}"
                   + ("; retried from `last`" if failure is not None and failure.retried else
                      f"; not retried ({failure.reason})" if failure is not None and failure.reason else ""), flush=True)

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,7 +53,7 @@ from typing import Any, Literal
 from elfes.files import exclusive_lock, write_text_atomically
 
 from .json_fields import FieldError, read_record
-from .paths import RunPaths
+from .paths import RunPaths, SweepPaths
 from .provenance import Provenance
 
 FORMAT_VERSION = 1
@@ -525,7 +527,22 @@ def latest_submission_kind(state: RunState | None) -> str:
 
 def load_state(paths: RunPaths) -> RunState | None:
     """The run's state, or None when ``state.json`` does not exist yet. Any process; takes no lock.
-    A file that cannot be read raises :class:`StateError`: the file, what is wrong, a safe repair."""
+    A file that cannot be read raises :class:`StateError`: the file, what is wrong, a safe repair. So does a
+    ``state.json`` that is not a regular file (a dangling symbolic link, a folder, a pipe): it is not a run
+    that never started."""
+    try:
+        info = paths.state.stat()
+    except FileNotFoundError:
+        if not paths.state.is_symlink():
+            return None
+        raise StateError(f"{paths.state} cannot be read: it is a symbolic link to {os.readlink(paths.state)}, which "
+                         f"does not exist (elfes writes state.json as a regular file). {_repair(paths)}") from None
+    except OSError as error:
+        raise StateError(f"{paths.state} cannot be read ({error.strerror or error}); check it and its permissions") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise StateError(f"{paths.state} cannot be read: it is {kind} (elfes writes state.json as a regular file). "
+                         f"{_repair(paths)}")
     try:
         content = paths.state.read_bytes()
     except FileNotFoundError:
@@ -539,9 +556,18 @@ def load_state(paths: RunPaths) -> RunState | None:
     except ValueError as error:  # not UTF-8, not JSON, or a field that does not fit (FieldError)
         raise StateError(
             f"{paths.state} cannot be read: {error}. It is written atomically, so it was edited or damaged outside "
-            "elfes. Keep the run directory (its checkpoints are intact): once no job of the run is running, move the "
-            f"file aside (mv {paths.state} {paths.state}.damaged) and submit again (elfes submit {paths.spec}); the "
-            "run continues from checkpoints/last, its attempt history started anew.") from None
+            f"elfes. {_repair(paths)}") from None
+
+
+def _repair(paths: RunPaths) -> str:
+    """The safe repair of a damaged ``state.json``: moved aside, the run handed over again; a sweep member's by
+    the sweep (its job.yaml submitted alone would run outside the sweep's scheduling and ``max_parallel``)."""
+    sweep = SweepPaths(paths.run_dir.parent)
+    again = (f"resume the sweep (elfes resume {sweep.sweep_dir}), which hands this member over again"
+             if sweep.record.is_file() else f"submit again (elfes submit {paths.spec})")
+    return ("Keep the run directory (its checkpoints are intact): once no job of the run is running, move the file "
+            f"aside (mv {paths.state} {paths.state}.damaged) and {again}; the run continues from checkpoints/last, its "
+            "attempt history started anew.")
 
 
 def save_state(paths: RunPaths, state: RunState) -> None:

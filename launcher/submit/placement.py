@@ -31,14 +31,16 @@ def partition_nodes(partition: str | None) -> tuple[str, ...] | None:
 
 
 def placement_problem(*, needed: int, partition: str | None, nodes: Sequence[str],
-                      excluded: Sequence[str]) -> str | None:
+                      excluded: Sequence[str], job: str = "the requeued job",
+                      placed: str = "it is requeued onto them all") -> str | None:
     """Why a job that needs ``needed`` nodes of ``partition`` (whose nodes are ``nodes``) cannot be placed once
-    ``excluded`` are left out; None when enough remain."""
+    ``excluded`` are left out; None when enough remain. ``job`` names it and ``placed`` says where it goes
+    instead (a sweep's job array is submitted, not requeued)."""
     left = [node for node in nodes if node not in set(excluded)]
     if len(left) >= needed:
         return None
     where = f"partition {partition}" if partition else "the cluster"
-    return (f"the requeued job cannot be placed without {', '.join(excluded)}: {where} has {len(nodes)} "
+    return (f"{job} cannot be placed without {', '.join(excluded)}: {where} has {len(nodes)} "
             f"node{'s' if len(nodes) != 1 else ''} ({', '.join(nodes)}) and the job needs {needed} (resources.nodes), "
-            "so no node is left out (requeue.exclude_failed_nodes) and it is requeued onto them all; if a node is "
+            f"so no node is left out (requeue.exclude_failed_nodes) and {placed}; if a node is "
             "bad, drain it (scontrol update NodeName=NODE State=DRAIN Reason=...) or add nodes to the partition")

@@ -107,3 +107,14 @@ def raises_then_sleeps_at_step_7(job: Any) -> Any:
 
     return _fails_at(job, 7, fault)
 
+
+
+def raises_before_the_group_forms(job: Any) -> Any:
+    """Rank ``config["fault_rank"]`` raises before ``Accelerator()`` in every attempt: the other ranks wait for it
+    in the process group's rendezvous (torch's default timeout: 30 minutes), never learning that it is gone."""
+    config = dict(job.config)
+    rank = int(config.pop("fault_rank", 1))
+    job.config = config
+    if job.rank == rank:
+        raise RuntimeError(f"rank {rank} cannot read its data")
+    return slow_quickstart(job)

@@ -26,8 +26,9 @@ from elfes.launcher.job.failures import (
     write_report,
 )
 from elfes.launcher.rundir import state as run_state
-from elfes.launcher.rundir.paths import RunPaths
-from elfes.launcher.spec import validate_spec_data
+from elfes.launcher.rundir.paths import RunPaths, SweepPaths
+from elfes.launcher.spec import load_spec, validate_spec_data
+from elfes.launcher.submit.arrays import array_sbatch_script
 from elfes.launcher.submit.placement import placement_problem
 from elfes.launcher.submit.scripts import sbatch_script
 
@@ -172,3 +173,68 @@ def test_the_deciding_rank_excludes_the_failures_nodes_and_lifts_them_when_the_f
     again = dataclasses.replace(decide_failure(report(1, "node2"), previous=previous, failures_used=1, max_failures=3),
                                 nodes=("node2",))
     assert _deciding_rank("slurm", previous)._exclusions(state, again, final=False).excluded_nodes == ()
+
+
+def _sweep_of_failed_members(tmp_path: Path, excluded: dict[str, tuple[str, ...]]):
+    """A SLURM sweep whose members (name -> nodes their failures excluded) all ended failed."""
+    from elfes.launcher.rundir.sweep_record import MemberRecord, SweepRecord, save_sweep
+
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "train.py").write_text("def main(job):\n    pass\n")
+    sweep = SweepPaths(tmp_path / "sweep")
+    members = []
+    for index, (name, hosts) in enumerate(excluded.items()):
+        spec = validate_spec_data({"name": "sweep", "entrypoint": "train:main", "workdir": str(tmp_path),
+                                   "run_dir": str(sweep.sweep_dir / name), "slurm": {"partition": "low"}},
+                                  source="spec", base=tmp_path)
+        paths = RunPaths(spec.run_dir)
+        paths.run_dir.mkdir(parents=True)
+        paths.spec.write_text(spec.to_yaml())
+        failure = decide_failure(report(0, "node1"), previous=None, failures_used=3, max_failures=3)
+        state = _failed_run(failure)
+        run_state.save_state(paths, run_state.exclude_nodes(state, hosts=hosts, attempt=1, cause="boom") if hosts
+                             else state)
+        members.append(MemberRecord(index, name, str(paths.run_dir), {}))
+    record = SweepRecord(name="sweep", executor="slurm", max_parallel=2, members=tuple(members))
+    save_sweep(sweep, record)
+    return sweep, record
+
+
+def _handed_over(monkeypatch, sweep, record, *, nodes, include_nodes=False):
+    """``elfes resume SWEEP_DIR``'s hand-over of every member, up to sbatch: what each array would leave out
+    (sbatch and sinfo answer from here)."""
+    from elfes.launcher.commands import sweep_slurm
+
+    submitted = []
+
+    def sbatch(spec, tasks, paths, max_parallel, after=(), exclude=()):
+        submitted.append(exclude)
+        return [f"77_{k}" for k in range(len(tasks))]
+
+    monkeypatch.setattr(sweep_slurm.arrays, "submit_array", sbatch)
+    monkeypatch.setattr(sweep_slurm, "partition_nodes", lambda partition: nodes if partition == "low" else None)
+    result = sweep_slurm.submit_array(sweep, record, list(record.members), kind="resume", include_nodes=include_nodes)
+    return submitted, result
+
+
+def test_a_resumed_sweep_array_leaves_out_the_nodes_its_members_failures_excluded(tmp_path: Path, monkeypatch) -> None:
+    sweep, record = _sweep_of_failed_members(tmp_path, {"a": ("node1",), "b": ("node3", "node1"), "c": ()})
+    submitted, result = _handed_over(monkeypatch, sweep, record, nodes=("node1", "node2", "node3"))
+    assert submitted == [("node1", "node3")] and result.notes == ()
+    script = array_sbatch_script(load_spec(RunPaths(sweep.sweep_dir / "a").spec), sweep.submitit, 3, 2,
+                                 exclude=("node1", "node3"))
+    assert "#SBATCH --exclude=node1,node3\n" in script and "#SBATCH --array=0-2%2\n" in script
+    # `elfes resume SWEEP_DIR --include-nodes` allows them again first
+    sweep, record = _sweep_of_failed_members(tmp_path / "again", {"a": ("node1",), "b": ("node3", "node1")})
+    submitted, _ = _handed_over(monkeypatch, sweep, record, nodes=("node1", "node2", "node3"), include_nodes=True)
+    assert submitted == [()] and run_state.load_state(RunPaths(sweep.sweep_dir / "b")).excluded_nodes == ()
+
+
+def test_a_sweep_array_that_cannot_be_placed_without_its_excluded_nodes_leaves_none_out(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    sweep, record = _sweep_of_failed_members(tmp_path, {"a": ("node1",), "b": ("node2",)})
+    submitted, result = _handed_over(monkeypatch, sweep, record, nodes=("node1", "node2"))
+    assert submitted == [()]
+    (note,) = result.notes
+    assert note.startswith("the job array of a, b cannot be placed without node1, node2: partition low has 2 nodes")
+    assert all(run_state.load_state(RunPaths(sweep.sweep_dir / name)).excluded_nodes == () for name in "ab")

@@ -308,5 +308,74 @@ def test_a_requeue_under_way_counts_before_the_relaunch() -> None:
     assert state.requeues_used == 1  # the relaunch is the same requeue
 
 
+def test_a_member_whose_state_json_is_a_dangling_link_is_unreadable_and_the_advice_resumes_the_sweep(
+    tmp_path: Path, capsys, leftovers: list[SweepPaths]
+) -> None:
+    """A dangling symbolic link is no run that never started: `unreadable: <why>` (exit 3), with the repair of a
+    sweep member (`elfes resume SWEEP_DIR`, not `elfes submit MEMBER/job.yaml`), and the repair works."""
+    spec = command_sweep(tmp_path)
+    assert elfes(["submit", str(spec), "--executor", "local"]) == 0
+    paths = SweepPaths(tmp_path / "heal")
+    leftovers.append(paths)
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0
+    damaged, good = (RunPaths(member.run_dir) for member in load_sweep(paths).members)
+    damaged.state.unlink()
+    damaged.state.symlink_to(tmp_path / "gone.json")
+    capsys.readouterr()
+
+    assert elfes(["status", str(paths.sweep_dir)]) == 3
+    shown = capsys.readouterr().out
+    assert f"unreadable: {damaged.state} cannot be read: it is a symbolic link to {tmp_path / 'gone.json'}" in shown
+    (member,) = [m for m in json.loads(_json_status(paths, capsys))["members"] if m["run_dir"] == str(damaged.run_dir)]
+    assert member["status"] == "unreadable"
+    assert f"elfes resume {paths.sweep_dir}" in member["error"] and "elfes submit" not in member["error"]
+    assert elfes(["status", str(damaged.run_dir)]) == 3  # the member alone, as any run
+    assert "symbolic link" in capsys.readouterr().out
+
+    damaged.state.rename(f"{damaged.state}.damaged")  # the advice, followed
+    assert elfes(["resume", str(paths.sweep_dir)]) == 0
+    said = capsys.readouterr().out
+    assert "resumed 1 member(s)" in said and f"left alone: {load_sweep(paths).members[1].name} (finished)" in said
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", str(TIMEOUT_S)]) == 0
+    assert run_state.load_state(damaged).status == "finished" and len(run_state.load_state(good).submissions) == 1
+
+
+def test_a_state_json_that_is_not_a_regular_file_is_unreadable_not_missing(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    paths.state.mkdir(parents=True)
+    with pytest.raises(run_state.StateError, match=r"cannot be read: it is a folder .*\(elfes submit "):
+        run_state.load_state(paths)
+    paths.state.rmdir()
+    os.mkfifo(paths.state)  # reading it would block
+    with pytest.raises(run_state.StateError, match="it is not a regular file"):
+        run_state.load_state(paths)
+
+
+def test_cancelling_a_slurm_sweep_reaches_the_later_arrays_first(tmp_path: Path, monkeypatch) -> None:
+    """Arrays 10 and 20 chained (`afterany:10`), a member resumed alone (job 30): the cancel reaches array 20 before
+    array 10, whose end would let 20 start, and each array's last task first (a throttled task waits for a running
+    one). Unit level: which order would make SLURM start a dependent is a race the cluster cannot show on demand."""
+    from types import SimpleNamespace
+
+    from elfes.launcher.commands import sweep as sweep_commands
+    from elfes.launcher.rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, save_sweep
+
+    paths = SweepPaths(tmp_path / "sweep")
+    paths.sweep_dir.mkdir()
+    jobs = {"a": "10_0", "b": "10_1", "c": "20_0", "d": "20_1", "e": "30", "f": "10_2"}
+    members = tuple(MemberRecord(k, name, str(paths.sweep_dir / name), {}) for k, name in enumerate(jobs))
+    save_sweep(paths, SweepRecord(name="sweep", executor="slurm", max_parallel=2, members=members, jobs=(
+        SweepJob(job_id="10", kind="submit", members=("a", "b", "f"), at="t", max_parallel=2),
+        SweepJob(job_id="20", kind="submit", members=("c", "d"), at="t", max_parallel=2))))
+    statuses = {"a": "running", "b": "running", "c": "pending", "d": "pending", "e": "running", "f": "finished"}
+    shown = [SimpleNamespace(name=name, run_dir=paths.sweep_dir / name, status=statuses[name], executor="slurm",
+                             job_id=job_id) for name, job_id in jobs.items()]
+    monkeypatch.setattr(sweep_commands, "sweep_status", lambda sweep_dir, record: SimpleNamespace(members=shown))
+    reached: list[str] = []
+    monkeypatch.setattr(sweep_commands, "cancel", lambda run_dir: reached.append(Path(run_dir).name))
+    sweep_commands.cancel_sweep(paths.sweep_dir)
+    assert reached == ["e", "d", "c", "b", "a"]
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-n", "0"]))

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from cluster import SlurmCluster
+from cluster import SlurmCluster, wait_for
 from test_slurm_preemption import (
     CONFIG,
     PLANNED_STEPS,
@@ -23,6 +23,7 @@ from test_slurm_preemption import (
     write_spec,
 )
 
+from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
 
 
@@ -55,3 +56,53 @@ def test_a_failed_and_a_hung_attempt_requeue_themselves_and_resume_bitwise(
     assert f"requeued SLURM job {state.job_id} (scontrol requeue)" in RunPaths(run_dir).rank_log(1, 1).read_text()
     assert state.attempts[2].step == PLANNED_STEPS // tasks
     assert_bitwise_equal_to(run_dir, expected, tasks)
+
+
+def _job_tasks(run_dir: Path) -> list[int]:
+    """The pids of the processes running the run's tasks (submitit's ``_submit`` of its folder), on this machine."""
+    folder = str(RunPaths(run_dir).submitit).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"submitit.core._submit" in command and folder in command:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_failure_not_retried_ends_the_whole_job_at_once(slurm: SlurmCluster, tmp_path: Path):
+    """Rank 1 raises before the process group forms, and no retry is left (``max_failures: 0``): rank 0, waiting for it
+    in the group's rendezvous, would never learn that it is gone. The deciding rank ends the job (scancel): rank 0 is
+    stopped too, the allocation freed, and the run stays failed with rank 1's cause."""
+    spec_file = write_spec(tmp_path, "fails-for-good", tasks=2, step_delay_s=0.05)
+    spec = json.loads(spec_file.read_text())
+    spec["entrypoint"] = "tests.launcher.fault_entrypoints:raises_before_the_group_forms"
+    spec["config"] = {**CONFIG, "step_delay_s": 0.05, "fault_rank": 1}
+    spec["requeue"] = {"max_requeues": 3, "max_failures": 0, "exclude_failed_nodes": False}
+    spec_file.write_text(json.dumps(spec))
+    assert "as slurm job" in elfes(slurm, "submit", str(spec_file), "--executor", "slurm").stdout
+    run_dir = tmp_path / "fails-for-good"
+
+    def failed() -> run_state.RunState | None:
+        state = run_state.load_state(RunPaths(run_dir))
+        return state if state is not None and state.status in run_state.ENDED else None
+
+    state = wait_for(failed, timeout_s=240, what=f"the run to end\n{diagnostics(run_dir)}", interval_s=0.2)
+    assert state.status == "failed", diagnostics(run_dir)
+    failure = state.attempts[-1].failure
+    assert failure is not None and not failure.retried and failure.rank == 1, diagnostics(run_dir)
+    assert failure.cause == "RuntimeError: rank 1 cannot read its data"
+    assert "failure limit reached" in (failure.reason or "")
+    # Once the failure is recorded, the job leaves the queue and no task of it is left, within SLURM's kill time.
+    job_id = str(state.job_id)
+    wait_for(lambda: not slurm.run("squeue", "-h", "-j", job_id, check=False).stdout.strip(), timeout_s=60,
+             what=f"SLURM job {job_id} to leave the queue\n{diagnostics(run_dir)}", interval_s=0.2)
+    wait_for(lambda: not _job_tasks(run_dir), timeout_s=30, what="the job's tasks to end")
+    state = run_state.load_state(RunPaths(run_dir))
+    assert state is not None and state.status == "failed" and len(state.attempts) == 1, diagnostics(run_dir)
+    shown = json.loads(elfes(slurm, "status", str(run_dir), "--json").stdout)
+    assert shown["status"] == "failed" and "rank 1 cannot read its data" in shown["error"]
+    assert f"ended SLURM job {job_id} (scancel" in RunPaths(run_dir).rank_log(1, 1).read_text()
