@@ -18,12 +18,16 @@ gets it with an empty queue, and a failing test's report carries what the daemon
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
+from slurm_runs import elfes, write_spec
 from two_hosts import NamespacesUnavailable, TwoHostCluster, missing_network_programs
+
+from elfes.launcher.rundir.paths import RunPaths
 
 REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
 # The single-node cluster's MaxArraySize: low, so that a sweep of a few tiny members spans several arrays.
@@ -165,3 +169,29 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in timings.items() if step not in ("start", "stop"))
         stop = f", stopped in {timings['stop']:.1f} s" if "stop" in timings else ""
         terminalreporter.write_line(f"{name} SLURM cluster: started in {timings['start']:.1f} s ({steps}){stop}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Path]]:
+    """``reference(tasks)``: the run directory of the job run uninterrupted on ``tasks`` ranks (the local
+    executor, unslowed; submitted on first use, so call it early: it trains while the SLURM job waits)."""
+    folder = tmp_path_factory.mktemp("references")
+    run_dirs: dict[int, Path] = {}
+
+    def run(tasks: int) -> Path:
+        if tasks not in run_dirs:
+            spec = write_spec(folder, f"reference-{tasks}", tasks=tasks, step_delay_s=0.0)
+            assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
+            run_dirs[tasks] = folder / f"reference-{tasks}"
+        return run_dirs[tasks]
+
+    yield run
+    from elfes.launcher.rundir.liveness import local_processes
+
+    for run_dir in run_dirs.values():
+        processes = local_processes(RunPaths(run_dir))
+        for pid in processes["controller"] + processes["task"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

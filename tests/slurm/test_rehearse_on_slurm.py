@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from cluster import SlurmCluster
-from test_slurm_preemption import elfes, write_spec
+from slurm_runs import elfes, write_spec
 
 from elfes.launcher.commands.rehearsal import candidate_steps, plan_interruptions
 

@@ -11,14 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cluster import SlurmCluster, wait_for
-from test_slurm_preemption import (
+from slurm_runs import (
     CONFIG,
     PLANNED_STEPS,
     assert_bitwise_equal_to,
     diagnostics,
     elfes,
     outcomes,
-    reference,  # noqa: F401 (the module's fixture)
     wait_ended,
     write_spec,
 )

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cluster import SlurmCluster, wait_for
 from run_comparison import assert_runs_bitwise_equal
-from test_slurm_preemption import (
+from slurm_runs import (
     ELFES,
     REPOSITORY,
     diagnostics,
