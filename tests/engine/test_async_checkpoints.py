@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_checkpoint import assert_same_payload, published, step_of
-from test_rough_edges import tmpfs
+from checkpoint_files import assert_same_payload, published, step_of, tmpfs
 from workloads import (
     RunSpec,
     assert_bitwise_equal,

@@ -22,6 +22,7 @@ from rich.console import Console
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
+from checkpoint_files import PUBLISHED, assert_same_payload, published, step_of
 from workloads import (
     DropoutMLP,
     RegressionData,
@@ -47,19 +48,8 @@ from elfes.engine import (
 from elfes.engine.checkpoint import CheckpointDirectory, CheckpointName
 from elfes.records import read_events
 
-PUBLISHED = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
 PAYLOAD_KEYS = {"format", "version", "run_id", "layout", "ranks", "model", "ema", "optimizer", "scheduler", "scaler", "state", "progress"}
 QUIET = {"evaluate_every": None, "checkpoint_every": None}
-
-
-
-
-def published(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if PUBLISHED.match(p.name) and not p.is_symlink())
-
-
-def step_of(path: Path) -> int:
-    return int(PUBLISHED.match(Path(path).name)[1])
 
 
 def folder_state(directory: Path) -> dict[str, tuple]:
@@ -161,22 +151,6 @@ def test_final_checkpoint_holds_the_state_after_the_final_evaluation(tmp_path):
     assert resumed.state_dict() == state.state_dict()
     assert folder_state(directory) == before
     assert_same_payload(final, torch.load(directory / "final", map_location="cpu", weights_only=True))
-
-
-def assert_same_payload(expected, actual, where: str = "payload") -> None:
-    """Deep equality of two loaded checkpoints, tensors compared bitwise."""
-    if isinstance(expected, dict):
-        assert isinstance(actual, dict) and expected.keys() == actual.keys(), where
-        for key in expected:
-            assert_same_payload(expected[key], actual[key], f"{where}/{key}")
-    elif isinstance(expected, (list, tuple)):
-        assert type(actual) is type(expected) and len(actual) == len(expected), where
-        for index, (left, right) in enumerate(zip(expected, actual)):
-            assert_same_payload(left, right, f"{where}[{index}]")
-    elif isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor) and torch.equal(expected, actual), where
-    else:
-        assert expected == actual, f"{where}: {expected!r} != {actual!r}"
 
 
 @pytest.mark.parametrize("when", ["constructed", "trained"])

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_resume import first_call_of_window, pause_and_resume
-from workloads import RunSpec, assert_bitwise_equal, build, fresh_accelerate, snapshot, windows_per_epoch
+from workloads import (
+    RunSpec,
+    assert_bitwise_equal,
+    build,
+    first_call_of_window,
+    fresh_accelerate,
+    pause_and_resume,
+    snapshot,
+    windows_per_epoch,
+)
 
 from elfes.engine.rng import capture_rng, restore_rng
 

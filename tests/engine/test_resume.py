@@ -15,10 +15,12 @@ import torch
 from launching import launch_environment
 from workloads import (
     RunSpec,
+    StopInWindow,
     assert_bitwise_equal,
     build,
+    first_call_of_window,
     fresh_accelerate,
-    mse_step,
+    pause_and_resume,
     snapshot,
     windows_per_epoch,
 )
@@ -26,8 +28,6 @@ from workloads import (
 from elfes.engine import Interval, StopRequest
 
 HERE = Path(__file__).resolve().parent
-
-
 
 
 @cache
@@ -38,48 +38,6 @@ def uninterrupted(spec: RunSpec, directory: str) -> tuple[dict[str, torch.Tensor
     state = run.trainer.train(run.config, checkpoint_dir=Path(directory))
     assert state.stop_reason is None
     return snapshot(run.trainer), (state.epoch, state.step, state.batches, state.samples), list(run.train_data.reads)
-
-
-class StopInWindow:
-    """A step that requests a stop during a chosen microbatch (counting training microbatches from 1)."""
-
-    def __init__(self, stop: StopRequest, at_call: int, action=None) -> None:
-        self.stop, self.at_call, self.calls = stop, at_call, 0
-        self.action = action or (lambda: self.stop.request("test pause"))
-
-    def __call__(self, model, batch):
-        self.calls += 1
-        if self.calls == self.at_call:
-            self.action()
-        return mse_step(model, batch)
-
-
-def first_call_of_window(spec: RunSpec, window: int) -> int:
-    """The 1-based microbatch index that opens ``window`` (counted over epochs) on one rank."""
-    batches = -(-spec.samples // spec.batch_size)
-    per_epoch = windows_per_epoch(spec)
-    epoch, index = divmod(window, per_epoch)
-    return epoch * batches + index * spec.accumulation + 1
-
-
-def pause_and_resume(spec: RunSpec, directory: Path, pause_calls: list[int]):
-    """Run with a pause at each of ``pause_calls`` (one per launch), resuming from ``last`` each time."""
-    resume_from = None
-    for at_call in pause_calls:
-        fresh_accelerate()
-        run = build(spec)
-        stop = StopRequest()
-        run.trainer.step = StopInWindow(stop, at_call)  # calls are counted from this launch's start
-        state = run.trainer.train(run.config, checkpoint_dir=directory, resume_from=resume_from, stop=stop)
-        assert state.stop_reason == "test pause"
-        assert stop.reason == "test pause"
-        assert (directory / "last").is_symlink()
-        resume_from = directory / "last"
-    fresh_accelerate()
-    run = build(spec)
-    state = run.trainer.train(run.config, checkpoint_dir=directory, resume_from=resume_from)
-    assert state.stop_reason is None
-    return run, state
 
 
 SPECS = {

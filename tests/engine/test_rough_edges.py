@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_files import tmpfs
 from launching import launch_environment
 from workloads import RunSpec, build, events_named, fresh_accelerate, mse_step, quiet_logger
 
@@ -25,19 +25,6 @@ HERE = Path(__file__).resolve().parent
 
 def published(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if CheckpointName.parse(p.name)) if directory.is_dir() else []
-
-
-@contextmanager
-def tmpfs(path: Path, *options: str):
-    """A small real file system (root only), unmounted afterwards."""
-    path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"needs root to mount a tmpfs ({mounted.stderr.strip()}); CI runs as root")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 # ------------------------------------------------------------------------------------------------

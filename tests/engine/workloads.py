@@ -35,6 +35,7 @@ from elfes.engine import (
     Objective,
     RunLogger,
     StepOutput,
+    StopRequest,
     TrainConfig,
     Trainer,
     WarmupDecay,
@@ -255,6 +256,48 @@ def save_snapshot(trainer: Trainer, path: Path) -> None:
 def windows_per_epoch(spec: RunSpec, world_size: int = 1) -> int:
     batches = math.ceil(spec.samples / spec.batch_size) // world_size
     return math.ceil(batches / spec.accumulation)
+
+
+class StopInWindow:
+    """A step that requests a stop during a chosen microbatch (counting training microbatches from 1)."""
+
+    def __init__(self, stop: StopRequest, at_call: int, action=None) -> None:
+        self.stop, self.at_call, self.calls = stop, at_call, 0
+        self.action = action or (lambda: self.stop.request("test pause"))
+
+    def __call__(self, model, batch):
+        self.calls += 1
+        if self.calls == self.at_call:
+            self.action()
+        return mse_step(model, batch)
+
+
+def first_call_of_window(spec: RunSpec, window: int) -> int:
+    """The 1-based microbatch index that opens ``window`` (counted over epochs) on one rank."""
+    batches = -(-spec.samples // spec.batch_size)
+    per_epoch = windows_per_epoch(spec)
+    epoch, index = divmod(window, per_epoch)
+    return epoch * batches + index * spec.accumulation + 1
+
+
+def pause_and_resume(spec: RunSpec, directory: Path, pause_calls: list[int]):
+    """Run with a pause at each of ``pause_calls`` (one per launch), resuming from ``last`` each time."""
+    resume_from = None
+    for at_call in pause_calls:
+        fresh_accelerate()
+        run = build(spec)
+        stop = StopRequest()
+        run.trainer.step = StopInWindow(stop, at_call)  # calls are counted from this launch's start
+        state = run.trainer.train(run.config, checkpoint_dir=directory, resume_from=resume_from, stop=stop)
+        assert state.stop_reason == "test pause"
+        assert stop.reason == "test pause"
+        assert (directory / "last").is_symlink()
+        resume_from = directory / "last"
+    fresh_accelerate()
+    run = build(spec)
+    state = run.trainer.train(run.config, checkpoint_dir=directory, resume_from=resume_from)
+    assert state.stop_reason is None
+    return run, state
 
 
 def gloo_threads() -> list[str]:
