@@ -194,3 +194,22 @@ def test_every_relative_import_names_a_module_of_the_project():
                 if target not in MODULES:
                     unresolved.append(f"{module}:{node.lineno} imports {target}")
     assert unresolved == []
+
+
+def test_no_test_module_imports_a_test_module_or_a_conftest():
+    """Shared test helpers live in plain modules (tests/launching.py, tests/launcher/local_runs.py, ...): several
+    folders hold a conftest.py, and whichever pytest imported last would own the name "conftest"; a test module
+    imported by another runs its module-level code twice and ties the two files' fates."""
+    offending = []
+    for file in sorted((REPOSITORY / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.module else [alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            last = [name.rsplit(".", 1)[-1] for name in names]
+            if any(name.startswith("test_") or name == "conftest" for name in last):
+                offending.append(f"{file.relative_to(REPOSITORY)}:{node.lineno}")
+    assert not offending, offending

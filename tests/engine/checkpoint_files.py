@@ -1,5 +1,6 @@
 """Checkpoint files as the engine tests look at them: the published checkpoints of a folder, their step,
-two loaded checkpoints compared bitwise, and a small real file system to write them to."""
+two loaded checkpoints compared bitwise (``comparable`` drops the run's random id), and a small real file
+system to write them to."""
 
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ def assert_same_payload(expected, actual, where: str = "payload") -> None:
         assert isinstance(actual, torch.Tensor) and torch.equal(expected, actual), where
     else:
         assert expected == actual, f"{where}: {expected!r} != {actual!r}"
+
+
+def comparable(payload: dict) -> dict:
+    """A loaded checkpoint without the run's random id (two runs never share it)."""
+    payload = dict(payload, run_id=None)
+    payload["progress"] = dict(payload["progress"], run_id=None)
+    return payload
 
 
 @contextmanager

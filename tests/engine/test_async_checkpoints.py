@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import assert_same_payload, published, step_of, tmpfs
+from checkpoint_files import assert_same_payload, comparable, published, step_of, tmpfs
 from workloads import (
     RunSpec,
     assert_bitwise_equal,
@@ -56,13 +56,6 @@ def train(spec: RunSpec, directory: Path, run_dir: Path, *, hold: str | None = N
                 state = run.trainer.train(run.config, **arguments)
     assert not writer_threads(), "train() returned with a checkpoint write in flight"
     return run, state, held
-
-
-def comparable(payload: dict) -> dict:
-    """A loaded checkpoint without the run's random id (two runs never share it)."""
-    payload = dict(payload, run_id=None)
-    payload["progress"] = dict(payload["progress"], run_id=None)
-    return payload
 
 
 def pointers(directory: Path) -> dict[str, str]:

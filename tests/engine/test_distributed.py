@@ -327,7 +327,7 @@ def test_exports_of_a_ddp_model_are_plain_state_dicts(launch):
 
 
 def test_asynchronous_checkpoints_on_two_ranks_equal_synchronous_ones_and_a_stop_in_flight_resumes_bitwise(launch):
-    from test_checkpoint import assert_same_payload, published
+    from checkpoint_files import assert_same_payload, published
 
     output = launch("async_checkpoints")
     reports = per_rank_json(output, "async_checkpoints")

@@ -73,8 +73,7 @@ def test_pause_at_every_window_boundary_resumes_bitwise_on_cuda(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["fp32-fused-adamw", "amp-fp16"])
 def test_asynchronous_checkpoints_on_cuda_equal_synchronous_ones_through_pinned_buffers(name, tmp_path):
-    from test_async_checkpoints import comparable
-    from test_checkpoint import assert_same_payload, published
+    from checkpoint_files import assert_same_payload, comparable, published
     from workloads import held_background_writes
 
     from elfes.engine import Interval
