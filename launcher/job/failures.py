@@ -17,7 +17,7 @@ again would spend the budget (and the allocation) on the same crash.
 jobs (``requeue.exclude_failed_nodes``): the failing rank's host for an error it raised; for a lost rank
 or a hang, the hosts of the ranks that never reported (a rank that died, or is stuck holding the GIL,
 writes nothing); on one host, that host. A failure that repeats on another host was the job's, not the
-node's: the exclusion made for it is lifted (launcher/job/runtime.py).
+node's: the exclusion made for it is lifted (launcher/job/failed_attempt.py).
 """
 
 from __future__ import annotations

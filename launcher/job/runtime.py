@@ -28,15 +28,17 @@ and calls it. In order, on every rank:
    requeued by SLURM, while a cancelled attempt (the cancel marker) has rank 0 ``scancel`` the job and
    every rank return, so that it never comes back; a cancel marker seen right before ``scontrol
    requeue`` turns the requeue into a cancel); failed (an exception, a nonzero exit, a lost rank, a hang:
-   the first rank to fail records it and decides whether it is retried, launcher/job/failures.py; one
-   not retried, of a multi-task SLURM job, that rank ends with ``scancel``, so that no healthy rank
-   waits on for the failed one until the time limit).
+   every failing rank publishes its report, and the first to fail records the attempt's end and decides
+   whether it is retried, launcher/job/failures.py; that rank then carries the retry out, or ends a
+   multi-task SLURM job whose failure is not retried with ``scancel``, so that no healthy rank waits on
+   for the failed one until the time limit, launcher/job/failed_attempt.py).
 
 The rooms below it, one job each: launcher/job/signals.py (the stop signals and the flag-only
 handlers), launcher/job/distributed_env.py (who this task is and the torch distributed environment),
 launcher/rundir/task_files.py (the task's logs, pid file, cancel marker), launcher/job/command.py (running a
-``command:``), launcher/job/outcome.py (what an attempt's end means, pure) and launcher/job/requeue.py
-(carrying it out on SLURM or locally). This module ties them together for one attempt.
+``command:``), launcher/job/outcome.py (what an attempt's end means, pure), launcher/job/failures.py (what a
+failure means, pure), launcher/job/failed_attempt.py (acting on a failure) and launcher/job/requeue.py
+(carrying an end out on SLURM or locally). This module ties them together for one attempt.
 
 This module imports neither torch nor the engine at import time: the submitter pickles
 ``JobRuntime`` by reference.
@@ -64,29 +66,17 @@ from ..rundir.provenance import changes_at
 from ..rundir.paths import RunPaths
 from ..rundir.state import Failure
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
-from ..submit.placement import partition_nodes, placement_problem
+from ..spec import JobSpec
 from .command import run_command
-from .failures import (
-    FailureReport,
-    await_first_hand,
-    cause_of,
-    decide_failure,
-    failed_nodes,
-    failure_error,
-    rank_hosts,
-    read_reports,
-    repeats,
-    write_report,
-)
 from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
+from .failed_attempt import carry_out_retry, end_unretried_slurm_job, excludes_nodes, publish_failure, with_exclusions
+from .failures import FailureReport, cause_of, decide_failure, failed_nodes, failure_error, rank_hosts, read_reports
 from .outcome import Decision, decide
 from .provenance import collect
 from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
     cancel_slurm_job,
-    end_failed_slurm_job,
-    exclude_from_slurm_job,
     requeue_slurm_job,
     resubmit_local,
     wait_for_slurm_to_end_the_job,
@@ -94,10 +84,6 @@ from .requeue import (
 from .resume_point import resume_point
 from .signals import TERMINATING_SIGNALS, SignalFlags, requeue_signal, stop_signals
 from .watchdog import HangWatchdog, end_stuck_peers
-
-# How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
-# that stay silent are the lost ones, whose hosts a SLURM run leaves out of its later attempts.
-LOST_PEER_GRACE_S = 5.0
 
 # -- the entrypoint's argument -------------------------------------------------------------------------------
 
@@ -188,6 +174,7 @@ class _Attempt:
         self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
         self.failures_used = run_state.failures_used_by(self.before, self.token)
         self.previous = run_state.previous_attempt(self.before, self.token)
+        self.spec: JobSpec | None = None  # until run() reads it; a failure may come before that
         self.max_failures = 0  # until the spec is read: a failure before that is not retried
         self.heartbeat: Any = None  # the engine's Heartbeat of an entrypoint job (its StopRequest's)
         self.failing = threading.Lock()  # one failure path per task (the main thread's or the watchdog's)
@@ -370,25 +357,17 @@ class _Attempt:
             report = dataclasses.replace(report, final=self.final_failure)
         elif not isinstance(error, Exception):  # KeyboardInterrupt: a second SIGINT asked for no save
             report = dataclasses.replace(report, final="interrupted on purpose (a second SIGINT), not a failure")
-        spec = getattr(self, "spec", None)
-        if spec is not None and spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
+        if self.spec is not None and self.spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
             report = dataclasses.replace(report, category="exit")
         return report
 
     def _fail(self, report: FailureReport) -> Failure | None:
         """Report this rank's failure; the first rank to fail ends the attempt "failed" with the attempt's
         cause and decides whether it is retried (launcher/job/failures.py); the others read that decision.
-        Returns it (None where state.json could not take it). The decider carries a retry out: the local
-        resubmission past submitit's start limit, or ``scontrol requeue``. Main thread or hang watchdog."""
+        Returns it (None where state.json could not take it). The decider carries it out: a retry, or the end
+        of a multi-task SLURM job (launcher/job/failed_attempt.py). Main thread or hang watchdog."""
         with self.failing:
-            print(f"elfes: attempt {self.attempt} failed on rank {self.start.rank}: {report.cause}", file=sys.stderr,
-                  flush=True)
-            try:
-                write_report(self.paths, self.attempt, report)
-            except OSError as error:
-                print(f"elfes: the failure report could not be written ({error})", file=sys.stderr, flush=True)
-            if report.category == "lost" and self.start.world_size > 1:
-                await_first_hand(self.paths, self.attempt, self.start.world_size, LOST_PEER_GRACE_S)
+            publish_failure(self.paths, self.attempt, report, world_size=self.start.world_size)
             decided: list[Failure | None] = []
 
             def end(state: run_state.RunState | None) -> run_state.RunState:
@@ -411,7 +390,9 @@ class _Attempt:
                 self.decider = True
                 state = run_state.end_attempt(state, token=self.token, outcome="failed",
                                               error=failure_error(failure, cause), failure=failure)
-                return self._exclusions(state, failure, final=cause.final is not None)
+                return with_exclusions(state, failure, attempt=self.attempt, previous=self.previous,
+                                       excluding=excludes_nodes(self.start.executor, self.spec),
+                                       final=cause.final is not None)
 
             self.decider = False
             try:
@@ -421,70 +402,15 @@ class _Attempt:
                       file=sys.stderr, flush=True)
                 return None
             failure = decided[-1] if decided else None
-            if self.decider and failure is not None and failure.retried:
-                failure = self._carry_out_retry(failure)
-            if self.decider and failure is not None and not failure.retried and self.start.executor == "slurm" \
-                    and self.start.world_size > 1:
-                # The healthy ranks may never see this one go (a rendezvous, a long collective): end them all now.
-                end_failed_slurm_job(self.start.job_id)
+            if self.decider and failure is not None:
+                if failure.retried:
+                    failure = carry_out_retry(failure, paths=self.paths, start=self.start, token=self.token,
+                                              spec=self.spec, task=JobRuntime(str(self.paths.run_dir)))
+                end_unretried_slurm_job(failure, self.start)
             print(f"elfes: attempt {self.attempt} ended failed on rank {self.start.rank}"
                   + ("; retried from `last`" if failure is not None and failure.retried else
                      f"; not retried ({failure.reason})" if failure is not None and failure.reason else ""), flush=True)
             return failure
-
-    def _excludes_nodes(self) -> bool:
-        """Whether this run leaves the nodes of its failures out (SLURM, ``requeue.exclude_failed_nodes``)."""
-        spec = getattr(self, "spec", None)
-        return self.start.executor == "slurm" and spec is not None and spec.requeue.exclude_failed_nodes
-
-    def _exclusions(self, state: run_state.RunState, failure: Failure, *, final: bool) -> run_state.RunState:
-        """``state`` with the nodes of ``failure`` excluded; a failure that repeats the previous attempt's was the
-        job's, not a node's: the nodes excluded after that one are allowed again."""
-        if not self._excludes_nodes():
-            return state
-        if repeats(failure, self.previous) and self.previous is not None:
-            return run_state.lift_exclusions(state, attempt=self.previous.number)
-        if final or not failure.nodes:
-            return state
-        return run_state.exclude_nodes(state, hosts=failure.nodes, attempt=self.attempt, cause=failure.cause)
-
-    def _requeue_leaving_out(self, excluded: tuple[str, ...]) -> str | None:
-        """``scontrol requeue``, then ``ExcNodeList`` of the requeued job when the run excludes nodes. Where the
-        exclusions would leave the partition too few nodes for the job (launcher/submit/placement.py), SLURM
-        would hold it pending for good: nothing is left out then, the job is requeued onto every node, and the
-        log says so. None, or why it did not requeue."""
-        if excluded:
-            partition = os.environ.get("SLURM_JOB_PARTITION") or self.spec.slurm.partition
-            nodes = partition_nodes(partition)
-            problem = nodes and placement_problem(needed=self.spec.resources.nodes, partition=partition, nodes=nodes,
-                                                  excluded=excluded)
-            if problem:
-                self._update(run_state.include_nodes)
-                print(f"elfes: {problem}", flush=True)
-                excluded = ()
-        refused = requeue_slurm_job(self.start.job_id)
-        if refused is None and excluded:
-            exclude_from_slurm_job(self.start.job_id, excluded)
-        return refused
-
-    def _carry_out_retry(self, failure: Failure) -> Failure:
-        """The decider's part of a retry: SLURM ``scontrol requeue`` leaving the excluded nodes out (refused, or
-        the job could not be placed: the run ends failed, saying why); local past submitit's start limit, a
-        resubmission. Returns the failure as it stands."""
-        refused = None
-        if self.start.executor == "slurm":
-            state = run_state.load_state(self.paths)
-            excluded = state.excluded_hosts if state is not None and self._excludes_nodes() else ()
-            refused = self._requeue_leaving_out(excluded)
-        elif self.start.restart + 1 >= LOCAL_MAX_STARTS:
-            try:
-                resubmit_local(self.paths, JobRuntime(str(self.paths.run_dir)))
-            except Exception as error:  # recorded by resubmit_local
-                refused = f"the local resubmission failed: {error}"
-        if refused is None:
-            return failure
-        self._update(lambda s: run_state.refuse_retry(s, token=self.token, reason=refused))
-        return dataclasses.replace(failure, retried=False, reason=refused)
 
     @contextlib.contextmanager
     def _hang_watchdog(self) -> Iterator[None]:

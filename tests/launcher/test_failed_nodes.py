@@ -147,16 +147,15 @@ def test_a_resubmission_leaves_the_excluded_nodes_out(tmp_path: Path) -> None:
 
 
 def _deciding_rank(executor: str, previous: run_state.Attempt | None, *, exclude: bool = True):
-    """The part of a task's attempt (launcher/job/runtime.py) that turns a decided failure into exclusions."""
+    """What the deciding rank of attempt 2 (launcher/job/failed_attempt.py) turns a decided failure into:
+    ``(state, failure, final=...)`` -> state with the exclusions."""
+    import functools
     from types import SimpleNamespace
 
-    from elfes.launcher.job.runtime import _Attempt
+    from elfes.launcher.job.failed_attempt import excludes_nodes, with_exclusions
 
-    attempt = _Attempt.__new__(_Attempt)  # no job: only the fields the decision reads
-    attempt.start = SimpleNamespace(executor=executor)
-    attempt.spec = SimpleNamespace(requeue=SimpleNamespace(exclude_failed_nodes=exclude))
-    attempt.previous, attempt.attempt = previous, 2
-    return attempt
+    spec = SimpleNamespace(requeue=SimpleNamespace(exclude_failed_nodes=exclude))  # only the field it reads
+    return functools.partial(with_exclusions, attempt=2, previous=previous, excluding=excludes_nodes(executor, spec))
 
 
 def test_the_deciding_rank_excludes_the_failures_nodes_and_lifts_them_when_the_failure_repeats() -> None:
@@ -166,13 +165,13 @@ def test_the_deciding_rank_excludes_the_failures_nodes_and_lifts_them_when_the_f
     previous = state.attempts[0]
     other = dataclasses.replace(decide_failure(report(1, "node2", error=ValueError("bad batch")), previous=previous,
                                                failures_used=1, max_failures=3), nodes=("node2",))
-    assert _deciding_rank("slurm", previous)._exclusions(state, other, final=False).excluded_hosts == TWO_HOSTS
-    assert _deciding_rank("slurm", previous)._exclusions(state, other, final=True) is state  # e.g. a refused `last`
-    assert _deciding_rank("slurm", previous, exclude=False)._exclusions(state, other, final=False) is state
-    assert _deciding_rank("local", previous)._exclusions(state, other, final=False) is state
+    assert _deciding_rank("slurm", previous)(state, other, final=False).excluded_hosts == TWO_HOSTS
+    assert _deciding_rank("slurm", previous)(state, other, final=True) is state  # e.g. a refused `last`
+    assert _deciding_rank("slurm", previous, exclude=False)(state, other, final=False) is state
+    assert _deciding_rank("local", previous)(state, other, final=False) is state
     again = dataclasses.replace(decide_failure(report(1, "node2"), previous=previous, failures_used=1, max_failures=3),
                                 nodes=("node2",))
-    assert _deciding_rank("slurm", previous)._exclusions(state, again, final=False).excluded_nodes == ()
+    assert _deciding_rank("slurm", previous)(state, again, final=False).excluded_nodes == ()
 
 
 def _sweep_of_failed_members(tmp_path: Path, excluded: dict[str, tuple[str, ...]]):
