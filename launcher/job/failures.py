@@ -34,7 +34,6 @@ from ..rundir.json_fields import FieldError, read_record
 from ..rundir.paths import RunPaths
 from ..rundir.state import Attempt, Failure
 
-
 # What a rank's collectives raise when a peer's process or node is gone (gloo, NCCL, the TCP store).
 _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|EPIPE|"

@@ -62,8 +62,8 @@ from typing import Any
 
 from ..rundir import state as run_state
 from ..rundir.code_record import job_spec, load_code_record
-from ..rundir.provenance import changes_at
 from ..rundir.paths import RunPaths
+from ..rundir.provenance import changes_at
 from ..rundir.state import Failure
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from ..spec import JobSpec

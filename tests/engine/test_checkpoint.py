@@ -18,11 +18,11 @@ import pytest
 import torch
 import torch._dynamo  # Accelerate imports it lazily (seconds); pay that at collection, not in a test
 from accelerate import Accelerator
+from checkpoint_files import PUBLISHED, assert_same_payload, published, step_of
 from rich.console import Console
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from checkpoint_files import PUBLISHED, assert_same_payload, published, step_of
 from workloads import (
     DropoutMLP,
     RegressionData,

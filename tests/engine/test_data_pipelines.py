@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import launch_environment
 from data_jobs import IMAGES, DataCase, train, write_hf_files
+from launching import launch_environment
 from workloads import assert_bitwise_equal
 
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 from launching import REPOSITORY, launch_environment

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launching import REPOSITORY, launch_environment, torchrun
-
 from elfes.files import write_text_atomically
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from run_fixtures import REPOSITORY, launch_environment
+from launching import REPOSITORY, launch_environment
 
 QUICKSTART_SPEC = REPOSITORY / "examples" / "quickstart" / "job.yaml"
 

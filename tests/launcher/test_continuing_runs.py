@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from launching import launch_environment
 from local_runs import CONFIG, Runs, wait_ended, write_spec
 from run_comparison import assert_runs_bitwise_equal
-from run_fixtures import launch_environment
 
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths

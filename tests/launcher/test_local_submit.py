@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from run_fixtures import REPOSITORY, launch_environment
+from launching import REPOSITORY, launch_environment
 
 from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.rundir.paths import RunPaths

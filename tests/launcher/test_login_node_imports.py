@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from run_fixtures import launch_environment, make_run, write_project
+from launching import launch_environment
+from run_fixtures import make_run, write_project
 
 PROBE = """
 import json, sys

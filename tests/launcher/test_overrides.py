@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from run_fixtures import launch_environment, make_run, write_project
+from launching import launch_environment
+from run_fixtures import make_run, write_project
 
 from elfes.launcher.cli.main import main
 from elfes.launcher.spec.overrides import MAX_VALUE_CHARS

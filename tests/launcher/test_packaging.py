@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from run_fixtures import REPOSITORY
+from launching import REPOSITORY
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 

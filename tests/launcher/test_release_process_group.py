@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from run_fixtures import torchrun
+from launching import torchrun
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed in /proc (Linux)")
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from run_fixtures import launch_environment
+from launching import launch_environment
 
 REFUSAL = "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from run_fixtures import launch_environment, make_run
+from launching import launch_environment
+from run_fixtures import make_run
 
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.liveness import local_processes

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from run_fixtures import REPOSITORY
+from launching import REPOSITORY
 
 from elfes.launcher.cli.main import main
 from elfes.launcher.commands import authoring
