@@ -11,12 +11,11 @@ copied, a short events.jsonl each): no job runs. Smoke sizes: 50 members, 10 to 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -150,16 +149,26 @@ def build_big_run(folder: Path, lines: int, log_bytes: int) -> Path:
     return paths.run_dir
 
 
+# Runs the command and prints its wall seconds, peak resident KB and exit status. Linux carries a process's
+# peak RSS across exec from the process that spawned it, so a command spawned by this benchmark (which holds
+# hundreds of MB) would report at least that much; spawned by this small interpreter, it reports its own.
+_MEASURE = """
+import os, subprocess, sys, time
+started = time.perf_counter()
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+_, status, usage = os.wait4(child.pid, 0)
+print(time.perf_counter() - started, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
 def _timed(command: list[str]) -> dict[str, float]:
     """Wall seconds and peak resident memory (MB) of a child process; its output is discarded."""
-    started = time.perf_counter()
-    child = subprocess.Popen(command, env=child_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:3])} ... exited with status {child.returncode}")
-    return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024}
+    measured = subprocess.run([sys.executable, "-c", _MEASURE, *command], env=child_environment(),
+                              capture_output=True, text=True, check=True)
+    wall, peak_kb, code = measured.stdout.split()
+    if int(code) != 0:
+        raise RuntimeError(f"{' '.join(command[:3])} ... exited with status {code}")
+    return {"wall_s": float(wall), "rss_mb": int(peak_kb) / 1024}
 
 
 def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
