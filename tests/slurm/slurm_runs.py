@@ -86,9 +86,9 @@ def wait_run(run_dir: Path, condition: Callable[[], Any], what: str, timeout_s: 
     return value
 
 
-def wait_ended(run_dir: Path, expected: str) -> run_state.RunState:
+def wait_ended(run_dir: Path, expected: str, timeout_s: float = RUN_TIMEOUT_S) -> run_state.RunState:
     state = wait_run(run_dir, lambda: (s := state_of(run_dir)) is not None and s.status in run_state.ENDED and s,
-                     f"the run to end {expected}")
+                     f"the run to end {expected}", timeout_s)
     assert state.status == expected, diagnostics(run_dir)
     return state
 
