@@ -7,6 +7,7 @@ tests/launcher have conftest.py files too, and whichever pytest imported last wo
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,16 @@ def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float
             f"--- stdout ---\n{launch.stdout[-6000:]}\n--- stderr ---\n{launch.stderr[-6000:]}"
         )
     return launch
+
+
+def kill_local_run(run_dir: Path) -> None:
+    """SIGKILL what is left of a local run (its submitit controller and task processes): a test's teardown."""
+    from elfes.launcher.rundir.liveness import local_processes
+    from elfes.launcher.rundir.paths import RunPaths
+
+    processes = local_processes(RunPaths(run_dir))
+    for pid in processes["controller"] + processes["task"]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -6,14 +6,13 @@ Shared by the example tests; a test module's ``run_dirs`` fixture yields from :f
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from launching import kill_local_run
 
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.liveness import local_processes
@@ -82,9 +81,4 @@ def reaped_run_dirs() -> Iterator[list[Path]]:
     submitted: list[Path] = []
     yield submitted
     for run_dir in submitted:
-        processes = local_processes(RunPaths(run_dir))
-        for pid in processes["controller"] + processes["task"]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_local_run(run_dir)

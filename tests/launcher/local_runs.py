@@ -9,8 +9,6 @@ Shared by the test modules of this folder; the ``runs`` and ``references`` fixtu
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from launching import kill_local_run
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir import state as run_state
@@ -68,16 +67,8 @@ class Runs:
         return run_dir
 
     def kill_leftovers(self) -> None:
-        from elfes.launcher.rundir.liveness import local_processes
-
         for run_dir in self.run_dirs:
-            processes = local_processes(RunPaths(run_dir))
-            for pid in processes["controller"] + processes["task"]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
+            kill_local_run(run_dir)
 
 
 # -- waiting on what the job writes -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from launching import launch_environment
+from launching import kill_local_run, launch_environment
 from run_fixtures import make_run
 
 from elfes.launcher.rundir import state as run_state
@@ -76,12 +76,7 @@ def cleanup():
     runs: list[Path] = []
     yield runs.append
     for run_dir in runs:
-        processes = local_processes(RunPaths(run_dir))
-        for pid in processes["task"] + processes["controller"]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_local_run(run_dir)
 
 
 def test_a_submission_without_sbatch_leaves_no_run_directory(tmp_path: Path):

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
+from launching import kill_local_run
 from local_runs import REPOSITORY, Runs, state_of, tasks_running, trained_to, wait_ended, wait_for
 from run_comparison import assert_runs_bitwise_equal
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir import state as run_state
-from elfes.launcher.rundir.liveness import local_processes
 from elfes.launcher.rundir.paths import RunPaths, SweepPaths
 from elfes.launcher.rundir.sweep_record import load_sweep
 
@@ -66,12 +66,7 @@ class Sweeps:
             except (OSError, ValueError, TypeError):
                 pass
             for member in record.members:
-                processes = local_processes(RunPaths(member.run_dir))
-                for pid in processes["controller"] + processes["task"]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                kill_local_run(member.run_dir)
 
 
 @pytest.fixture

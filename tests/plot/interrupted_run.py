@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from launching import kill_local_run
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir import state as run_state
@@ -118,15 +119,6 @@ def write_spec(folder: Path, name: str) -> Path:
     return path
 
 
-def kill_leftovers(run_dir: Path) -> None:
-    processes = local_processes(RunPaths(run_dir))
-    for pid in processes["controller"] + processes["task"]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def run_interrupted_job(folder: Path, name: str = "interrupted") -> InterruptedRun:
     """Submit, preempt twice, SIGKILL the third attempt past its last checkpoint, resume to the end."""
     run_dir = folder / name
@@ -147,5 +139,5 @@ def run_interrupted_job(folder: Path, name: str = "interrupted") -> InterruptedR
         state = wait_for(lambda: ended(run_dir), "the resumed run to end", run_dir)
         assert state.status == "finished", diagnostics(run_dir)
     finally:
-        kill_leftovers(run_dir)
+        kill_local_run(run_dir)
     return InterruptedRun(run_dir=run_dir, killed_at_step=killed_at)

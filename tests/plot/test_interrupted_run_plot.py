@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy
 import pytest
-from interrupted_run import InterruptedRun, attempt_events, events, kill_leftovers, run_interrupted_job
+from interrupted_run import InterruptedRun, attempt_events, events, run_interrupted_job
+from launching import kill_local_run
 
 from elfes.launcher.commands.plot import plot
 from elfes.launcher.rundir import state as run_state
@@ -29,7 +30,7 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory):
     try:
         yield run_interrupted_job(folder)
     finally:
-        kill_leftovers(folder / "interrupted")
+        kill_local_run(folder / "interrupted")
 
 
 def last_value_per_step(run_dir: Path, event_name: str, metric) -> dict[int, float]:

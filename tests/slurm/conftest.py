@@ -18,16 +18,14 @@ gets it with an empty queue, and a failing test's report carries what the daemon
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
+from launching import kill_local_run
 from slurm_runs import elfes, write_spec
 from two_hosts import NamespacesUnavailable, TwoHostCluster, missing_network_programs
-
-from elfes.launcher.rundir.paths import RunPaths
 
 REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
 # The single-node cluster's MaxArraySize: low, so that a sweep of a few tiny members spans several arrays.
@@ -186,12 +184,5 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
         return run_dirs[tasks]
 
     yield run
-    from elfes.launcher.rundir.liveness import local_processes
-
     for run_dir in run_dirs.values():
-        processes = local_processes(RunPaths(run_dir))
-        for pid in processes["controller"] + processes["task"]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_local_run(run_dir)
