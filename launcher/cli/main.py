@@ -205,8 +205,11 @@ def _plot(args: argparse.Namespace) -> int:
     from ..commands import plot
 
     result = plot.plot(args.run_dirs, output=args.output, metrics=args.metric)
+    from elfes.plot import RUN_COLORS  # loaded by the plot already
+
     names = [run.name for run in result.runs]
-    drawn = ", ".join(names) if len(names) <= 8 else f"{len(names)} runs, {names[0]} to {names[-1]}"
+    # As the legend: every run while each has a colour of its own, else the first and the last.
+    drawn = ", ".join(names) if len(names) <= len(RUN_COLORS) else f"{len(names)} runs, {names[0]} to {names[-1]}"
     print_line(f"wrote {result.output}: {', '.join(result.metrics)} of {drawn}")
     if result.not_drawn:
         print_line(f"not drawn (no run records yet): {', '.join(result.not_drawn)}")

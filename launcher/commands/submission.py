@@ -137,7 +137,7 @@ def _finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) 
             f"raise its budget: {extend_hint(paths, recorded)}")
 
 
-def _excluded(spec: JobSpec, paths: RunPaths, executor: str) -> tuple[str, ...]:
+def excluded_nodes(spec: JobSpec, paths: RunPaths, executor: str) -> tuple[str, ...]:
     """The nodes the run's next SLURM job leaves out (``--exclude``): those recorded after failures there, while
     ``requeue.exclude_failed_nodes`` is on."""
     if executor != "slurm" or not spec.requeue.exclude_failed_nodes:
@@ -174,7 +174,7 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                 paths.cancel_marker.unlink(missing_ok=True)
                 record = carry_out(code, paths, undo)
                 job_id = executors.submit(job_spec(spec, paths), paths, executor, JobRuntime(str(paths.run_dir)),
-                                          exclude=_excluded(spec, paths, executor))
+                                          exclude=excluded_nodes(spec, paths, executor))
                 handed_over = True
                 state = record_job(paths, job_id)
                 prune_older(paths, record)

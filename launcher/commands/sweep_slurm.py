@@ -44,7 +44,7 @@ from ..spec.sweep import SweepPlan
 from ..submit import arrays, executors
 from ..submit.handover import RunDirUndo, record_ahead, record_job, signals_deferred, submission_lock
 from ..submit.placement import partition_nodes, placement_problem
-from .submission import close_lost_job, settle_interrupted_handover
+from .submission import close_lost_job, excluded_nodes, settle_interrupted_handover
 
 
 def _options_key(spec: JobSpec) -> str:
@@ -128,9 +128,7 @@ def array_exclusions(members: Sequence[tuple[RunPaths, JobSpec]]) -> tuple[str, 
     excludes the nodes of its failures (``requeue.exclude_failed_nodes``) recorded in its ``state.json``."""
     hosts: dict[str, None] = {}
     for member, spec in members:
-        if spec.requeue.exclude_failed_nodes:
-            state = run_state.load_state(member)
-            hosts.update(dict.fromkeys(state.excluded_hosts if state is not None else ()))
+        hosts.update(dict.fromkeys(excluded_nodes(spec, member, "slurm")))
     return tuple(hosts)
 
 
@@ -243,10 +241,10 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                 if include_nodes:
                     for member in group_paths:
                         run_state.update_state(member, lambda s: run_state.include_nodes(s) if s is not None else s)
-                exclude = array_exclusions([(member, spec) for member, (_, spec) in zip(group_paths, group)])
+                pairs = [(member, spec) for member, (_, spec) in zip(group_paths, group)]
+                exclude = array_exclusions(pairs)
                 if exclude:
-                    exclude, note = _placeable([(member, spec) for member, (_, spec) in zip(group_paths, group)],
-                                               exclude, partition_nodes(group[0][1].slurm.partition))
+                    exclude, note = _placeable(pairs, exclude, partition_nodes(group[0][1].slurm.partition))
                     notes += [note] if note else []
                 for task, (member, (_, spec)) in enumerate(zip(group_paths, group)):
                     launch = "submit" if run_state.load_state(member) is None else "resume"
