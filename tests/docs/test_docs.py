@@ -324,6 +324,48 @@ def test_the_data_examples_of_the_guide_resume_bitwise(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))
 
 
+def _train_config_calls(text: str) -> list[str]:
+    """Every ``TrainConfig(...)`` call written in ``text``, its parentheses balanced."""
+    calls = []
+    for match in re.finditer(r"\bTrainConfig\(", text):
+        depth, end = 0, match.end() - 1
+        for end in range(match.end() - 1, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        calls.append(text[match.start():end + 1])
+    return calls
+
+
+def test_every_train_config_the_documents_show_is_valid_for_the_real_api():
+    """Each `TrainConfig(...)` of the README and the guides, in code blocks and in the prose, names only real
+    fields and every required one (``epochs``); one whose values are all written out is built for real. A
+    ``...`` stands for a value the reader chooses."""
+    import ast
+    import dataclasses
+
+    from elfes.engine import Interval, Monitor, TrainConfig
+
+    fields = {field.name: field for field in dataclasses.fields(TrainConfig)}
+    required = {name for name, field in fields.items()
+                if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING}
+    checked = []
+    for document in (REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md"))):
+        for text in _train_config_calls(document.read_text(encoding="utf-8")):
+            where = f"{document.relative_to(REPOSITORY)}: {text}"
+            call = ast.parse(text, mode="eval").body
+            named = [keyword.arg for keyword in call.keywords]
+            assert not call.args and None not in named, f"{where}: name every argument"
+            assert set(named) <= set(fields), f"{where}: not fields of TrainConfig: {set(named) - set(fields)}"
+            assert required <= set(named), f"{where}: TrainConfig requires {sorted(required - set(named))}"
+            if not any(isinstance(node, ast.Constant) and node.value is Ellipsis for node in ast.walk(call)) and \
+                    all(node.id in ("TrainConfig", "Monitor", "Interval") for node in ast.walk(call)
+                        if isinstance(node, ast.Name)):
+                eval(text, {"TrainConfig": TrainConfig, "Monitor": Monitor, "Interval": Interval})  # noqa: S307
+            checked.append(where)
+    assert any("max_steps=100" in where for where in checked), checked  # the streaming example is among them
+
+
 def test_the_event_table_matches_the_schema():
     engine = (REPOSITORY / "docs" / "engine.md").read_text()
     table = engine.split("<!-- events:begin -->\n", 1)[1].split("\n<!-- events:end -->", 1)[0]
