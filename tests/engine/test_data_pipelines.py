@@ -114,7 +114,7 @@ def test_an_iterable_dataset_without_state_resumes_exactly_by_replay_and_warns(t
     case = DataCase(reader="stream")
     straight = train(case, tmp_path / "straight")
     train(case, tmp_path / "run", interrupt=("pause", MID_EPOCH))
-    with pytest.warns(UserWarning, match=r"ImageStream\) at batch 8 of epoch 0 by reading and discarding the 8 batches"):
+    with pytest.warns(UserWarning, match=r"ImageStream\) at batch 8 of epoch 1 by reading and discarding the 8 batches"):
         end = train(case, tmp_path / "run", resume=True)
     assert_bitwise_equal(straight, end, "replayed stream")
 

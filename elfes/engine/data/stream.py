@@ -144,24 +144,25 @@ class TrainingData:
 
     def _discard(self, iterator: Iterator[Any], epoch: int, count: int) -> None:
         """Read and drop the stream's first ``count`` batches, leaving this process's generators as they were."""
+        epoch_number = epoch + 1  # messages count epochs from 1, as the run records do (a replay is mid-epoch)
         generators = capture_rng()
         started = time.perf_counter()
         try:
             for read in range(count):
                 if next(iterator, _END) is _END:
                     raise RuntimeError(
-                        f"The training stream ({self.dataset_name}) ended after {read} batches of epoch {epoch}, "
-                        f"but the checkpoint was taken after batch {count}. Resume with the data the run was "
-                        "trained on (a stream must yield the same batches when read again)."
+                        f"The training stream ({self.dataset_name}) ended after {read} batches of epoch "
+                        f"{epoch_number}, but the checkpoint was taken after batch {count}. Resume with the data the "
+                        "run was trained on (a stream must yield the same batches when read again)."
                     )
         finally:
             restore_rng(generators)
         if self.accelerator.is_main_process:
             warnings.warn(
-                f"Resumed the training stream ({self.dataset_name}) at batch {count} of epoch {epoch} by reading "
-                f"and discarding the {count} batches before it ({time.perf_counter() - started:.1f} s). Exact, but "
-                "slower the further into the epoch: give the dataset state_dict() and load_state_dict() (or read it "
-                "with torchdata's StatefulDataLoader) to resume without reading them again.",
+                f"Resumed the training stream ({self.dataset_name}) at batch {count} of epoch {epoch_number} by "
+                f"reading and discarding the {count} batches before it ({time.perf_counter() - started:.1f} s). "
+                "Exact, but slower the further into the epoch: give the dataset state_dict() and load_state_dict() "
+                "(or read it with torchdata's StatefulDataLoader) to resume without reading them again.",
                 stacklevel=3,
             )
 
