@@ -12,7 +12,8 @@ axis. Tests read the data back by gid:
   each run in its own colour; beyond eight runs the colours follow a colour map over the runs' order and the
   legend names the first and the last run;
 - each segment lost to a kill or crash, as a faded wide stroke (gid ``lost:<attempt>:<run>``): after an
-  exact resume the redo retraces it, so the stroke shows around the kept line where work was redone;
+  exact resume the redo retraces it, so the stroke shows around the kept line where work was redone; the
+  legend names what lost it (``lost to a kill``, ``lost to a failure``, or both);
 - the step range of that lost work, shaded (gid ``lostspan:<attempt>:<run>``);
 - a vertical line per marker at its step (gid ``marker:<kind>:<attempt>:<run>``, kind: start, resume,
   requeue, stop, killed, failed); markers at one step share its height, each over its own part;
@@ -261,15 +262,28 @@ def run_colors(count: int) -> list:
     return [colormaps[MANY_RUNS_COLORMAP](index / (count - 1)) for index in range(count)]
 
 
+LOST_CAUSES = {"killed": "a kill", "failed": "a failure"}  # how an attempt that lost work ended
+
+
+def _lost_causes(runs: Sequence[RunCurves]) -> list[str]:
+    """What ended the attempts whose work was trained again, in the order of LOST_CAUSES (``a kill``, ``a
+    failure``); any other end (a stop whose `last` lagged) is ``an interruption``."""
+    ends = {run.timeline.attempts[segment[0].attempt - 1].end for run in runs
+            for series in run.timeline.series.values() for segment in series.lost if segment}
+    named = [cause for end, cause in LOST_CAUSES.items() if end in ends]
+    return named + (["an interruption"] if ends - set(LOST_CAUSES) else [])
+
+
 def _legend_handles(runs: Sequence[RunCurves], colors: Sequence) -> list[Line2D]:
     if len(runs) <= len(RUN_COLORS):
         handles = [Line2D([], [], color=color, linewidth=1.6, label=run.name) for run, color in zip(runs, colors)]
     else:  # the first and the last run name the ends of the colour map
         handles = [Line2D([], [], color=colors[0], linewidth=1.6, label=f"{runs[0].name} (first of {len(runs)})"),
                    Line2D([], [], color=colors[-1], linewidth=1.6, label=f"{runs[-1].name} (last)")]
-    if any(series.lost for run in runs for series in run.timeline.series.values()):
+    causes = _lost_causes(runs)
+    if causes:
         handles.append(Line2D([], [], color="gray", alpha=LOST_ALPHA, linewidth=6, solid_capstyle="round",
-                              label="lost to a kill, trained again"))
+                              label=f"lost to {' or '.join(causes)}, trained again"))
     kinds = dict.fromkeys(marker.kind for run in runs for marker in run.timeline.markers)
     for kind in MARKER_STYLES:
         if kind in kinds:

@@ -96,3 +96,21 @@ def test_a_sweep_of_six_runs_has_a_title_that_fits_and_one_start_label():
     texts = [text.get_text() for text in ax.texts]
     assert texts.count("6 runs: start") == 1 and not any(text.endswith(": start") and "6 runs" not in text
                                                          for text in texts), texts
+
+
+@pytest.mark.parametrize(("end", "named"), [
+    ({"event": "failed", "exception": "RuntimeError", "state": {"step": 40}}, "lost to a failure, trained again"),
+    (None, "lost to a kill, trained again"),
+], ids=["failure", "kill"])
+def test_the_legend_names_what_lost_the_work_that_was_trained_again(end, named):
+    """An attempt that failed (or was killed) at step 40 and a relaunch from step 20: the redone span's legend
+    entry says what ended the attempt that lost it."""
+    events = [{"event": "started", "state": {"step": 0}}]
+    events += [{"event": "train", "step": step, "metrics": {"loss": 1.0 / step}} for step in range(5, 41, 5)]
+    events += [end] if end else []
+    events += [{"event": "resumed", "state": {"step": 20}}]
+    events += [{"event": "train", "step": step, "metrics": {"loss": 1.0 / step}} for step in range(25, 61, 5)]
+    events += [{"event": "finished", "state": {"step": 60}}]
+    figure = draw([RunCurves("run", build_timeline(events))], ["train/loss"])
+    legend = [text.get_text() for text in figure.get_axes()[0].get_legend().get_texts()]
+    assert [text for text in legend if text.startswith("lost to")] == [named], legend
