@@ -43,6 +43,7 @@ class Follower:
         self.total = length.final_step if length else None
         self.published: set[str] = set()  # checkpoint files seen: a new one is a published checkpoint
         self.step = 0
+        self.began: float | None = None  # when the newest attempt start seen in the records was logged
 
     @property
     def checkpoints(self) -> int:
@@ -54,6 +55,7 @@ class Follower:
             records = records or event.get("event") == "train"
             if event.get("event") in ("started", "resumed"):
                 self.logged = int(event["state"]["step"])  # a new attempt: a kill replays from its checkpoint
+                self.began = timestamp(event["time"]) if isinstance(event.get("time"), str) else self.began
                 planned = (event.get("budget") or {}).get("planned_steps")
                 self.total = self.total or (planned if isinstance(planned, int) else None)
             elif isinstance(event.get("step"), int):
@@ -61,10 +63,21 @@ class Follower:
         files = checkpoint_files(self.paths)
         self.published |= {f"{step}@{mtime}" for step, mtime in files}
         if self.length is None or self.length.records:
+            if self._attempt_unrecorded():  # the previous attempt's steps are not this one's
+                self.logged = pointer_step(self.paths) or 0
             self.step = max(self.logged, files[-1][0] if files and self.length is None else 0)
         else:
             self.step = self._estimate(files)
         return self.step
+
+    def _attempt_unrecorded(self) -> bool:
+        """Whether the run's current attempt began (state.json) but has not logged its start yet: until it
+        does it stands where `last` points, not at the step an earlier attempt reached (a kill loses steps)."""
+        state = run_state.load_state(self.paths) if self.paths.state.is_file() else None
+        attempt = state.last_attempt if state is not None else None
+        if attempt is None or attempt.ended or state.status not in ("running", "stopping"):
+            return False
+        return self.began is None or self.began < timestamp(attempt.started_at)
 
     def _estimate(self, files: list[tuple[int, float]]) -> int:
         state = run_state.load_state(self.paths) if self.paths.state.is_file() else None

@@ -82,6 +82,40 @@ def test_an_interruption_that_saved_the_last_update_does_not_count_as_landed():
     assert (mid_run.landed, at_the_end.landed, killed.landed) == (True, False, True)
 
 
+
+def test_a_relaunched_attempt_is_followed_from_where_it_resumes_not_from_where_the_killed_one_got(tmp_path):
+    """Attempt 1 logged step 8 and was killed; `last` names step 4. Once attempt 2 runs, and until it logs its
+    start, the follower puts the run at step 4: an interruption aimed at step 8 waits for it to get there, and
+    is reported at the step the run really is at (it was sent at once, and reported at step 8)."""
+    from run_fixtures import make_run
+
+    from elfes.launcher.commands.rehearsal_runs import Follower
+    from elfes.launcher.rundir import state as run_state
+
+    paths = make_run(tmp_path, outcome=None, step=4)
+    first = run_state.load_state(paths).last_attempt.started_at  # its records are logged once it began
+    paths.events.write_text(paths.events.read_text().replace("2026-01-02T03:04:05.000000+00:00", first))
+    with paths.events.open("a") as events:
+        events.write(json.dumps({"event": "train", "time": first, "epoch": 1, "step": 8, "planned_steps": 10,
+                                 "samples": 64, "metrics": {"loss": 0.2}}) + "\n")
+    paths.checkpoints.mkdir()
+    (paths.checkpoints / "step-00000004-batches-0000000004.pt").write_bytes(b"")
+    (paths.checkpoints / "last").symlink_to("step-00000004-batches-0000000004.pt")
+    follower = Follower(paths)
+    assert follower.poll() == 8  # attempt 1 runs
+    for change in (lambda s: run_state.mark_lost(s, cancelled=False),
+                   lambda s: run_state.record_submission(s, executor="local", kind="resume", max_requeues=3),
+                   lambda s: run_state.mark_pending(s, job_id="4194998"),
+                   lambda s: run_state.begin_attempt(s, token="4194998:0", job_id="4194998", launch="resume",
+                                                     hosts=["node-a"], world_size=2)):
+        run_state.update_state(paths, change)
+    assert follower.poll() == 4
+    began = run_state.load_state(paths).last_attempt.started_at
+    with paths.events.open("a") as events:
+        events.write(json.dumps({"event": "resumed", "time": began, "state": {"step": 4}}) + "\n")
+        events.write(json.dumps({"event": "train", "time": began, "step": 5, "metrics": {"loss": 0.2}}) + "\n")
+    assert follower.poll() == 5
+
 @pytest.mark.parametrize("arguments, says", [
     (["--interruptions", "0"], "--interruptions 0"),
     (["--kinds", "requeue,explode"], "'explode'"),
