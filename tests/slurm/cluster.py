@@ -277,7 +277,10 @@ class SlurmCluster:
             self.timings_s["nodes idle"] = time.monotonic() - waited
         except BaseException as error:
             message = f"{error}\n{self.log_tails()}"
-            self.stop(remove=False)
+            try:  # the daemons' logs are in the message: remove every file, so the next start begins afresh
+                self.stop()
+            except ClusterError as stopping:  # something still runs: the manifest stays for `stop`
+                message += f"\n{stopping}"
             kind = type(error) if isinstance(error, ClusterError) else ClusterError  # keep NamespacesUnavailable
             raise kind(f"the private SLURM cluster did not start: {message}") from error
         self.timings_s["start"] = time.monotonic() - started
@@ -458,11 +461,15 @@ class SlurmCluster:
                 f"python {Path(__file__).name} stop --dir {self.directory}"
             )
         existing = [folder for folder in (self.directory, *self.directory.parents) if folder.exists()]
-        closed = [folder for folder in existing if not folder.stat().st_mode & stat.S_IXOTH]
+        # munged refuses a socket below a folder without execute permission for all (user, group and other).
+        searchable = {"u": stat.S_IXUSR, "g": stat.S_IXGRP, "o": stat.S_IXOTH}
+        closed = [folder for folder in existing if any(not folder.stat().st_mode & bit for bit in searchable.values())]
         if closed:
+            mode = closed[0].stat().st_mode
+            missing = ",".join(f"{who}+x" for who, bit in searchable.items() if not mode & bit)
             raise ClusterError(
                 f"munged needs every folder above its socket searchable by all users, and {closed[0]} is not "
-                f"(mode {stat.S_IMODE(closed[0].stat().st_mode):o}): use another folder (under /tmp) or chmod o+x it"
+                f"(mode {stat.S_IMODE(mode):o}): use another folder (under /tmp) or chmod {missing} it"
             )
         if not self.directory.exists():
             self.directory.mkdir(parents=True)

@@ -238,9 +238,36 @@ def test_cluster_script_starts_and_stops_a_second_cluster_by_hand(open_folder: P
 def test_cluster_refuses_a_folder_munged_cannot_use(slurm_available: None, tmp_path: Path):
     """pytest's tmp_path is private (mode 700): the refusal says why and what to do, before starting anything."""
     folder = tmp_path / "cluster"
-    with pytest.raises(ClusterError, match=r"searchable by all users.*chmod o\+x"):
+    with pytest.raises(ClusterError, match=r"searchable by all users.*\(mode 700\).*chmod g\+x,o\+x it"):
         SlurmCluster(folder).start()
     assert not folder.exists()
+
+
+def test_a_start_that_fails_removes_what_it_made_and_the_next_start_works(slurm_available: None, open_folder: Path):
+    """A parent searchable by others but not by its group (mode 701) is refused naming g+x, which munged needs
+    too; a start that fails after munged began (slurmctld refused here) stops munged and leaves the folder as
+    it was, so the next start in it runs."""
+    parent = open_folder / "parent"
+    parent.mkdir(mode=0o701)
+    parent.chmod(0o701)
+    with pytest.raises(ClusterError, match=r"\(mode 701\): use another folder \(under /tmp\) or chmod g\+x it"):
+        SlurmCluster(parent / "cluster", accounting=False).start()
+    assert list(parent.iterdir()) == []
+
+    class RefusedController(SlurmCluster):
+        def _start_slurmctld(self, timeout_s: float) -> None:
+            self.munged_pid = self._daemon("munged").pid()
+            raise ClusterError("slurmctld refused for this test")
+
+    (open_folder / "notes.txt").write_text("not the cluster's")
+    failing = RefusedController(open_folder, accounting=False)
+    with pytest.raises(ClusterError, match="did not start: slurmctld refused for this test"):
+        failing.start()
+    assert failing.munged_pid is not None and not process_alive(failing.munged_pid)
+    assert sorted(path.name for path in open_folder.iterdir()) == ["notes.txt", "parent"]
+    cluster = SlurmCluster(open_folder, accounting=False).start()
+    cluster.stop()
+    assert sorted(path.name for path in open_folder.iterdir()) == ["notes.txt", "parent"]
 
 
 def test_submitit_job_runs_and_its_state_comes_from_sacct(slurm_env: SlurmCluster, tmp_path: Path):
