@@ -12,6 +12,7 @@ The state machine (``RunState.status``)::
     running --(a stop signal arrived)--> stopping
     running|stopping --> requeued --(relaunch)--> running
     running|stopping --(a failure or hang, retried: "failed (retrying)")--> requeued --(relaunch)--> running
+    requeued --(elfes cancel before the relaunch: no attempt will record it)--> cancelled
     running|stopping --> finished | stopped | failed | cancelled     (terminal until `elfes resume`)
     submitted --(its submitter was killed before the executor took it; no job of it found)--> failed
     stopped|failed|cancelled|finished (a raised budget) --(elfes resume)--> submitted
@@ -461,6 +462,16 @@ def requeued_by_slurm(state: RunState) -> RunState:
         return state
     return _replace(state, status="requeued", attempts=(*state.attempts[:-1],
                                                         dataclasses.replace(attempt, outcome="requeued")))
+
+
+def cancel_between_attempts(state: RunState) -> RunState:
+    """``elfes cancel`` took the run's job while a requeue was under way (its last attempt ended, the
+    relaunch has not begun): no attempt will record the cancel, so the run is "cancelled" here, as
+    ``elfes status`` then shows it. No-op otherwise: a relaunch that began records the cancel itself."""
+    attempt = state.last_attempt
+    if state.status != "requeued" or attempt is None or not attempt.ended:
+        return state
+    return _replace(state, status="cancelled", stopping_signal=None)
 
 
 def token_restart(token: str) -> int | None:

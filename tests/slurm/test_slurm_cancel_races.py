@@ -249,3 +249,38 @@ def test_a_job_requeued_after_its_node_failed_shows_requeued_and_pending(slurm_e
     assert state.job_id == job_id and state.requeues_used == 1
     cancel(run_dir)
     wait_run(run_dir, lambda: ended_for_good(run_dir), "the relaunch cancelled")
+
+
+def test_a_cancel_while_a_failure_is_requeued_ends_the_run_cancelled_in_state_json(slurm_env: SlurmCluster,
+                                                                                   tmp_path: Path):
+    """Attempt 1 failed and its retry is under way (the run "requeued", its job pending again, held here so that
+    it stays so): `elfes cancel` takes the job, and since no attempt will record that, state.json itself says
+    cancelled, as `elfes status` does; status offers what a cancelled run takes (`elfes resume`), with no note
+    of a job gone "without recording its end"."""
+    from elfes.files import write_text_atomically
+    from elfes.launcher.spec import load_spec
+
+    slurm = slurm_env
+    paths = RunPaths(tmp_path / "retrying")
+    paths.run_dir.mkdir()
+    write_text_atomically(paths.spec, load_spec(write_spec(tmp_path, "retrying")).to_yaml())
+    job_id = slurm.run("sbatch", "--parsable", "--hold", "-p", "low", "--wrap", "sleep 300",
+                       f"--output={tmp_path / 'held.out'}").stdout.strip()
+    token = f"{job_id}:0"
+    for change in (lambda s: run_state.record_submission(s, executor="slurm", kind="submit", max_requeues=3),
+                   lambda s: run_state.mark_pending(s, job_id=job_id),
+                   lambda s: run_state.begin_attempt(s, token=token, job_id=job_id, launch="submit",
+                                                     hosts=["node"], world_size=1),
+                   lambda s: run_state.end_attempt(s, token=token, outcome="failed", error="RuntimeError: boom",
+                                                   failure=run_state.Failure("exception", "RuntimeError: boom", True))):
+        run_state.update_state(paths, change)
+    assert state_of(paths.run_dir).status == "requeued" and queued(slurm, job_id) == "PENDING"
+
+    cancel(paths.run_dir)
+    assert state_of(paths.run_dir).status == "cancelled"
+    wait_run(paths.run_dir, lambda: queued(slurm, job_id) == "", f"job {job_id} to leave the queue")
+    report = status(slurm, paths.run_dir)
+    assert report["status"] == "cancelled", report
+    assert not any("without recording its end" in note for note in report["notes"]), report
+    shown = elfes(slurm, "status", str(paths.run_dir)).stdout
+    assert "cancelled" in shown and "requeued" not in shown.replace("failed (retrying)", ""), shown
