@@ -37,6 +37,7 @@ from ..submit.handover import (
     interrupted_handover,
     record_ahead,
     record_job,
+    reserve_room_for_record_job,
     signals_deferred,
     submission_lock,
 )
@@ -173,8 +174,13 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
                     write_text_atomically(paths.spec, spec.to_yaml())
                 paths.cancel_marker.unlink(missing_ok=True)
                 record = carry_out(code, paths, undo)
-                job_id = executors.submit(job_spec(spec, paths), paths, executor, JobRuntime(str(paths.run_dir)),
-                                          exclude=excluded_nodes(spec, paths, executor))
+                reserved = reserve_room_for_record_job(paths)
+                try:
+                    job_id = executors.submit(job_spec(spec, paths), paths, executor, JobRuntime(str(paths.run_dir)),
+                                              exclude=excluded_nodes(spec, paths, executor))
+                except BaseException:
+                    reserved.unlink(missing_ok=True)
+                    raise
                 handed_over = True
                 state = record_job(paths, job_id)
                 prune_older(paths, record)

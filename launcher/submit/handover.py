@@ -280,6 +280,22 @@ def record_ahead(spec: JobSpec, paths: RunPaths, executor: str, kind: str, *, su
         refuse_finished=refuse_finished))
 
 
+def reserve_room_for_record_job(paths: RunPaths) -> Path:
+    """Before the hand-over: take the room :func:`record_job` needs, in the very temporary file its write of
+    ``state.json`` reuses, so that a full disk refuses the submission while it can still be undone (once the
+    executor took the job, a state.json left "submitted" would name no job). The caller removes the file
+    when the hand-over fails."""
+    from elfes.files import temporary_name
+
+    reserved = temporary_name(paths.state)
+    size = (paths.state.stat().st_size if paths.state.is_file() else 0) + 1024  # the job id and a margin
+    with open(reserved, "wb") as file:
+        file.write(b" " * size)
+        file.flush()
+        os.fsync(file.fileno())
+    return reserved
+
+
 def record_job(paths: RunPaths, job_id: str) -> run_state.RunState:
     """The executor took the latest submission as ``job_id``."""
     return run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))

@@ -184,6 +184,24 @@ def test_a_full_disk_after_training_is_named_not_lost_to_a_kill(runs: Runs, tmp_
         assert code == 0 and f"attempt 1 ended lost: {error}" in shown
 
 
+def test_a_resume_refused_on_a_full_disk_leaves_state_json_as_it_was(tmp_path: Path) -> None:
+    """A stopped run on a file system with about 20 kB free: room for the code snapshot and the submission's
+    record, not for the executor's files and then state.json naming the job. The resume is refused before
+    the job is handed over, and state.json is byte for byte what it was (it said "submitted", naming no job)."""
+    with mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as disk:
+        paths = make_run(disk / "project")
+        before = paths.state.read_bytes()
+        filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):  # up to a full disk
+            while True:
+                os.write(filler, b"x" * 4096)
+        os.close(filler)
+        os.truncate(disk / "filler", (disk / "filler").stat().st_size - 20_000)
+        code, shown = run_cli("resume", str(paths.run_dir))
+        assert code != 0 and "No space left" in shown, shown
+        assert paths.state.read_bytes() == before
+
+
 def test_a_run_directory_turned_read_only_mid_run_is_named(runs: Runs, tmp_path: Path) -> None:
     """The run directory becomes read-only while the job trains (a read-only bind mount replaces the
     writable one: the job's open files stay writable, new files are refused), so the epoch-end checkpoint
