@@ -165,7 +165,8 @@ def test_a_hugging_face_streaming_dataset_resumes_mid_epoch_bitwise(tmp_path):
     assert straight["position"].tolist()[:4] == [1, 10, 10, 2 * IMAGES // case.batch_size]
     train(case, tmp_path / "run", interrupt=("pause", MID_EPOCH))
     with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*reading and discarding")  # resumed from its state_dict
+        warnings.filterwarnings("error", message=".*reading and discarding")  # resumed from its state_dict,
+        warnings.filterwarnings("error", message=".*not exact")  # which holds all of an unshuffled stream's place
         end = train(case, tmp_path / "run", resume=True)
     assert_bitwise_equal(straight, end, "Hugging Face stream")
     assert_bitwise_equal(straight, sigkill_then_resume(case, tmp_path / "sigkill", MID_EPOCH), "Hugging Face stream, sigkill")
@@ -207,3 +208,65 @@ def test_a_loader_that_yields_batches_out_of_order_is_refused(tmp_path):
     loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, num_workers=2, in_order=False)
     with pytest.raises(ValueError, match=r"in_order=False.*Build it with in_order=True"):
         Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), loader, lambda m, b: None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Every loader's epoch ends as a plain loop's does, and every shuffle resumes in every epoch
+
+
+def test_a_shuffled_torchdata_stateful_dataloader_resumes_bitwise_in_a_later_epoch(tmp_path):
+    pytest.importorskip("torchdata.stateful_dataloader", reason="the data extra (pip install -e '.[data]') is not installed")
+    # 10 batches per epoch: microbatch 27 is batch 6 of the third epoch, whose order its sampler's generator sets.
+    case = DataCase(reader="stateful-loader", epochs=3)
+    straight = train(case, tmp_path / "straight")
+    train(case, tmp_path / "run", interrupt=("pause", 27))
+    assert_bitwise_equal(straight, train(case, tmp_path / "run", resume=True), "StatefulDataLoader paused in epoch 3")
+
+
+def test_a_stream_that_rewinds_after_its_last_item_trains_every_epoch_and_resumes_bitwise(tmp_path):
+    # The rewind after the last yield runs only when the loop asks for one more item, as `for` does.
+    case = DataCase(reader="resetting-stream", epochs=3)
+    straight = train(case, tmp_path / "straight")
+    assert straight["position"].tolist()[:4] == [3, 0, 15, 3 * IMAGES // case.batch_size]
+    for at in (MID_EPOCH, 17):  # a pause in the first epoch, and one in the second
+        train(case, tmp_path / f"run-{at}", interrupt=("pause", at))
+        assert_bitwise_equal(straight, train(case, tmp_path / f"run-{at}", resume=True), f"rewinding stream, pause at {at}")
+
+
+def test_a_loader_that_yields_more_batches_than_its_length_is_refused_at_the_epoch_end(tmp_path):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from elfes.engine import StepOutput, TrainConfig, Trainer
+
+    class LongerThanItsLength(IterableDataset):
+        def __len__(self):
+            return 8
+
+        def __iter__(self):
+            return iter([torch.zeros(2)] * 12)
+
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(LongerThanItsLength(), batch_size=4)
+    trainer = Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                      lambda m, batch: StepOutput(loss=m(batch).square().mean(), num_samples=len(batch)))
+    with pytest.raises(RuntimeError, match=r"yielded more than the 2 batches its length promised in epoch 0.*__len__"):
+        trainer.train(TrainConfig(epochs=1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Streams that cannot resume exactly say so
+
+
+def test_a_hugging_face_stream_shuffled_in_a_buffer_is_named_at_the_start_of_training_and_in_the_run_records(tmp_path):
+    pytest.importorskip("datasets", reason="the data extra (pip install -e '.[data]') is not installed")
+    from elfes.records import read_events
+
+    case = DataCase(reader="hf-stream", collate_draws=False, max_steps=3, epochs=100, hf_shuffle_buffer=8,
+                    hf_files=write_hf_files(tmp_path / "files"))
+    with pytest.warns(UserWarning, match=r"shuffle\(buffer_size=8\).*not exact.*shuffle the shards"):
+        train(case, tmp_path / "run", log=True)
+    warned = [event for event in read_events(tmp_path / "run") if event["event"] == "warning"]
+    assert [event["kind"] for event in warned] == ["inexact_stream"]
+    assert "shuffle(buffer_size=8)" in warned[0]["message"]
+

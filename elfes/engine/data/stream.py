@@ -24,7 +24,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from accelerate.utils import send_to_device
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from ..rng import capture_rng, restore_rng
 from .checks import check_distributed_batching, check_training_loader, verify_rank_lengths
@@ -72,7 +72,7 @@ class TrainingData:
         self.parts = {} if self.stateful_loader else stateful_parts(dataloader)
         self._device = None if accelerator.device.type == "cpu" else accelerator.device
         self._non_blocking = bool(config.non_blocking)
-        self._shuffle = _random_sampler(self.prepared)
+        self._shuffle = _shuffling_sampler(self.prepared)
         self._worker_seeds = torch.Generator()
         self._saved: dict[str, Any] = {}
         self.batches_per_epoch = self._rank_length(dataloader)
@@ -173,22 +173,39 @@ def _give_shuffle_its_own_generator(dataloader: DataLoader) -> None:
     """Give a shuffling sampler a private generator before accelerate prepares the loader.
 
     Otherwise accelerate seeds one from the global torch RNG on several ranks but not on one, and
-    the draw would shift every later random number (dropout included) by the world size. The
+    the draw would shift every later random number (dropout included) by the world size; and a
+    sampler without one (``SubsetRandomSampler``, ``WeightedRandomSampler``) would draw its order
+    from the global generator, whose state at a mid-epoch resume is not the epoch's start. The
     generator's initial state is irrelevant: :meth:`TrainingData.batches` reseeds it every epoch.
     """
-    sampler = _random_sampler(dataloader)
+    sampler = _shuffling_sampler(dataloader)
     if sampler is not None and sampler.generator is None:
         sampler.generator = torch.Generator()
 
 
-def _random_sampler(loader: DataLoader) -> RandomSampler | None:
-    """The RandomSampler behind a (prepared) loader, if it shuffles with one."""
+def _shuffling_sampler(loader: DataLoader) -> Any:
+    """The sampler behind a (prepared) loader that draws its order from a generator, if it has one.
+
+    torch's ``RandomSampler``, ``SubsetRandomSampler`` and ``WeightedRandomSampler``, and torchdata's
+    ``RandomSampler`` (what ``StatefulDataLoader(shuffle=True)`` builds; not a subclass of torch's).
+    Each draws an epoch's order from ``sampler.generator`` when its iterator is made, so the order
+    of epoch ``e`` depends on every earlier epoch's draw unless the generator is reseeded per epoch:
+    a resumed run, whose sampler is new, would otherwise replay the first epoch's order.
+    """
     batch_sampler = loader.batch_sampler
     for candidate in (
         getattr(batch_sampler, "sampler", None),
         getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None),
         loader.sampler,
     ):
-        if isinstance(candidate, RandomSampler):
+        if isinstance(candidate, _SHUFFLING_SAMPLERS) or _torchdata_random_sampler(candidate):
             return candidate
     return None
+
+
+_SHUFFLING_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def _torchdata_random_sampler(sampler: Any) -> bool:
+    kind = type(sampler)
+    return kind.__name__ == "RandomSampler" and kind.__module__.startswith("torchdata.stateful_dataloader")
