@@ -27,7 +27,9 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
 from torch import nn
 from rich.console import Console
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import (
+    DataLoader, Dataset, IterableDataset, SubsetRandomSampler, WeightedRandomSampler, get_worker_info,
+)
 from workloads import fresh_accelerate, snapshot
 
 from elfes.engine import Interval, StepOutput, StopRequest, TrainConfig, Trainer
@@ -208,7 +210,7 @@ class ResumableSampler(torch.utils.data.Sampler):
 class DataCase:
     source: str = "torch"  # "torch" | "numpy" | "python"
     reader: str = "map"  # "map" | "stream" | "stateful-stream" | "resetting-stream" | "stateful-loader"
-    # | "stateful-loader-stream" | "hf-stream" | "stateful-sampler"
+    # | "stateful-loader-stream" | "hf-stream" | "stateful-sampler" | "weighted-sampler" | "subset-sampler"
     num_workers: int = 0
     persistent: bool = False
     prefetch_factor: int | None = None
@@ -258,6 +260,11 @@ def train_loader(case: DataCase) -> DataLoader:
         return DataLoader(StatefulImageStream(case.source, stateful=True, length=case.stream_length), **options)
     if case.reader == "resetting-stream":
         return DataLoader(ResettingStream(case.source), **options)
+    if case.reader == "weighted-sampler":  # no generator of its own: it would draw from the global one
+        weights = torch.linspace(1.0, 2.0, IMAGES)
+        return DataLoader(AugmentedImages(case.source), sampler=WeightedRandomSampler(weights, IMAGES), **options)
+    if case.reader == "subset-sampler":
+        return DataLoader(AugmentedImages(case.source), sampler=SubsetRandomSampler(range(IMAGES)), **options)
     if case.reader == "stateful-loader":
         from torchdata.stateful_dataloader import StatefulDataLoader
 

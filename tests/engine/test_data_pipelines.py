@@ -64,7 +64,8 @@ def test_worker_batches_do_not_depend_on_the_number_of_workers_or_their_prefetch
 
 
 def test_the_loader_reads_no_batch_ahead_so_main_process_draws_interleave_with_the_steps_as_in_a_plain_loop(tmp_path):
-    """With num_workers=0 a batch is fetched just before its step: the draws of fetch and step alternate."""
+    """With num_workers=0 a batch is fetched just before its step: the draws of fetch and step alternate; an
+    epoch ends (the sampler's code after its last item runs) before the next one begins, as in a plain loop."""
     order: list[str] = []
 
     class Recording(torch.utils.data.Dataset):
@@ -84,11 +85,29 @@ def test_the_loader_reads_no_batch_ahead_so_main_process_draws_interleave_with_t
         order.append("step")
         return StepOutput(loss=(model(batch[0]) - batch[1]).square().mean(), num_samples=len(batch[0]))
 
+    class RecordingSampler(torch.utils.data.Sampler):
+        def __len__(self):
+            return 8
+
+        def __iter__(self):
+            order.append("epoch begins")
+            yield from range(8)
+            order.append("epoch ends")  # runs only when the loop asks for the item after the last
+
+    def loader():
+        return torch.utils.data.DataLoader(Recording(), batch_size=4, sampler=RecordingSampler())
+
     fresh_accelerate()
     model = torch.nn.Linear(2, 1)
-    loader = torch.utils.data.DataLoader(Recording(), batch_size=4)
-    Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), loader, step).train(TrainConfig(epochs=1))
-    assert order == [f"fetch {i}" for i in range(4)] + ["step"] + [f"fetch {i}" for i in range(4, 8)] + ["step"]
+    Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), step).train(TrainConfig(epochs=2))
+    trained, order[:] = list(order), []
+    plain = loader()
+    for _ in range(2):
+        for batch in plain:
+            step(model, batch)
+    assert trained == order, "an epoch of the trainer reads what a plain loop reads, in the same order"
+    epoch = ["epoch begins"] + [f"fetch {i}" for i in range(4)] + ["step"] + [f"fetch {i}" for i in range(4, 8)] + ["step"]
+    assert order == 2 * (epoch + ["epoch ends"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -115,8 +134,13 @@ def test_an_iterable_dataset_without_state_resumes_exactly_by_replay_and_warns(t
     straight = train(case, tmp_path / "straight")
     train(case, tmp_path / "run", interrupt=("pause", MID_EPOCH))
     with pytest.warns(UserWarning, match=r"ImageStream\) at batch 8 of epoch 0 by reading and discarding the 8 batches"):
-        end = train(case, tmp_path / "run", resume=True)
+        end = train(case, tmp_path / "run", resume=True, log=True)
     assert_bitwise_equal(straight, end, "replayed stream")
+    from elfes.records import read_events
+
+    warned = [event for event in read_events(tmp_path / "run") if event["event"] == "warning"]
+    assert [event["kind"] for event in warned] == ["stream_replay"], "the replay's cost is in the run records"
+    assert "reading and discarding the 8 batches" in warned[0]["message"]
 
 
 def test_a_stream_read_by_workers_resumes_exactly_by_replay(tmp_path):
@@ -221,6 +245,14 @@ def test_a_shuffled_torchdata_stateful_dataloader_resumes_bitwise_in_a_later_epo
     straight = train(case, tmp_path / "straight")
     train(case, tmp_path / "run", interrupt=("pause", 27))
     assert_bitwise_equal(straight, train(case, tmp_path / "run", resume=True), "StatefulDataLoader paused in epoch 3")
+
+
+@pytest.mark.parametrize("reader", ["weighted-sampler", "subset-sampler"])
+def test_a_sampler_that_draws_its_order_resumes_bitwise_in_a_later_epoch(reader, tmp_path):
+    case = DataCase(reader=reader, epochs=3)
+    straight = train(case, tmp_path / "straight")
+    train(case, tmp_path / "run", interrupt=("pause", 27))
+    assert_bitwise_equal(straight, train(case, tmp_path / "run", resume=True), f"{reader} paused in epoch 3")
 
 
 def test_a_stream_that_rewinds_after_its_last_item_trains_every_epoch_and_resumes_bitwise(tmp_path):
