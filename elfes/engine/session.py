@@ -409,6 +409,13 @@ class TrainingSession:
     # ----------------------------------------------------------------------------------------
     # Run records
 
+    def warn(self, kind: str, message: str) -> None:
+        """Warn the user of what the run cannot do exactly or cheaply (main process), and record it as a
+        ``warning`` event, which ``elfes status`` shows until the run starts again."""
+        if self.accelerator.is_main_process:
+            warnings.warn(message, stacklevel=2)
+        self.log("warning", kind=kind, message=message, **self._where())
+
     def log(self, event: str, **fields: Any) -> None:
         if self.logger is not None:
             self.logger.log({"event": event, **fields})

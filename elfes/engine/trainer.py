@@ -156,6 +156,8 @@ class Trainer:
         run = self._session(config, checkpoint_dir, stop)
         try:
             run.start(resume_from, metadata or {})
+            for kind, message in self.data.setup_warnings:
+                run.warn(kind, message)
             run.stop.heartbeat.started(self.state.step)
             state = self._loop(run)  # its stop and final saves collect any write in flight
             run.stop.heartbeat.beat("ended")
@@ -198,7 +200,8 @@ class Trainer:
         self.model.train()
         early_stop = run.finish_deferred_boundary() or run.patience_exhausted()
         while not early_stop and not run.budget_spent():
-            with closing(self.data.batches(self.state.epoch, self.state.next_batch, self.progress.data_seed)) as batches:
+            epoch = self.data.batches(self.state.epoch, self.state.next_batch, self.progress.data_seed, run.warn)
+            with closing(epoch) as batches:
                 epoch_ended = False
                 while not (epoch_ended or early_stop or run.budget_spent()):
                     started = time.perf_counter()
@@ -211,6 +214,8 @@ class Trainer:
                     result = self.runner.run(
                         window, size, run.stop, self.state, self.progress.weight_reference, run.rule, run.announce_stop
                     )
+                    if self.state.next_batch + size == self.batches_per_epoch:  # never for a stream without __len__
+                        self.data.end_epoch(batches, self.state.epoch)  # as `for` ends an epoch, before its boundary
                     epoch_ended = run.advance(result, time.perf_counter() - started)
                     run.stop.heartbeat.reached(self.state.step)
 

@@ -174,6 +174,10 @@ def _render_failed(event: Mapping[str, Any], epoch: str) -> str:
     return f"failed epoch={epoch} step={event['step']} {event['exception']}: {message}"
 
 
+def _render_warning(event: Mapping[str, Any], epoch: str) -> str:
+    return f"warning epoch={epoch} step={event['step']} {event['kind']}: {event['message']}"
+
+
 def _render_run_end(event: Mapping[str, Any], epoch: str) -> str:
     state = event["state"]
     parts = [event["event"]]
@@ -204,6 +208,7 @@ _RENDERERS = {
     "finished": _render_run_end,
     "stopped": _render_run_end,
     "failed": _render_failed,
+    "warning": _render_warning,
 }
 
 # Log files must stay plain text, whatever strings users put in metric names or paths.

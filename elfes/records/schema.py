@@ -129,6 +129,14 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "SIGTERM, or null); last is saved next.",
         ("reason", "signal", "epoch", "step"),
     ),
+    "warning": EventSpec(
+        "Something the run does not do exactly, or does at a cost, said when it is found (message; kind: "
+        "inexact_stream, a stream whose state_dict leaves out part of its place, such as a Hugging Face "
+        "stream shuffled with a buffer, warned at every start; stream_replay, a resume that read and "
+        "discarded a stream's consumed batches, with the time it took). `elfes status` shows the warnings "
+        "recorded since the run's latest start.",
+        ("kind", "message", "epoch", "step"),
+    ),
     "finished": EventSpec(
         "The run reached its budget or stopped early on the monitor (state.stop_reason early_stopping). "
         "Records the final state and the seconds spent training, evaluating, checkpointing and in total "

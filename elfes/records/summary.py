@@ -16,7 +16,8 @@ class RunSummary:
     ``status`` is "finished", "stopped" or "failed" when the last start
     (started or resumed) was followed by that event, else "running", which
     also covers a job killed without a stop: compare ``last_event_time`` with
-    the clock. ``failure`` is the exception of a failed run ("ValueError:
+    the clock. ``warnings`` are the messages of the ``warning`` events since
+    the last start. ``failure`` is the exception of a failed run ("ValueError:
     message"); ``pending_stop`` the signal or reason of a stop requested since
     the last start and not yet saved (None once ``stopped`` is recorded).
     Progress fields come from the last event that carries them and are None
@@ -45,6 +46,7 @@ class RunSummary:
     last_event_time: str | None
     failure: str | None
     pending_stop: str | None
+    warnings: tuple[str, ...] = ()
 
 
 _PROGRESS_KEYS = ("step", "samples", "best_metric", "best_step")
@@ -72,6 +74,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
     planned_steps = epochs = monitor = last_checkpoint = None
     starts = resumes = checkpoints = 0
     stops: list[str] = []
+    warned: list[str] = []
     totals = dict.fromkeys(("train_s", "evaluation_s", "checkpoint_s"), 0.0)
 
     for event in events:
@@ -96,6 +99,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
         if name in ("started", "resumed"):
             status = "running"
             failure = pending_stop = None
+            warned = []
             starts += 1
             if name == "resumed":
                 resumes += 1
@@ -116,6 +120,8 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
         elif name == "checkpoint":
             checkpoints += 1
             last_checkpoint = event.get("path")
+        elif name == "warning":
+            warned.append(str(event.get("message")))
 
     return RunSummary(
         status=status,
@@ -130,6 +136,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
         last_event_time=events[-1].get("time"),
         failure=failure,
         pending_stop=pending_stop,
+        warnings=tuple(warned),
         **progress,
         **totals,
     )
@@ -164,6 +171,7 @@ def format_summary(summary: RunSummary) -> str:
         )
     if summary.stops:
         lines.append(f"stops: {', '.join(summary.stops)}")
+    lines.extend(f"warning: {message}" for message in summary.warnings)
     lines.append(f"checkpoints: {summary.checkpoints}, last: {summary.last_checkpoint or 'none'}")
     lines.append(
         f"time: train {format_seconds(summary.train_s)}, evaluation "

@@ -84,15 +84,28 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
                  "and its resume make the same position read other samples (a stream without state is read again "
                  "from its epoch's start). Keep the training files unchanged while a run uses them: write new "
                  "files instead of changing old ones.")
+    warned = any(event.get("event") == "warning" and event.get("kind") == "inexact_stream" for event in events)
+    shuffle_buffer = (
+        "A stream shuffled in a buffer: " + ("the interrupted run warned that its training stream is shuffled with "
+                                             "shuffle(buffer_size=...)" if warned else "a Hugging Face stream shuffled "
+                                             "with shuffle(buffer_size=...) (or a stream's own buffer)")
+        + ", a buffer its state_dict() leaves out, so a resume in the middle of an epoch refills it from the saved "
+        "position with other examples in another order. Shuffle the shards instead (the data files in a seeded order, "
+        "no buffer), or load the data map-style (load_dataset without streaming) and shuffle in the sampler "
+        "(DataLoader(shuffle=True)).")
     replay = ("A kill replays the updates since the last complete checkpoint: anything advanced during the lost "
               "updates and not restored from the checkpoint (a counter, a generator outside the engine) differs.")
     ordered = [data, worker_randomness, seeding, streaming, outside] if loss_first else [seeding, outside, data,
                                                                                           worker_randomness, streaming]
+    if not warned:
+        ordered.insert(ordered.index(streaming) + 1, shuffle_buffer)
     if before is not None and before.kind == "kill":
         ordered.insert(0, replay)
     if parts == ["scheduler"] or (parts and parts[0] == "scheduler"):
         ordered.insert(0, "The learning-rate schedule: a scheduler built with a budget that differs between attempts, "
                           "or stepped outside the trainer, is not restored to the same point.")
+    if warned:  # the run's own words: the best evidence
+        ordered.insert(0, shuffle_buffer)
     return causes + ordered
 
 

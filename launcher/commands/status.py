@@ -123,6 +123,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
     ran_on = next((attempt.provenance.describe() for attempt in reversed(state.attempts)
                    if attempt.provenance is not None), None) if state is not None else None
     summary = summary_from_ends(paths)
+    notes.extend(getattr(summary, "warnings", ()))  # the engine's warnings since the latest start
     return Status(
         run_dir=str(paths.run_dir),
         name=name,
@@ -157,6 +158,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
 def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:
     """A run whose state.json cannot be read: status "unreadable", what its other files still tell."""
     summary = summary_from_ends(paths)
+    notes.extend(getattr(summary, "warnings", ()))  # the engine's warnings since the latest start
     return Status(
         run_dir=str(paths.run_dir), name=name, status=UNREADABLE, executor=None, job_id=None, queue_state=None,
         attempts=[], requeues_used=0, requeues_left=None, max_requeues=None,

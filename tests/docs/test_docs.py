@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ TESTED = {
     "slurm/cluster": "tests/slurm/test_cluster.py::test_the_cluster_commands_of_the_slurm_guide_start_and_stop_it",
     "data/augmented.py": "test_the_data_examples_of_the_guide_resume_bitwise",
     "data/streaming.py": "test_the_data_examples_of_the_guide_resume_bitwise",
+    "data/shuffled.py": "test_the_data_examples_of_the_guide_resume_bitwise",
     "engine/plain-script": "test_the_plain_script_trains_continues_and_runs_on_two_processes",
     "engine/pause.py": "test_the_engine_snippets_run_on_a_real_trainer",
     "engine/weights.py": "test_the_engine_snippets_run_on_a_real_trainer",
@@ -280,7 +282,7 @@ def _guide_run(loader, step, directory: Path, **train_options):
     return [tensor.clone() for tensor in model.state_dict().values()]
 
 
-def test_the_data_examples_of_the_guide_resume_bitwise(tmp_path):
+def test_the_data_examples_of_the_guide_resume_bitwise(tmp_path, monkeypatch):
     import torch
 
     from elfes.engine import StepOutput, StopRequest
@@ -322,6 +324,20 @@ def test_the_data_examples_of_the_guide_resume_bitwise(tmp_path):
     straight = _guide_run(make(), classify, tmp_path / "stream", input_shape=(2,), max_steps=8)
     resumed = paused_then_resumed(make, tmp_path / "stream-paused", input_shape=(2,), max_steps=8)
     assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))
+
+    # The two exact ways to shuffle: no warning of an inexact stream, and bitwise after a pause.
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    exec(block("data/shuffled.py").text, names)  # noqa: S102
+    shuffled = {"shards": (lambda: names["shard_shuffled_loader"](files, seed=3), {"max_steps": 8}),
+                "sampler": (lambda: names["sampler_shuffled_loader"](files), {})}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*not exact")
+        for name, (make, options) in shuffled.items():
+            straight = _guide_run(make(), classify, tmp_path / name, input_shape=(2,), **options)
+            resumed = paused_then_resumed(make, tmp_path / f"{name}-paused", input_shape=(2,), **options)
+            assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True)), name
 
 
 def _train_config_calls(text: str) -> list[str]:

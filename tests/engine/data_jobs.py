@@ -10,6 +10,8 @@ torchdata ``StatefulDataLoader``, a Hugging Face streaming dataset) and how far 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -24,10 +26,14 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from rich.console import Console
+from torch.utils.data import (
+    DataLoader, Dataset, IterableDataset, SubsetRandomSampler, WeightedRandomSampler, get_worker_info,
+)
 from workloads import fresh_accelerate, snapshot
 
 from elfes.engine import Interval, StepOutput, StopRequest, TrainConfig, Trainer
+from elfes.records import RunLogger
 
 IMAGES = 40
 SIDE = 8
@@ -139,6 +145,37 @@ class StatefulImageStream(ImageStream):
         self.resume_position = state["position"]  # the next iteration starts there
 
 
+class ResettingStream(IterableDataset):
+    """A stream that keeps its place (``state_dict``) and, written the natural way, rewinds after its last
+    item: the rewind runs only when the loop asks for the item after the last (as ``for`` does)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.images, self.labels = base_images()
+        self.position = 0
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return IMAGES
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(IMAGES, generator=torch.Generator().manual_seed(100 + self.epoch))
+        while self.position < IMAGES:
+            image_index = int(order[self.position])
+            self.position += 1
+            yield augment(self.images[image_index], self.source), self.labels[image_index]
+        self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
 class ResumableSampler(torch.utils.data.Sampler):
     """A sampler of the user's own that keeps its place in the epoch (``state_dict``/``load_state_dict``)."""
 
@@ -172,8 +209,8 @@ class ResumableSampler(torch.utils.data.Sampler):
 @dataclass(frozen=True)
 class DataCase:
     source: str = "torch"  # "torch" | "numpy" | "python"
-    reader: str = "map"  # "map" | "stream" | "stateful-stream" | "stateful-loader" | "stateful-loader-stream" | "hf-stream"
-    # | "stateful-sampler"
+    reader: str = "map"  # "map" | "stream" | "stateful-stream" | "resetting-stream" | "stateful-loader"
+    # | "stateful-loader-stream" | "hf-stream" | "stateful-sampler" | "weighted-sampler" | "subset-sampler"
     num_workers: int = 0
     persistent: bool = False
     prefetch_factor: int | None = None
@@ -184,6 +221,7 @@ class DataCase:
     batch_size: int = 4
     accumulation: int = 2
     hf_files: str | None = None  # the JSON-lines files of the hf-stream reader
+    hf_shuffle_buffer: int | None = None  # the hf-stream shuffled with shuffle(buffer_size=...)
 
     def with_(self, **changes: Any) -> DataCase:
         return DataCase(**{**asdict(self), **changes})
@@ -220,6 +258,13 @@ def train_loader(case: DataCase) -> DataLoader:
         return DataLoader(ImageStream(case.source, stateful=False, length=case.stream_length), **options)
     if case.reader == "stateful-stream":
         return DataLoader(StatefulImageStream(case.source, stateful=True, length=case.stream_length), **options)
+    if case.reader == "resetting-stream":
+        return DataLoader(ResettingStream(case.source), **options)
+    if case.reader == "weighted-sampler":  # no generator of its own: it would draw from the global one
+        weights = torch.linspace(1.0, 2.0, IMAGES)
+        return DataLoader(AugmentedImages(case.source), sampler=WeightedRandomSampler(weights, IMAGES), **options)
+    if case.reader == "subset-sampler":
+        return DataLoader(AugmentedImages(case.source), sampler=SubsetRandomSampler(range(IMAGES)), **options)
     if case.reader == "stateful-loader":
         from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -245,6 +290,8 @@ def hf_stream(case: DataCase) -> Any:
         image = torch.tensor(record["pixels"], dtype=torch.float32).reshape(3, SIDE + 2, SIDE + 2)
         return {"image": augment(image, source), "label": record["label"]}
 
+    if case.hf_shuffle_buffer is not None:
+        stream = stream.shuffle(seed=5, buffer_size=case.hf_shuffle_buffer)
     return stream.map(as_tensors).with_format("torch")
 
 
@@ -282,8 +329,10 @@ class Interruption:
         return self.step(model, batch)
 
 
-def train(case: DataCase, directory: Path, *, interrupt: tuple[str, int] | None = None, resume: bool = False) -> dict[str, torch.Tensor]:
-    """One launch of ``case`` in ``directory``: from ``last`` when ``resume``; the end state's tensors."""
+def train(case: DataCase, directory: Path, *, interrupt: tuple[str, int] | None = None, resume: bool = False,
+          log: bool = False) -> dict[str, torch.Tensor]:
+    """One launch of ``case`` in ``directory``: from ``last`` when ``resume``; the end state's tensors. With
+    ``log`` the run records go to ``directory``'s events.jsonl."""
     fresh_accelerate()
     accelerator = Accelerator(
         cpu=True, gradient_accumulation_steps=case.accumulation,
@@ -296,9 +345,10 @@ def train(case: DataCase, directory: Path, *, interrupt: tuple[str, int] | None 
     stop = StopRequest()
     if interrupt is not None:
         step = Interruption(step, interrupt[0], interrupt[1], stop)
-    trainer = Trainer(accelerator, model, optimizer, train_loader(case), step, ema_decay=0.9)
+    logger = RunLogger(directory, is_main_process=True, console=Console(file=io.StringIO())) if log else None
+    trainer = Trainer(accelerator, model, optimizer, train_loader(case), step, ema_decay=0.9, logger=logger)
     config = TrainConfig(epochs=case.epochs, max_steps=case.max_steps, checkpoint_every=Interval(1, "step"))
-    with stop.catch_signals():
+    with stop.catch_signals(), logger or contextlib.nullcontext():
         state = trainer.train(config, checkpoint_dir=directory, stop=stop, resume_from=directory / "last" if resume else None)
     tensors = snapshot(trainer)
     tensors["position"] = torch.tensor([state.epoch, state.next_batch, state.step, state.batches, state.samples])

@@ -33,3 +33,13 @@ def test_a_job_whose_loss_diverges_after_a_requeue_is_told_the_data_path_causes_
 def test_the_reproducibility_advice_says_to_draw_augmentation_from_the_global_generators():
     advice = reproducibility_advice(SPEC, LOSS_DIVERGES)
     assert any("Draw random augmentation from the global torch, NumPy or Python generators" in line for line in advice)
+
+
+def test_a_stream_shuffled_in_a_buffer_is_named_first_when_the_interrupted_run_warned_of_it():
+    requeue = SimpleNamespace(kind="requeue", step=6, saved_step=6, attempt=1)
+    warned = [{"event": "warning", "kind": "inexact_stream", "message": "shuffle(buffer_size=8) ..."}]
+    causes = likely_causes(SPEC, LOSS_DIVERGES, [requeue], warned)
+    assert causes[2].startswith("A stream shuffled in a buffer: the interrupted run warned")
+    assert "shuffle(buffer_size=...)" in causes[2] and "shards" in causes[2]
+    unwarned = likely_causes(SPEC, LOSS_DIVERGES, [requeue], [])
+    assert any(cause.startswith("A stream shuffled in a buffer:") for cause in unwarned[3:])

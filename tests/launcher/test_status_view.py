@@ -110,3 +110,26 @@ def test_status_of_a_spec_names_its_run_directory(tmp_path: Path, capsys):
     assert f"elfes status {tmp_path / 'runs' / 'demo'}" in error and "elfes submit" in error
     assert main(["logs", str(spec)]) == 2
     assert "is a job spec, not a run directory" in capsys.readouterr().err
+
+
+def test_a_data_warning_of_the_latest_start_shows_in_status_however_long_the_attempt_ran(tmp_path, capsys):
+    import json
+
+    from run_fixtures import events
+
+    paths = make_run(tmp_path, name="streamed", outcome=None, step=4)
+    recorded = events(4, 10)
+    message = "The training stream is shuffled with shuffle(buffer_size=8), whose buffer no checkpoint holds"
+    warning = {"event": "warning", "time": recorded[0]["time"], "kind": "inexact_stream", "message": message}
+    train = recorded[1]
+    # the warning right after the start, then more train events than status reads of the file's tail
+    lines = [recorded[0], warning] + [train] * (2 * 256 * 1024 // len(json.dumps(train)))
+    paths.events.write_text("".join(json.dumps(event) + "\n" for event in lines))
+    assert main(["status", str(paths.run_dir)]) == 0
+    assert f"streamed: {message}" in " ".join(shown(capsys).split())
+    assert message in status_report.run_status(paths.run_dir).notes
+
+    resumed = {**recorded[0], "event": "resumed", "resumed_from": "last"}  # a later start without the warning
+    with open(paths.events, "a") as handle:
+        handle.write(json.dumps(resumed) + "\n")
+    assert message not in status_report.run_status(paths.run_dir).notes

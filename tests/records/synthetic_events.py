@@ -139,6 +139,8 @@ def every_event_kind():
         stop_requested(45),
         run_end(45, reason="signal", best_metric=0.7, best_step=40, next_batch=45),
         started(45, resumed_from="/runs/a/checkpoints/step-45", best_metric=0.7, best_step=40, next_batch=45),
+        {"event": "warning", "kind": "stream_replay", "epoch": 2, "step": 45,
+         "message": "Resumed the training stream at batch 45 by reading and discarding the 45 batches before it"},
         failed(47),
     ]
 

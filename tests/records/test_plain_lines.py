@@ -54,7 +54,8 @@ def test_plain_console_prints_timestamped_lines_without_control_characters(tmp_p
     assert "stop requested (SIGTERM)" in lines[6]
     assert "stop_requested" in lines[7] and "SIGTERM" in lines[7]
     assert lines[8].split(" ", 2)[1] == "stopped"
-    assert lines[10].split(" ", 2)[1] == "failed"
+    assert "warning epoch=2/2 step=45 stream_replay: Resumed the training stream at batch 45" in lines[10]
+    assert lines[11].split(" ", 2)[1] == "failed"
 
 
 def test_every_line_names_the_epoch_the_run_is_in_out_of_the_budget(tmp_path):

@@ -78,6 +78,9 @@ def test_summarize_reads_back_what_the_logger_wrote(tmp_path):
     assert summary.status == "failed"
     assert summary.step == 47
     assert summary.last_event_time is not None
+    assert summary.warnings == (every_event_kind()[-2]["message"],)  # said since the latest start
+    assert "warning: Resumed the training stream at batch 45" in format_summary(summary)
+    assert summarize([*every_event_kind(), started(47, resumed_from="/ckpt", next_batch=47)]).warnings == ()
 
 
 def test_a_run_whose_last_attempt_failed_is_failed_with_its_message():

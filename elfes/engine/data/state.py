@@ -32,3 +32,21 @@ def _plain(sampler: Any) -> bool:
     return type(sampler) in (BatchSampler, RandomSampler, SequentialSampler) or type(sampler).__module__.startswith(
         "torchdata.stateful_dataloader"
     )
+
+
+def unsaved_shuffle_buffer(dataset: Any) -> int | None:
+    """The buffer size of a Hugging Face stream shuffled with ``shuffle(buffer_size=...)``, else None.
+
+    Its ``state_dict()`` holds the position in the shards but not the buffer's examples, so a resume
+    in the middle of an epoch refills the buffer from there: other examples in another order.
+    """
+    pending = [getattr(dataset, "_ex_iterable", None)]
+    while pending:
+        part = pending.pop()
+        if part is None:
+            continue
+        if type(part).__name__ == "BufferShuffledExamplesIterable" and type(part).__module__.startswith("datasets."):
+            return int(part.buffer_size)
+        pending.append(getattr(part, "ex_iterable", None))
+        pending.extend(getattr(part, "ex_iterables", None) or ())
+    return None

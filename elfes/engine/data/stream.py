@@ -16,23 +16,25 @@ dataset; a stream without state reads and discards the consumed batches.
 from __future__ import annotations
 
 import time
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from accelerate.utils import send_to_device
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from ..rng import capture_rng, restore_rng
 from .checks import check_distributed_batching, check_training_loader, verify_rank_lengths
 from .fetch import PositionedBatches, with_seeded_worker_fetches
-from .state import is_stateful, stateful_parts
+from .state import is_stateful, stateful_parts, unsaved_shuffle_buffer
 from .workers import base_loader, iterate_sparing_workers, shut_down_workers
 
 _SEED_RANGE = 2**62
+
+Warn = Callable[[str, str], None]
+"""Says a warning (its kind, its message) to the user and to the run records."""
 
 
 class TrainingData:
@@ -72,10 +74,17 @@ class TrainingData:
         self.parts = {} if self.stateful_loader else stateful_parts(dataloader)
         self._device = None if accelerator.device.type == "cpu" else accelerator.device
         self._non_blocking = bool(config.non_blocking)
-        self._shuffle = _random_sampler(self.prepared)
+        self._shuffle = _shuffling_sampler(self.prepared)
         self._worker_seeds = torch.Generator()
         self._saved: dict[str, Any] = {}
         self.batches_per_epoch = self._rank_length(dataloader)
+        buffer = unsaved_shuffle_buffer(dataloader.dataset) if self.streaming else None
+        self.setup_warnings: list[tuple[str, str]] = [] if buffer is None else [("inexact_stream", (
+            f"The training stream ({self.dataset_name}) is shuffled with shuffle(buffer_size={buffer}), whose buffer "
+            "its state_dict() leaves out: a resume in the middle of an epoch is not exact (it refills the buffer "
+            "from the saved position, so other examples come in another order). For an exact resume shuffle the "
+            "shards instead (the data files in a seeded order, no buffer), or shuffle in the sampler (a map-style "
+            "dataset, load_dataset(...) without streaming, and DataLoader(shuffle=True))."))]
 
     def _rank_length(self, dataloader: DataLoader) -> int | None:
         if not self.streaming:
@@ -102,8 +111,9 @@ class TrainingData:
     # ----------------------------------------------------------------------------------------
     # Reading
 
-    def batches(self, epoch: int, start: int, data_seed: int) -> Iterator[Any]:
-        """Yield this rank's batches of ``epoch`` from index ``start`` on, each read when asked for."""
+    def batches(self, epoch: int, start: int, data_seed: int, warn: Warn) -> Iterator[Any]:
+        """Yield this rank's batches of ``epoch`` from index ``start`` on, each read when asked for; a resume
+        that reads and discards the consumed batches of a stream says what it cost through ``warn``."""
         # Seeding the sampler and the workers' base seed from (data_seed, epoch) keeps the order
         # independent of pauses, and keeps iterator creation off the global torch generator.
         if self._shuffle is not None:
@@ -120,12 +130,25 @@ class TrainingData:
         iterator = iterate_sparing_workers(loader)
         try:
             if replay:
-                self._discard(iterator, epoch, replay)
+                self._discard(iterator, epoch, replay, warn)
             for batch in iterator:
                 yield batch if self._device is None else send_to_device(batch, self._device, non_blocking=self._non_blocking)
         finally:
             if loader is not self.base and loader.persistent_workers:
                 shut_down_workers(loader)  # the loader of a resumed epoch's rest: its workers are done
+
+    def end_epoch(self, batches: Iterator[Any], epoch: int) -> None:
+        """Ask ``batches`` (:meth:`batches` of ``epoch``, all of whose batches were read) for one more, as
+        ``for batch in loader`` does: the code after the last item of a sampler or stream runs (a stream
+        that rewinds its position there, a sampler that reshuffles), its workers end, and the checkpoint
+        of this boundary holds what that code left. Nothing of the next epoch is read."""
+        if next(batches, _END) is not _END:
+            raise RuntimeError(
+                f"The training DataLoader yielded more than the {self.batches_per_epoch} batches its length promised "
+                f"in epoch {epoch}. Exact training reads each epoch to its end as a for loop does: give the dataset "
+                "(or sampler) a __len__ that matches what it yields."
+            )
+
     def _resume_at(self, epoch: int, start: int, saved: dict[str, Any]) -> tuple[DataLoader, int]:
         """The loader that continues ``epoch`` at batch ``start``, and how many of its batches to discard."""
         if "loader" in saved and self.stateful_loader:
@@ -142,7 +165,7 @@ class TrainingData:
             return self.base, start
         return base_loader(skip_first_batches(self.prepared, start)), 0
 
-    def _discard(self, iterator: Iterator[Any], epoch: int, count: int) -> None:
+    def _discard(self, iterator: Iterator[Any], epoch: int, count: int, warn: Warn) -> None:
         """Read and drop the stream's first ``count`` batches, leaving this process's generators as they were."""
         epoch_number = epoch + 1  # messages count epochs from 1, as the run records do (a replay is mid-epoch)
         generators = capture_rng()
@@ -157,14 +180,11 @@ class TrainingData:
                     )
         finally:
             restore_rng(generators)
-        if self.accelerator.is_main_process:
-            warnings.warn(
-                f"Resumed the training stream ({self.dataset_name}) at batch {count} of epoch {epoch_number} by "
-                f"reading and discarding the {count} batches before it ({time.perf_counter() - started:.1f} s). "
-                "Exact, but slower the further into the epoch: give the dataset state_dict() and load_state_dict() "
-                "(or read it with torchdata's StatefulDataLoader) to resume without reading them again.",
-                stacklevel=3,
-            )
+        warn("stream_replay", (
+            f"Resumed the training stream ({self.dataset_name}) at batch {count} of epoch {epoch_number} by reading "
+            f"and discarding the {count} batches before it ({time.perf_counter() - started:.1f} s). Exact, but "
+            "slower the further into the epoch: give the dataset state_dict() and load_state_dict() (or read it "
+            "with torchdata's StatefulDataLoader) to resume without reading them again."))
 
 
 _END = object()
@@ -174,22 +194,39 @@ def _give_shuffle_its_own_generator(dataloader: DataLoader) -> None:
     """Give a shuffling sampler a private generator before accelerate prepares the loader.
 
     Otherwise accelerate seeds one from the global torch RNG on several ranks but not on one, and
-    the draw would shift every later random number (dropout included) by the world size. The
+    the draw would shift every later random number (dropout included) by the world size; and a
+    sampler without one (``SubsetRandomSampler``, ``WeightedRandomSampler``) would draw its order
+    from the global generator, whose state at a mid-epoch resume is not the epoch's start. The
     generator's initial state is irrelevant: :meth:`TrainingData.batches` reseeds it every epoch.
     """
-    sampler = _random_sampler(dataloader)
+    sampler = _shuffling_sampler(dataloader)
     if sampler is not None and sampler.generator is None:
         sampler.generator = torch.Generator()
 
 
-def _random_sampler(loader: DataLoader) -> RandomSampler | None:
-    """The RandomSampler behind a (prepared) loader, if it shuffles with one."""
+def _shuffling_sampler(loader: DataLoader) -> Any:
+    """The sampler behind a (prepared) loader that draws its order from a generator, if it has one.
+
+    torch's ``RandomSampler``, ``SubsetRandomSampler`` and ``WeightedRandomSampler``, and torchdata's
+    ``RandomSampler`` (what ``StatefulDataLoader(shuffle=True)`` builds; not a subclass of torch's).
+    Each draws an epoch's order from ``sampler.generator`` when its iterator is made, so the order
+    of epoch ``e`` depends on every earlier epoch's draw unless the generator is reseeded per epoch:
+    a resumed run, whose sampler is new, would otherwise replay the first epoch's order.
+    """
     batch_sampler = loader.batch_sampler
     for candidate in (
         getattr(batch_sampler, "sampler", None),
         getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None),
         loader.sampler,
     ):
-        if isinstance(candidate, RandomSampler):
+        if isinstance(candidate, _SHUFFLING_SAMPLERS) or _torchdata_random_sampler(candidate):
             return candidate
     return None
+
+
+_SHUFFLING_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def _torchdata_random_sampler(sampler: Any) -> bool:
+    kind = type(sampler)
+    return kind.__name__ == "RandomSampler" and kind.__module__.startswith("torchdata.stateful_dataloader")
