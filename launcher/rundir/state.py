@@ -466,6 +466,18 @@ def include_nodes(state: RunState) -> RunState:
     return _replace(state, excluded_nodes=()) if state.excluded_nodes else state
 
 
+def include_nodes_after(state: RunState, *, token: str, why: str) -> RunState:
+    """The retry of the failed attempt ``token`` leaves no node out after all (``why``: e.g. the requeued job could
+    not be placed without them): every host is allowed again, and the attempt's error says why, for ``elfes
+    status`` to show."""
+    index = next((i for i, attempt in enumerate(state.attempts) if attempt.token == token), None)
+    attempts = list(state.attempts)
+    if index is not None:
+        attempt = attempts[index]
+        attempts[index] = dataclasses.replace(attempt, error=f"{attempt.error}; {why}" if attempt.error else why)
+    return _replace(state, excluded_nodes=(), attempts=tuple(attempts))
+
+
 def requeued_by_slurm(state: RunState) -> RunState:
     """The run as it is once SLURM requeued a job whose last attempt stopped on SIGTERM and waited (a
     preemption in PreemptMode=REQUEUE): that attempt "requeued", the run "requeued". One whose last
