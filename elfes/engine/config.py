@@ -6,13 +6,15 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from elfes.refusals import ConfigurationError, ConfigurationTypeError
+
 
 def _require(well_typed: bool, valid: bool, message: str) -> None:
     """Raise ``TypeError`` for a value of the wrong type, ``ValueError`` for a bad value of the right one."""
     if not well_typed:
-        raise TypeError(message)
+        raise ConfigurationTypeError(message)
     if not valid:
-        raise ValueError(message)
+        raise ConfigurationError(message)
 
 
 def _is_number(value: Any) -> bool:
@@ -202,7 +204,7 @@ def planned_steps(config: TrainConfig, updates_per_epoch: int | None) -> int:
     """
     if updates_per_epoch is None:
         if config.max_steps is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "The training DataLoader reads a stream without __len__, so an epoch's length is unknown and "
                 f"epochs={config.epochs} sets no budget. Set TrainConfig(max_steps=...), or give the dataset a __len__."
             )

@@ -24,6 +24,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from elfes.files import check_writable_directory
 from elfes.records import RunLogger
+from elfes.refusals import ConfigurationError
 
 from .checkpoint import CheckpointDirectory, Checkpointer, CheckpointName, Weights, resume_source
 from .collectives import every_rank_value, main_process_value, sum_over_ranks
@@ -116,7 +117,7 @@ class TrainingSession:
         """Raise ``message`` (the main process's finding) on every rank, so that no rank waits alone."""
         message = main_process_value(message, self.accelerator)
         if message is not None:
-            raise ValueError(message)
+            raise ConfigurationError(message)
 
     def _restore(self, source: Path) -> str:
         source, fallback = resume_source(source)
@@ -141,7 +142,7 @@ class TrainingSession:
                 continue
             built = f"The {horizon.kind} restored from {restored} ends at {unit} {horizon.steps} ({horizon.field})"
             if horizon.kind == "OneCycleLR" and horizon.steps < planned:
-                raise ValueError(
+                raise ConfigurationError(
                     f"{built}, but this run now plans {planned} {unit}s, and torch's OneCycleLR cannot step past its "
                     f"end. Keep the budget at {horizon.steps} {unit}s or fewer, or start a new run from its weights.")
             warnings.warn(

@@ -22,6 +22,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
 from elfes.records import RunLogger
+from elfes.refusals import ConfigurationError, ConfigurationTypeError
 
 from .checkpoint import Checkpointer, Weights, plain_state_dict
 from .config import Progress, TrainConfig, TrainState, planned_steps
@@ -291,41 +292,41 @@ class Trainer:
 
     def _check_setup(self, config: TrainConfig) -> None:
         if not isinstance(config, TrainConfig):
-            raise TypeError(f"Trainer.train(config) needs a TrainConfig; got {type(config).__name__}.")
+            raise ConfigurationTypeError(f"Trainer.train(config) needs a TrainConfig; got {type(config).__name__}.")
         monitor = config.monitor
         if monitor is not None and self.evaluator is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"TrainConfig.monitor watches {monitor.metric!r} but the trainer has no evaluator; pass "
                 "Trainer(..., evaluator=Evaluator(...)) or remove the monitor."
             )
         if monitor is not None and config.evaluate_every is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "TrainConfig.monitor needs periodic evaluation but evaluate_every is None; set "
                 "evaluate_every=Interval(...) or remove the monitor."
             )
         if monitor is not None and monitor.loader not in self.evaluator.dataloaders:
-            raise ValueError(
+            raise ConfigurationError(
                 f"TrainConfig.monitor watches {monitor.metric!r}, but the evaluator has no loader named "
                 f"{monitor.loader!r} (it has {sorted(self.evaluator.dataloaders)}); name one of those loaders."
             )
         if isinstance(self.scheduler, ReduceLROnPlateau) and monitor is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "ReduceLROnPlateau steps on the monitored metric, but TrainConfig.monitor is None; set "
                 "monitor=Monitor('<loader>/<metric>') (and mode to match the scheduler's mode)."
             )
         if isinstance(self.scheduler, ReduceLROnPlateau) and self.scheduler.mode != monitor.mode:
-            raise ValueError(
+            raise ConfigurationError(
                 f"ReduceLROnPlateau(mode={self.scheduler.mode!r}) would read {monitor.metric!r} the opposite "
                 f"way from Monitor(mode={monitor.mode!r}); give both the same mode."
             )
         if self.scheduler is not None and not isinstance(self.scheduler, (LRScheduler, ReduceLROnPlateau)):
-            raise TypeError(f"Trainer.scheduler is a {type(self.scheduler).__name__}; use a torch LR scheduler.")
+            raise ConfigurationTypeError(f"Trainer.scheduler is a {type(self.scheduler).__name__}; use a torch LR scheduler.")
 
     def _check_weight_choice(self, weights: str) -> None:
         if weights not in ("raw", "ema"):
-            raise ValueError(f"weights is {weights!r}; use 'raw' or 'ema'.")
+            raise ConfigurationError(f"weights is {weights!r}; use 'raw' or 'ema'.")
         if weights == "ema" and self.ema is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "weights='ema' was requested but this trainer keeps no EMA; pass Trainer(..., ema_decay=0.999) "
                 "or ask for weights='raw'."
             )

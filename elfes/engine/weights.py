@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from elfes.files import atomic_writer
+from elfes.refusals import ConfigurationError
 
 from .checkpoint import CheckpointError, Weights, read_checkpoint
 
@@ -17,7 +18,7 @@ from .checkpoint import CheckpointError, Weights, read_checkpoint
 def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Path) -> dict[str, torch.Tensor]:
     """The plain model state dict of a checkpoint: raw weights, or EMA parameters with raw buffers."""
     if weights not in ("raw", "ema"):
-        raise ValueError(f"weights is {weights!r}; use 'raw' or 'ema'.")
+        raise ConfigurationError(f"weights is {weights!r}; use 'raw' or 'ema'.")
     if weights == "raw":
         return dict(payload["model"])
     if payload.get("ema") is None:

@@ -187,7 +187,7 @@ def _logs(args: argparse.Namespace) -> int:
         return EXIT_OK
     found = logs.log_files(args.run_dir, rank=args.rank, attempt=args.attempt)
     if not found.files:
-        print_line(f"no logs yet for rank {args.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
+        print_line(f"no logs yet for rank {found.rank}" + (f" in attempt {found.attempt}" if found.attempt else ""))
     for file in found.files:
         print_line(f"==> {file} <==")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

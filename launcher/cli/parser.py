@@ -129,9 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout-s", metavar="SECONDS", type=float, default=None,
                         help="with --wait: give up after this many seconds (exit 3); default: wait as long as it takes")
 
-    logs = verb("logs", "Print a job's stdout and stderr (latest attempt, rank 0 by default).")
+    logs = verb("logs", "Print a job's stdout and stderr (latest attempt; the rank that failed, else rank 0, by "
+                "default).")
     logs.add_argument("run_dir", metavar="RUN_DIR")
-    logs.add_argument("--rank", type=int, default=0, help="the rank whose logs to show (default 0)")
+    logs.add_argument("--rank", type=int, default=None,
+                      help="the rank whose logs to show (default: the rank whose failure ended the attempt, else 0)")
     logs.add_argument("--attempt", type=int, default=None, help="the attempt (default: the latest)")
     logs.add_argument("--follow", action="store_true", help="keep printing new output until the run ends")
 

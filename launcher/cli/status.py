@@ -62,8 +62,11 @@ def _job(result: Any) -> str:
 
 def _requeues(result: Any) -> str:
     failures = getattr(result, "failures_used", 0)
+    since = getattr(result, "failures_counted_since", "submit")
+    earlier = sum(1 for a in result.attempts if (a.get("failure") or {}).get("retried")) - failures
     return (f"{result.requeues_used} used, {_cell(result.requeues_left)} left"
-            + (f"; {failures} failure{'s' if failures > 1 else ''} retried" if failures else ""))
+            + (f"; {failures} failure{'s' if failures != 1 else ''} retried since the {since}" if failures or earlier
+               else "") + (f" ({earlier} before it)" if earlier > 0 else ""))
 
 
 def _outcome(attempt: dict[str, Any]) -> str:

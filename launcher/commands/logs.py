@@ -54,9 +54,10 @@ def _ending(attempt: run_state.Attempt | None) -> str | None:
     return f"attempt {attempt.number} ended {attempt.outcome}: {attempt.error}"
 
 
-def log_files(run_dir: str | os.PathLike[str], *, rank: int = 0, attempt: int | None = None) -> LogFiles:
+def log_files(run_dir: str | os.PathLike[str], *, rank: int | None = None, attempt: int | None = None) -> LogFiles:
     """The stdout and stderr files of ``rank`` in ``attempt`` (the latest by default), and how that
-    attempt ended when it ended with an error. Reads files (and, for an attempt still open, its liveness)."""
+    attempt ended when it ended with an error. ``rank`` None: the rank whose failure ended the attempt (the cause
+    state.json records), else 0. Reads files (and, for an attempt still open, its liveness)."""
     paths = run_paths(run_dir)
     state, unreadable = _readable_state(paths)
     latest = _latest_attempt(paths, state)
@@ -66,10 +67,13 @@ def log_files(run_dir: str | os.PathLike[str], *, rank: int = 0, attempt: int | 
                          "--attempt for the latest")
     if attempt is None:
         attempt = latest
+    recorded = next((a for a in state.attempts if a.number == attempt), None) if state is not None else None
+    if rank is None:
+        failed = recorded.failure.rank if recorded is not None and recorded.failure is not None else None
+        rank = failed if failed is not None else 0
     if rank < 0 or (state is not None and state.attempts and rank >= max(a.world_size for a in state.attempts)):
         size = max(a.world_size for a in state.attempts) if state is not None and state.attempts else 1
         raise UsageError(f"--rank {rank}: the job has ranks 0-{size - 1}; give one of them")
-    recorded = next((a for a in state.attempts if a.number == attempt), None) if state is not None else None
     files: list[Path] = []
     if attempt is not None:
         files = [paths.rank_log(attempt, rank, stream) for stream in ("out", "err")]
@@ -87,7 +91,7 @@ def log_files(run_dir: str | os.PathLike[str], *, rank: int = 0, attempt: int | 
     return LogFiles(attempt=attempt, rank=rank, files=files, ending=unreadable or _ending(recorded))
 
 
-def follow_logs(run_dir: str | os.PathLike[str], *, rank: int = 0, interval_s: float = 0.5) -> Iterator[tuple[Path, str]]:
+def follow_logs(run_dir: str | os.PathLike[str], *, rank: int | None = None, interval_s: float = 0.5) -> Iterator[tuple[Path, str]]:
     """Yield ``(file, new text)`` from the latest attempt's logs of ``rank`` until the run ends,
     moving on to each new attempt's files, and last ``(state.json, how the attempt ended)`` when it
     ended with an error. The caller stops whenever it likes."""
@@ -99,7 +103,7 @@ def follow_logs(run_dir: str | os.PathLike[str], *, rank: int = 0, interval_s: f
         state = run_state.load_state(paths)
         state = effective_state(paths, state, probe(state))
         ended = state is None or state.status in run_state.ENDED  # read once more after the end, then stop
-        for file in log_files(paths.run_dir, rank=rank).files:
+        for file in log_files(paths.run_dir, rank=0 if rank is None else rank).files:
             decoder = decoders.setdefault(file, codecs.getincrementaldecoder("utf-8")(errors="replace"))
             with open(file, "rb") as stream:  # in chunks: a 200 MB log is never held whole
                 stream.seek(offsets.get(file, 0))

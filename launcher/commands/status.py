@@ -51,7 +51,10 @@ class Status:
     restart_count: int | None = None  # SLURM's restarts of the job (preemptions, requeues), while it is queued
     code: dict[str, Any] | None = None  # code.json: the code snapshot the job runs (None: none, it runs workdir)
     ran_on: str | None = None  # the latest attempt's provenance in one short line (attempts[].provenance: all of it)
-    failures_used: int = 0  # failed attempts retried (requeue.max_failures); each attempt's `failure` says why
+    # failed attempts retried (requeue.max_failures) since the latest hand-over by hand, `failures_counted_since`
+    # ("submit" or "resume"); each attempt's `failure` says why
+    failures_used: int = 0
+    failures_counted_since: str = "submit"
     # nodes the run's SLURM jobs leave out after a rank died or hung there (state.json's excluded_nodes)
     excluded_nodes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -151,6 +154,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         code=asdict(code) if code is not None else None,
         ran_on=ran_on,
         failures_used=state.failures_used if state is not None else 0,
+        failures_counted_since=state.failures_counted_since if state is not None else "submit",
         excluded_nodes=[asdict(node) for node in state.excluded_nodes] if state is not None else [],
     )
 

@@ -72,7 +72,7 @@ def carry_out_retry(failure: Failure, *, paths: RunPaths, start: Start, token: s
     if start.executor == "slurm":
         state = run_state.load_state(paths)
         excluded = state.excluded_hosts if state is not None and excludes_nodes(start.executor, spec) else ()
-        refused = _requeue_leaving_out(start.job_id, excluded, paths=paths, spec=spec)
+        refused = _requeue_leaving_out(start.job_id, excluded, paths=paths, spec=spec, token=token)
     elif start.restart + 1 >= LOCAL_MAX_STARTS:
         try:
             resubmit_local(paths, task)
@@ -84,18 +84,19 @@ def carry_out_retry(failure: Failure, *, paths: RunPaths, start: Start, token: s
     return dataclasses.replace(failure, retried=False, reason=refused)
 
 
-def _requeue_leaving_out(job_id: str, excluded: tuple[str, ...], *, paths: RunPaths, spec: JobSpec) -> str | None:
+def _requeue_leaving_out(job_id: str, excluded: tuple[str, ...], *, paths: RunPaths, spec: JobSpec,
+                         token: str) -> str | None:
     """``scontrol requeue``, then ``ExcNodeList`` of the requeued job when the run excludes nodes. Where the
     exclusions would leave the partition too few nodes for the job (launcher/submit/placement.py), SLURM
     would hold it pending for good: nothing is left out then, the job is requeued onto every node, and the
-    log says so. None, or why it did not requeue."""
+    log and the failed attempt's error (``elfes status``) say so. None, or why it did not requeue."""
     if excluded:
         partition = os.environ.get("SLURM_JOB_PARTITION") or spec.slurm.partition
         nodes = partition_nodes(partition)
         problem = nodes and placement_problem(needed=spec.resources.nodes, partition=partition, nodes=nodes,
                                               excluded=excluded)
         if problem:
-            run_state.update_state(paths, run_state.include_nodes)
+            run_state.update_state(paths, lambda s: run_state.include_nodes_after(s, token=token, why=problem))
             print(f"elfes: {problem}", flush=True)
             excluded = ()
     refused = requeue_slurm_job(job_id)

@@ -26,13 +26,19 @@ import dataclasses
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from elfes.files import write_text_atomically
+from elfes.refusals import ConfigurationError
 
 from ..rundir.json_fields import FieldError, read_record
 from ..rundir.paths import RunPaths
 from ..rundir.state import Attempt, Failure
+
+# Why a refusal of the run's own settings is not retried (elfes/refusals.py: the engine's, by type).
+CONFIGURATION_REFUSED = ("the engine refused the run's configuration, which a retry would refuse again: fix it, then "
+                         "`elfes resume RUN_DIR`")
 
 # What a rank's collectives raise when a peer's process or node is gone (gloo, NCCL, the TCP store).
 _PEER_LOST = re.compile(
@@ -60,10 +66,24 @@ class FailureReport:
     @classmethod
     def of_exception(cls, error: BaseException, *, rank: int, host: str, at: float, step: int | None,
                      updated: bool) -> FailureReport:
+        if isinstance(error, SystemExit):
+            return cls.of_exit(error, rank=rank, host=host, at=at, step=step, updated=updated)
         cause = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         peer_lost = bool(_PEER_LOST.search(f"{type(error).__name__}: {error}"))
+        final = CONFIGURATION_REFUSED if isinstance(error, ConfigurationError) else None
         return cls(rank=rank, host=host, category="lost" if peer_lost else "exception", cause=_one_line(cause), at=at,
-                   step=step, updated=updated, peer_lost=peer_lost)
+                   step=step, updated=updated, peer_lost=peer_lost, final=final)
+
+    @classmethod
+    def of_exit(cls, error: SystemExit, *, rank: int, host: str, at: float, step: int | None,
+                updated: bool) -> FailureReport:
+        """The report of a rank that leaves through ``sys.exit(code)`` with a code that is not 0: ``"rank 0 exited
+        with code 3 (SystemExit) at step 12"`` (a message passed as the code exits 1, as Python does)."""
+        code = error.code if isinstance(error.code, int) else 1
+        said = f": {_one_line(str(error.code))}" if error.code is not None and not isinstance(error.code, int) else ""
+        at_step = f" at step {step}" if step is not None else ""
+        return cls(rank=rank, host=host, category="exit", cause=f"rank {rank} exited with code {code} (SystemExit"
+                   f"{said}){at_step}", at=at, step=step, updated=updated)
 
 
 def _one_line(text: str) -> str:
@@ -90,10 +110,10 @@ def read_reports(paths: RunPaths, attempt: int) -> list[FailureReport]:
     return sorted(reports, key=lambda report: report.rank)
 
 
-def rank_hosts(paths: RunPaths, attempt: int) -> dict[int, str]:
-    """Each rank's host in ``attempt``, as its pid record says (``RunPaths.pid_file``; a task that died keeps
+def rank_records(paths: RunPaths, attempt: int) -> dict[int, dict]:
+    """Each rank's pid record in ``attempt`` (``RunPaths.pid_file``: its host and pid; a task that died keeps
     its record)."""
-    hosts = {}
+    records = {}
     for file in sorted(paths.pids.glob("rank-*.json")) if paths.pids.is_dir() else ():
         try:
             record = json.loads(file.read_text(encoding="utf-8"))
@@ -101,8 +121,13 @@ def rank_hosts(paths: RunPaths, attempt: int) -> dict[int, str]:
             continue
         if isinstance(record, dict) and record.get("attempt") == attempt and isinstance(record.get("rank"), int) \
                 and isinstance(record.get("host"), str):
-            hosts[record["rank"]] = record["host"]
-    return hosts
+            records[record["rank"]] = record
+    return records
+
+
+def rank_hosts(paths: RunPaths, attempt: int) -> dict[int, str]:
+    """Each rank's host in ``attempt``, as its pid record says (:func:`rank_records`)."""
+    return {rank: record["host"] for rank, record in rank_records(paths, attempt).items()}
 
 
 def await_first_hand(paths: RunPaths, attempt: int, world_size: int, grace_s: float) -> list[FailureReport]:
@@ -140,12 +165,29 @@ def cause_of(reports: list[FailureReport]) -> FailureReport:
     return min(first_hand or reports, key=lambda report: report.at)
 
 
+def the_rank_that_failed(cause: FailureReport, reports: list[FailureReport], *, world_size: int,
+                         hosts: dict[int, str], gone: Callable[[int], bool]) -> FailureReport:
+    """The attempt's cause, naming the rank that failed: where every rank that reported only lost a peer
+    (:func:`cause_of` found nothing first-hand), the first rank of ``world_size`` that never reported, which
+    ended without a word; ``hosts``: rank -> host; ``gone(rank)``: whether its process is known to be gone (a
+    rank on this host). Else ``cause`` itself. The survivors' lost connections are the consequence."""
+    reported = {report.rank for report in reports}
+    silent = [rank for rank in range(world_size) if rank not in reported]
+    if not cause.peer_lost or not silent:
+        return cause
+    rank = silent[0]
+    how = ("its process ended without reporting an error: killed by a signal, e.g. SIGKILL or the out-of-memory "
+           "killer" if gone(rank) else "it ended without reporting an error: killed, or its node failed")
+    return dataclasses.replace(cause, rank=rank, host=hosts.get(rank, "an unknown host"), peer_lost=False,
+                               cause=f"rank {rank} was lost: {how}")
+
+
 def describe(report: FailureReport) -> str:
     """``"RuntimeError: boom (rank 1 on node2, step 7)"``."""
     where = [f"rank {report.rank} on {report.host}"]
     if report.step is not None:
         where.append(f"step {report.step}")
-    prefix = "a peer rank was lost: " if report.category == "lost" else ""
+    prefix = "a peer rank was lost: " if report.category == "lost" and report.peer_lost else ""
     return f"{prefix}{report.cause} ({', '.join(where)})"
 
 
@@ -163,7 +205,8 @@ def decide_failure(
         reason = f"failed twice {where}: not retried"
         return dataclasses.replace(failure, retried=False, reason=reason)
     if failures_used >= max_failures:
-        reason = (f"failure limit reached ({failures_used} of requeue.max_failures={max_failures} retried): not "
+        reason = (f"failure limit reached ({failures_used} of requeue.max_failures={max_failures} retried since the "
+                  "latest submit or resume): not "
                   "retried; fix the cause, then `elfes resume RUN_DIR` continues from `last`")
         return dataclasses.replace(failure, retried=False, reason=reason)
     return failure

@@ -70,7 +70,16 @@ from ..spec import JobSpec
 from .command import run_command
 from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
 from .failed_attempt import carry_out_retry, end_unretried_slurm_job, excludes_nodes, publish_failure, with_exclusions
-from .failures import FailureReport, cause_of, decide_failure, failed_nodes, failure_error, rank_hosts, read_reports
+from .failures import (
+    FailureReport,
+    cause_of,
+    decide_failure,
+    failed_nodes,
+    failure_error,
+    rank_records,
+    read_reports,
+    the_rank_that_failed,
+)
 from .outcome import Decision, decide
 from .provenance import collect
 from .requeue import (
@@ -172,7 +181,7 @@ class _Attempt:
         self.attempt = run_state.attempt_number(self.before, self.token)
         self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
         self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
-        self.failures_used = run_state.failures_used_by(self.before, self.token)
+        self.failures_used = run_state.failures_used_by(self.before, self.token, self.launch)
         self.previous = run_state.previous_attempt(self.before, self.token)
         self.spec: JobSpec | None = None  # until run() reads it; a failure may come before that
         self.max_failures = 0  # until the spec is read: a failure before that is not retried
@@ -214,7 +223,7 @@ class _Attempt:
             else:
                 stop_reason, step = self._run_entrypoint()
         except BaseException as error:
-            if isinstance(error, SystemExit):
+            if isinstance(error, SystemExit) and error.code in (None, 0):
                 remove_pid_file(self.paths, self.start.rank)
                 raise
             failure = self._fail(self._report(error))
@@ -355,7 +364,7 @@ class _Attempt:
             updated=heartbeat is not None and heartbeat.updates > 0)
         if self.final_failure is not None:
             report = dataclasses.replace(report, final=self.final_failure)
-        elif not isinstance(error, Exception):  # KeyboardInterrupt: a second SIGINT asked for no save
+        elif isinstance(error, KeyboardInterrupt):  # a second SIGINT asked for no save
             report = dataclasses.replace(report, final="interrupted on purpose (a second SIGINT), not a failure")
         if self.spec is not None and self.spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
             report = dataclasses.replace(report, category="exit")
@@ -381,11 +390,16 @@ class _Attempt:
                     decided.append(attempt.failure)
                     return state
                 reports = read_reports(self.paths, self.attempt) or [report]
-                cause = cause_of(reports)
+                records = rank_records(self.paths, self.attempt)
+                cause = the_rank_that_failed(
+                    cause_of(reports), reports, world_size=self.start.world_size,
+                    hosts={rank: record["host"] for rank, record in records.items()},
+                    gone=lambda rank: self._process_gone(records.get(rank)))
                 failure = decide_failure(cause, previous=self.previous, failures_used=self.failures_used,
                                          max_failures=self.max_failures)
                 failure = dataclasses.replace(failure, nodes=failed_nodes(
-                    cause, reports, hosts=tuple(self.start.hosts), ranks=rank_hosts(self.paths, self.attempt)))
+                    cause, reports, hosts=tuple(self.start.hosts),
+                    ranks={rank: record["host"] for rank, record in records.items()}))
                 decided.append(failure)
                 self.decider = True
                 state = run_state.end_attempt(state, token=self.token, outcome="failed",
@@ -411,6 +425,18 @@ class _Attempt:
                   + ("; retried from `last`" if failure is not None and failure.retried else
                      f"; not retried ({failure.reason})" if failure is not None and failure.reason else ""), flush=True)
             return failure
+
+    def _process_gone(self, record: dict | None) -> bool:
+        """Whether the task of a pid record (``RunPaths.pid_file``) is known to have ended: one on this host only."""
+        if record is None or record.get("host") != self.start.host or not isinstance(record.get("pid"), int):
+            return False
+        try:
+            os.kill(record["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
 
     @contextlib.contextmanager
     def _hang_watchdog(self) -> Iterator[None]:

@@ -32,7 +32,8 @@ Requeues are counted from the attempts: an attempt whose ``launch`` is ``"requeu
 relaunch by the job itself, by SLURM after a preemption or node failure (``SLURM_RESTART_COUNT``),
 or a resubmission past submitit's local start limit). ``elfes submit``/``resume`` use none. The
 relaunch after a failed attempt that was retried (its :class:`Failure` says ``retried``) counts against
-``requeue.max_failures`` instead (:attr:`RunState.failures_used`), not against the requeues.
+``requeue.max_failures`` instead (:attr:`RunState.failures_used`), not against the requeues; those are counted
+since the run was last handed over by hand, so that ``elfes resume`` after fixing a cause has the allowance again.
 
 ``excluded_nodes`` (:class:`ExcludedNode`) are the hosts a SLURM run leaves out after a rank died or hung
 there (:func:`exclude_nodes`, by the rank that decided the failure; :func:`include_nodes`, by ``elfes resume
@@ -208,8 +209,19 @@ class RunState:
 
     @property
     def failures_used(self) -> int:
-        """Failed attempts that were retried (``requeue.max_failures`` caps them)."""
-        return sum(1 for attempt in self.attempts if attempt.failure is not None and attempt.failure.retried)
+        """Failed attempts retried since the run was last handed over by hand (``elfes submit`` or ``resume``):
+        ``requeue.max_failures`` caps them, and a resume after "fix the cause" grants the allowance again.
+        0 while such a hand-over waits for its first start."""
+        if self.status in ("submitted", "pending") and self.submissions and self.submissions[-1].kind != "requeue":
+            return 0
+        return _failures_since_hand_over(self.attempts)
+
+    @property
+    def failures_counted_since(self) -> str:
+        """The hand-over :attr:`failures_used` counts from: "submit" or "resume"."""
+        if self.submissions and self.submissions[-1].kind != "requeue" and self.status in ("submitted", "pending"):
+            return self.submissions[-1].kind
+        return next((a.launch for a in reversed(self.attempts) if a.launch != "requeue"), "submit")
 
     @property
     def excluded_hosts(self) -> tuple[str, ...]:
@@ -258,6 +270,12 @@ def _relaunches(attempts: tuple[Attempt, ...]) -> int:
     """Attempts launched as requeues, except those that retried a failed attempt."""
     return sum(1 for index, attempt in enumerate(attempts)
                if attempt.launch == "requeue" and not _retries(attempts[:index]))
+
+
+def _failures_since_hand_over(attempts: tuple[Attempt, ...]) -> int:
+    """Retried failures among ``attempts`` since the latest one launched by hand (a submit or a resume)."""
+    start = max((index for index, attempt in enumerate(attempts) if attempt.launch != "requeue"), default=0)
+    return sum(1 for attempt in attempts[start:] if attempt.failure is not None and attempt.failure.retried)
 
 
 def _retries(earlier: tuple[Attempt, ...]) -> bool:
@@ -449,6 +467,18 @@ def include_nodes(state: RunState) -> RunState:
     return _replace(state, excluded_nodes=()) if state.excluded_nodes else state
 
 
+def include_nodes_after(state: RunState, *, token: str, why: str) -> RunState:
+    """The retry of the failed attempt ``token`` leaves no node out after all (``why``: e.g. the requeued job could
+    not be placed without them): every host is allowed again, and the attempt's error says why, for ``elfes
+    status`` to show."""
+    index = next((i for i, attempt in enumerate(state.attempts) if attempt.token == token), None)
+    attempts = list(state.attempts)
+    if index is not None:
+        attempt = attempts[index]
+        attempts[index] = dataclasses.replace(attempt, error=f"{attempt.error}; {why}" if attempt.error else why)
+    return _replace(state, excluded_nodes=(), attempts=tuple(attempts))
+
+
 def requeued_by_slurm(state: RunState) -> RunState:
     """The run as it is once SLURM requeued a job whose last attempt stopped on SIGTERM and waited (a
     preemption in PreemptMode=REQUEUE): that attempt "requeued", the run "requeued". One whose last
@@ -515,11 +545,12 @@ def requeues_used_by(state: RunState | None, token: str, launch: str) -> int:
     return _relaunches(earlier) + (launch == "requeue" and not _retries(earlier))
 
 
-def failures_used_by(state: RunState | None, token: str) -> int:
-    """Retried failures before the start ``token``, on every rank alike."""
-    if state is None:
+def failures_used_by(state: RunState | None, token: str, launch: str) -> int:
+    """Retried failures before the start ``token`` (launched as ``launch``) since the run was last handed over by
+    hand (:attr:`RunState.failures_used`), on every rank alike: none for the first start of a submit or resume."""
+    if state is None or launch != "requeue":
         return 0
-    return sum(1 for a in state.attempts if a.token != token and a.failure is not None and a.failure.retried)
+    return _failures_since_hand_over(tuple(attempt for attempt in state.attempts if attempt.token != token))
 
 
 def previous_attempt(state: RunState | None, token: str) -> Attempt | None:

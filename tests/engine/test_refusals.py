@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from workloads import RunSpec, build
 
 from elfes.engine import Monitor, StepOutput, TrainConfig, Trainer
+from elfes.refusals import ConfigurationError
 
 QUIET = dict(evaluate_every=None, checkpoint_every=None)
 
@@ -82,7 +83,7 @@ def test_a_process_of_a_multi_process_launch_that_trains_alone_is_refused(monkey
     model = nn.Linear(1, 1)
     loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun exports to each of its processes
-    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2.*num_processes=1.*Accelerator\(cpu=True\) or set ACCELERATE_USE_CPU=1"):
+    with pytest.raises(ConfigurationError, match=r"WORLD_SIZE=2.*num_processes=1.*Accelerator\(cpu=True\) or set ACCELERATE_USE_CPU=1"):
         Trainer(accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1), loader, lambda m, b: None)
 
 

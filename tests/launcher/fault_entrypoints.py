@@ -118,3 +118,37 @@ def raises_before_the_group_forms(job: Any) -> Any:
     if job.rank == rank:
         raise RuntimeError(f"rank {rank} cannot read its data")
     return slow_quickstart(job)
+
+
+def exits_at_step_7(job: Any) -> Any:
+    """Rank ``fault_rank`` calls ``sys.exit(3)`` while computing update 7 (in the attempts ``fault_attempts`` names)."""
+    import sys
+
+    def fault() -> None:
+        sys.exit(3)
+
+    return _fails_at(job, 7, fault)
+
+
+def raises_at_its_second_update(job: Any) -> Any:
+    """The slowed quickstart job that raises ``RuntimeError("attempt A fails")`` while computing the second update of
+    each attempt ``config["fault_attempts"]`` names: a failure after an update boundary that never repeats the
+    previous attempt's (its message names the attempt), so only ``requeue.max_failures`` decides its retry."""
+    config = dict(job.config)
+    delay = float(config.pop("step_delay_s", 0.0))
+    attempts = config.pop("fault_attempts", None)
+    job.config = config
+    armed = attempts is None or job.attempt in attempts
+    first: list[int] = []
+
+    def step_function(model, batch):
+        time.sleep(delay)
+        heartbeat = job.stop.heartbeat
+        if armed and model.training and heartbeat.phase == "training":
+            if not first:
+                first.append(heartbeat.step)  # the boundary this attempt started from
+            if heartbeat.step == first[0] + 1:
+                raise RuntimeError(f"attempt {job.attempt} fails")
+        return quickstart.step(model, batch)
+
+    return quickstart.run(job, step_function)

@@ -250,3 +250,24 @@ def test_a_rank_fires_at_once_when_another_reported_a_hang(tmp_path: Path) -> No
     write_report(RunPaths(tmp_path), 1, peer)
     fired, log = _watch(tmp_path, Beats(), 60.0, world_size=2)
     assert fired and fired[0].peer_lost and "rank 1 reported a hang" in log
+
+
+def test_a_retry_that_leaves_no_node_out_says_so_in_status(tmp_path: Path) -> None:
+    """The node-exclusion fallback (the requeued job cannot be placed without the failed node) allows every host
+    again and appends why to the failed attempt's error, which `elfes status` prints once the retry runs."""
+    paths = RunPaths(tmp_path / "run")
+    state = _running(run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7"),
+                     "7:0/1", "submit")
+    failure = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
+    state = run_state.end_attempt(state, token="7:0/1", outcome="failed", failure=failure,
+                                  error=failure_error(failure, report()))
+    state = run_state.exclude_nodes(state, hosts=["node1"], attempt=1, cause=failure.cause)
+    why = "the requeued job cannot be placed without node1: partition low has 1 node (node1) ..."
+    state = _running(run_state.include_nodes_after(state, token="7:0/1", why=why), "7:1/1", "requeue")
+    assert state.excluded_nodes == () and state.attempts[0].error.endswith(f"retried from `last`; {why}")
+    paths.run_dir.mkdir()
+    run_state.save_state(paths, state)
+    console = Console(file=io.StringIO(), width=400)
+    print_status(console, [dataclasses.replace(run_status(paths.run_dir), notes=[])])
+    assert f"attempt 1 failed: RuntimeError: the loss is NaN (rank 1 on node1, step 7); retried from `last`; {why}" \
+        in console.file.getvalue()

@@ -328,8 +328,8 @@ def test_a_two_node_job_that_loses_a_rank_is_requeued_onto_both_nodes_and_resume
     slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
 ):
     """The task on node2 is SIGKILLed mid-run (a rank lost; it reports nothing): rank 0's collective fails
-    with the lost peer, rank 0 waits for rank 1's report, none comes, so the failure names node2, where the
-    silent rank ran. Leaving node2 out (requeue.exclude_failed_nodes, the default) would leave a 2-node job
+    with the lost peer, rank 0 waits for rank 1's report, none comes, so the failure names rank 1 and node2,
+    where the silent rank ran. Leaving node2 out (requeue.exclude_failed_nodes, the default) would leave a 2-node job
     no room on the cluster's 2 nodes, where SLURM would hold it pending for good: so nothing is left out,
     the log says why, and the job is requeued onto both hosts and ends bitwise equal to the uninterrupted run."""
     expected = reference()
@@ -341,9 +341,12 @@ def test_a_two_node_job_that_loses_a_rank_is_requeued_onto_both_nodes_and_resume
     state = wait_finished(run_dir)
 
     failure = state.attempts[0].failure
-    assert failure.category == "lost" and failure.rank == 0 and failure.host == "node1", diagnostics(run_dir)
+    # the rank that failed is named, not the survivor whose connection to it broke
+    assert failure.category == "lost" and failure.rank == 1 and failure.host == "node2", diagnostics(run_dir)
     assert failure.nodes == ("node2",) and failure.retried
-    assert state.attempts[0].error.startswith("a peer rank was lost: ")
+    assert state.attempts[0].error.startswith("rank 1 was lost: it ended without reporting an error")
+    # the requeue that could leave no node out says so where `elfes status` shows it, not only in the log
+    assert "the requeued job cannot be placed without node2" in state.attempts[0].error
     assert state.excluded_nodes == () and state.failures_used == 1 and state.requeues_used == 0
     hosts = ("node1", "node2")
     assert [(a.outcome, a.launch, a.hosts) for a in state.attempts] == [

@@ -7,6 +7,8 @@ import os
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, IterableDataset
 
+from elfes.refusals import ConfigurationError, ConfigurationTypeError
+
 from ..collectives import every_rank_value
 from .state import is_stateful, stateful_parts
 
@@ -15,7 +17,7 @@ def check_process_group(accelerator: Accelerator) -> None:
     """Refuse a launch of several processes in which Accelerate formed no process group."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes == 1:
-        raise RuntimeError(
+        raise ConfigurationError(
             f"This process was launched as one of WORLD_SIZE={launched} processes, but the Accelerator runs "
             "alone (num_processes=1), so every process would train and write its own copy of the run. On a "
             "machine without GPUs, create Accelerator(cpu=True) or set ACCELERATE_USE_CPU=1."
@@ -29,19 +31,19 @@ def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader)
         return
     config = accelerator.dataloader_config
     if config.split_batches:
-        raise ValueError(
+        raise ConfigurationError(
             "Exact training needs whole batches per rank, but the Accelerator has split_batches=True. "
             "Create it with Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=False, "
             "even_batches=False))."
         )
     if config.even_batches:
-        raise ValueError(
+        raise ConfigurationError(
             "Exact training needs unpadded shards, but the Accelerator has even_batches=True (the default), "
             "which repeats samples to even out ranks. Create it with "
             "Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))."
         )
     if config.dispatch_batches:
-        raise ValueError(
+        raise ConfigurationError(
             "Exact training shards batches in the sampler, but the Accelerator has dispatch_batches=True. "
             "Create it with DataLoaderConfiguration(dispatch_batches=False)."
         )
@@ -49,7 +51,7 @@ def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader)
         return  # each rank reads its own stream; verify_rank_lengths compares their lengths
     batches = len(dataloader)
     if batches % world:
-        raise ValueError(
+        raise ConfigurationError(
             f"The training DataLoader has {batches} batches, which {world} ranks cannot share equally "
             f"({batches} % {world} = {batches % world}). Change the dataset size, batch_size or drop_last so "
             f"that the number of batches is a multiple of {world}."
@@ -69,12 +71,12 @@ def verify_rank_lengths(
     if accelerator.num_processes > 1:
         lengths: list[int | None] = every_rank_value(length, accelerator)
         if total_batches is not None and (len(set(lengths)) != 1 or sum(lengths) != total_batches):
-            raise ValueError(
+            raise ConfigurationError(
                 f"The prepared training DataLoader gives ranks {lengths} batches out of {total_batches}; exact "
                 "training needs equal, complete shards. Use a plain map-style Dataset with a standard sampler."
             )
         if total_batches is None and len(set(lengths)) != 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"The ranks' training streams have {lengths} batches per epoch; every rank must read the same "
                 "number of batches per epoch (each rank's stream the same __len__), or every rank none (no __len__, "
                 "an epoch that ends with the stream: single process only). Shard the stream evenly, e.g. with "
@@ -86,9 +88,9 @@ def verify_rank_lengths(
 def check_training_loader(accelerator: Accelerator, dataloader: DataLoader) -> None:
     """Refuse a training loader whose batches or state the engine could not reproduce."""
     if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"The training data is a {type(dataloader).__name__}; pass a torch.utils.data.DataLoader.")
+        raise ConfigurationTypeError(f"The training data is a {type(dataloader).__name__}; pass a torch.utils.data.DataLoader.")
     if getattr(dataloader, "in_order", True) is False:
-        raise ValueError(
+        raise ConfigurationError(
             "The training DataLoader has in_order=False, which yields batches in the order its workers finish "
             "them, so no two runs see the same order. Build it with in_order=True (the default)."
         )
@@ -103,7 +105,7 @@ def check_training_loader(accelerator: Accelerator, dataloader: DataLoader) -> N
                 "DataLoaderConfiguration(use_stateful_dataloader=True))), which saves the workers' states, or use "
                 "num_workers=0." if streaming else "Use num_workers=0, or keep the state out of the workers."
             )
-            raise ValueError(
+            raise ConfigurationError(
                 f"The training DataLoader has {names} with state_dict(), but with num_workers="
                 f"{dataloader.num_workers} that state lives in the worker processes (or runs ahead of the trained "
                 f"batches by the prefetched ones), where a checkpoint cannot reach it. {fix}"
