@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from local_runs import write_spec
-from test_command_jobs import cli
 
 from elfes.engine import Heartbeat
+from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.job.failures import FailureReport, read_reports, withdraw_report, write_report
 from elfes.launcher.job.watchdog import SLOW_FACTOR, HangWatchdog
 from elfes.launcher.rundir.paths import RunPaths
@@ -180,12 +180,12 @@ def test_a_rank_that_fired_on_a_peers_stall_stands_down_when_the_peer_withdraws(
 
 
 # -- the spec -----------------------------------------------------------------------------------------------------
-def test_a_command_job_with_a_hang_timeout_is_refused_naming_the_field(tmp_path: Path) -> None:
+def test_a_command_job_with_a_hang_timeout_is_refused_naming_the_field(tmp_path: Path, capsys) -> None:
     spec = write_spec(tmp_path, "command-hang", entrypoint=None, command=["python", "-c", "pass"],
                       requeue={"hang_timeout_s": 60})
-    code, output = cli("validate", str(spec))
-    assert code == 2, output
+    assert elfes(["validate", str(spec)]) == 2
+    output = capsys.readouterr().err
     assert "requeue.hang_timeout_s = 60: the hang watchdog reads an entrypoint's trainer heartbeat" in output
     assert "remove requeue.hang_timeout_s or run the training as an entrypoint" in output
     spec = write_spec(tmp_path, "entrypoint-hang", requeue={"hang_timeout_s": 60, "startup_timeout_s": None})
-    assert cli("validate", str(spec))[0] == 0
+    assert elfes(["validate", str(spec)]) == 0
