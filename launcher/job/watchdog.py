@@ -109,6 +109,7 @@ class HangWatchdog:
     def _watch(self) -> None:
         answered: set[tuple[int, float]] = set()  # peers' reports this rank fired on already
         while not self.done.wait(self.poll_s):
+            beat_at = self.heartbeat.at  # a beat after this reading stands a firing for this stall down
             quiet_s = self.stalled_s()
             peer = None
             if quiet_s is None and self.heartbeat.phase != "ended":
@@ -117,7 +118,7 @@ class HangWatchdog:
                 continue
             if peer is not None:
                 answered.add((peer.rank, peer.at))
-            if self._fire(quiet_s, peer):
+            if self._fire(quiet_s, peer, beat_at):
                 return
 
     def _report(self, *, peer_lost: bool) -> FailureReport:
@@ -127,10 +128,10 @@ class HangWatchdog:
             cause=f"hang: no update boundary within requeue.hang_timeout_s = {self.timeout_s:g} s",
             at=time.time(), step=heartbeat.failing_step(), updated=heartbeat.updates > 0, peer_lost=peer_lost)
 
-    def _fire(self, quiet_s: float | None, peer: FailureReport | None) -> bool:
+    def _fire(self, quiet_s: float | None, peer: FailureReport | None, beat_at: float) -> bool:
         """Report a hang, wait the grace, then hand the hang over (True) or stand down (False)."""
         heartbeat = self.heartbeat
-        beat_at, phase, step = heartbeat.at, heartbeat.phase, heartbeat.step
+        phase, step = heartbeat.phase, heartbeat.step
         seen = (f"no progress on this rank for {quiet_s:.0f} s" if quiet_s is not None else
                 f"rank {peer.rank} reported a hang")
         print(f"elfes: hang: {seen} (requeue.hang_timeout_s = {self.timeout_s:g}; {phase}"
