@@ -71,7 +71,8 @@ class Evaluator:
 
     def evaluate(self, model: nn.Module, *, heartbeat: Heartbeat | None = None) -> dict[str, dict[str, float]]:
         """Evaluate ``model`` (prepared or plain) on every loader: ``{loader: {metric: value}}``.
-        ``heartbeat`` gets a beat per batch (a watchdog then tells a long evaluation from a hang)."""
+        ``heartbeat`` gets a beat per batch (a watchdog then tells a long evaluation from a hang), the first
+        of each loader a :meth:`~elfes.engine.Heartbeat.beat_first` (until its second batch is fetched)."""
         module = self.accelerator.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=True)
         modes = [(submodule, submodule.training) for submodule in module.modules()]
         training_rng = capture_rng()
@@ -85,8 +86,10 @@ class Evaluator:
 
     def _evaluate_loader(self, module: nn.Module, loader: DataLoader, heartbeat: Heartbeat | None) -> dict[str, float]:
         accumulator = MetricAccumulator()
-        for batch in iterate_sparing_workers(loader):
-            if heartbeat is not None:
+        if heartbeat is not None:  # the loader's workers start, its first batch may initialise lazily
+            heartbeat.beat_first("evaluating")
+        for index, batch in enumerate(iterate_sparing_workers(loader)):
+            if heartbeat is not None and index > 0:  # the first batch's compute is still the first's
                 heartbeat.beat("evaluating")
             counts = self.loss.batch_counts(batch)
             with torch.set_grad_enabled(self.requires_grad):

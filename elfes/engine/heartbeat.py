@@ -4,8 +4,11 @@ and its last sign of progress. Torch-free.
 The trainer reports to the :class:`Heartbeat` of the :class:`~elfes.engine.StopRequest` it was given
 (``stop.heartbeat``): a window starts ("training"), an update boundary is reached (the step), an
 evaluation batch is done ("evaluating"), a checkpoint is being written ("checkpointing"), training
-ended ("ended"). Nothing else happens on a beat: reading the clock and setting a few attributes, so a
-beat costs well under a microsecond and is safe from any thread (each attribute write is atomic).
+ended ("ended"). A beat before a first of its kind (:meth:`Heartbeat.beat_first`: the first window
+of an epoch, the first batch of an evaluation loader) says that what follows may take several times
+its kind's usual: a fresh loader iterator starts its workers, a first batch compiles or initialises
+lazily. Nothing else happens on a beat: reading the clock and setting a few attributes, so a beat
+costs well under a microsecond and is safe from any thread (each attribute write is atomic).
 
 >>> stop = StopRequest()
 >>> state = trainer.train(config, checkpoint_dir=run_dir / "checkpoints", stop=stop)
@@ -25,8 +28,9 @@ class Heartbeat:
 
     ``step``: optimizer updates done at the last boundary reached (None before the trainer restored or
     seeded the run); ``start_step``: the step this process started training from; ``updates``: update
-    boundaries reached in this process; ``phase``: one of :data:`PHASES`; ``at``: ``time.monotonic()``
-    of the last beat. Written by the training thread, read by any.
+    boundaries reached in this process; ``phase``: one of :data:`PHASES`; ``first``: whether the work since
+    the last beat is a first of its kind (:meth:`beat_first`); ``at``: ``time.monotonic()`` of the last
+    beat, written last. Written by the training thread, read by any.
     """
 
     def __init__(self) -> None:
@@ -34,11 +38,20 @@ class Heartbeat:
         self.step: int | None = None
         self.start_step: int | None = None
         self.updates = 0
+        self.first = False
         self.at = time.monotonic()
 
     def beat(self, phase: str) -> None:
         """A sign of progress in ``phase`` (the training thread; e.g. once per evaluation batch)."""
         self.phase = phase
+        self.first = False
+        self.at = time.monotonic()
+
+    def beat_first(self, phase: str) -> None:
+        """A beat before a first of its kind in ``phase`` (the first window of an epoch, an evaluation
+        loader's first batch), which may be several times slower than the rest of its kind."""
+        self.phase = phase
+        self.first = True
         self.at = time.monotonic()
 
     def started(self, step: int) -> None:

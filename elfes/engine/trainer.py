@@ -203,10 +203,14 @@ class Trainer:
         while not early_stop and not run.budget_spent():
             epoch = self.data.batches(self.state.epoch, self.state.next_batch, self.progress.data_seed, run.warn)
             with closing(epoch) as batches:
-                epoch_ended = False
+                epoch_ended, opening = False, True
                 while not (epoch_ended or early_stop or run.budget_spent()):
                     started = time.perf_counter()
-                    run.stop.heartbeat.beat("training")
+                    if opening:  # a fresh iterator: its workers start, its first fetch; maybe a compilation
+                        run.stop.heartbeat.beat_first("training")
+                        opening = False
+                    else:
+                        run.stop.heartbeat.beat("training")
                     window, size = self._next_window(batches)
                     if window is None:  # a stream without __len__ ended at this boundary: so does its epoch
                         evaluate, checkpoint = run.end_stream_epoch()

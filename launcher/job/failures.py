@@ -98,6 +98,13 @@ def write_report(paths: RunPaths, attempt: int, report: FailureReport) -> None:
     write_text_atomically(file, json.dumps(dataclasses.asdict(report)) + "\n")
 
 
+def withdraw_report(paths: RunPaths, attempt: int, report: FailureReport) -> None:
+    """Remove ``report`` for ``attempt`` (a hang watchdog that stood down), unless its rank has since
+    reported something else (its main thread failed meanwhile)."""
+    if report in read_reports(paths, attempt):
+        paths.failure_report(attempt, report.rank).unlink(missing_ok=True)
+
+
 def read_reports(paths: RunPaths, attempt: int) -> list[FailureReport]:
     """The failure reports of ``attempt`` written so far, by rank (unreadable ones skipped)."""
     folder = paths.attempt_logs(attempt)

@@ -445,9 +445,10 @@ class _Attempt:
         if timeout_s is None or self.heartbeat is None:
             yield
             return
-        watchdog = HangWatchdog(self.heartbeat, timeout_s=timeout_s, paths=self.paths, attempt=self.attempt,
-                                rank=self.start.rank, host=self.start.host, world_size=self.start.world_size,
-                                on_hang=self._hung)
+        watchdog = HangWatchdog(self.heartbeat, timeout_s=timeout_s,
+                                startup_timeout_s=self.spec.requeue.startup_timeout_s, paths=self.paths,
+                                attempt=self.attempt, rank=self.start.rank, host=self.start.host,
+                                world_size=self.start.world_size, on_hang=self._hung)
         with watchdog:
             yield
 

@@ -201,10 +201,20 @@ class Requeue(_Section):
     hang_timeout_s: StrictInt | None = Field(
         None,
         ge=1,
-        description="Seconds without any rank reaching an update boundary (evaluation batches and checkpoint "
-        "writes count as progress) after which the attempt is a hang: every rank's Python stacks go to its "
-        "log, the attempt is killed and retried like a failure. Before the first boundary and during a "
-        "checkpoint write 5 times as long is allowed. An integer >= 1, or null (no watchdog). Entrypoint jobs only.",
+        description="Seconds a rank may go without a sign of progress (a window's start or end, an evaluation "
+        "batch, a checkpoint write) after its first update boundary; past it the attempt is a hang: every rank's "
+        "Python stacks go to its log, the attempt is killed and retried like a failure (unless a beat comes in the "
+        "10 s that follow). 5 times as long for the first window of each epoch, the first batch of each evaluation "
+        "loader and a checkpoint write; before the first update boundary startup_timeout_s applies instead; after "
+        "train() returns the job is not watched. An integer >= 1, or null (no watchdog). Entrypoint jobs only: a "
+        "command job is refused with it.",
+    )
+    startup_timeout_s: StrictInt | None = Field(
+        1800,
+        ge=1,
+        description="With hang_timeout_s: seconds a rank may go without a sign of progress before its first update "
+        "boundary of the attempt (importing, the process group forming, loading data, a restore, compiling, the "
+        "first window), whatever hang_timeout_s is. An integer >= 1, or null (no limit before the first update).",
     )
     exclude_failed_nodes: bool = Field(
         True,
@@ -360,6 +370,11 @@ class JobSpec(_Section):
             errors.append(_error(("entrypoint",), self.entrypoint, "entrypoint_or_command",
                                  f"give exactly one of entrypoint ('module:function') and command (a list); "
                                  f"this spec gives {given}"))
+        if self.command is not None and self.requeue.hang_timeout_s is not None:
+            errors.append(_error(("requeue", "hang_timeout_s"), self.requeue.hang_timeout_s, "hang_timeout_command",
+                                 "the hang watchdog reads an entrypoint's trainer heartbeat, which a command job "
+                                 "does not have; remove requeue.hang_timeout_s or run the training as an "
+                                 "entrypoint ('module:function')"))
         limit_s = self.resources.timeout_min * 60
         if self.slurm.signal_delay_s >= limit_s:
             errors.append(_error(("slurm", "signal_delay_s"), self.slurm.signal_delay_s, "signal_delay",

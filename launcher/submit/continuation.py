@@ -8,7 +8,7 @@ recorded in the run directory:
   (:data:`BUDGET_KEYS`: ``config.epochs``, ``config.max_steps``, the engine's cumulative
   ``TrainConfig`` limits), ``resources.timeout_min``, ``resources.cpus_per_task``,
   ``resources.mem_gb``, every ``slurm.*`` option, every ``requeue.*`` policy (``max_requeues``,
-  ``max_failures``, ``hang_timeout_s``, ``exclude_failed_nodes``) and ``env``;
+  ``max_failures``, ``hang_timeout_s``, ``startup_timeout_s``, ``exclude_failed_nodes``) and ``env``;
 - may not (what the run computes): every other ``config`` key, ``name``, ``entrypoint``, ``command``,
   ``workdir``, ``run_dir``, ``resources.nodes``, ``resources.tasks_per_node``,
   ``resources.gpus_per_node``.

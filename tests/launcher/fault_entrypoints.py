@@ -152,3 +152,36 @@ def raises_at_its_second_update(job: Any) -> Any:
         return quickstart.step(model, batch)
 
     return quickstart.run(job, step_function)
+
+
+def slow_but_healthy(job: Any) -> Any:
+    """The quickstart job with every slow part a healthy run has, each chosen by the config (popped): a step of
+    ``step_delay_s`` per batch; rank 1 starting ``late_start_s`` after the others (before the process group
+    forms, which holds them in its rendezvous); the first step of each epoch and the first evaluation batch
+    ``first_factor`` times a step (``accumulation`` batches); ``after_train_s`` of work after ``train()``
+    returned, which then leaves ``after-train-<rank>`` in the run directory. Needs ``train_samples`` to give
+    every rank whole batches of 16 (the epoch's first batch is told by counting)."""
+    config = dict(job.config)
+    delay = float(config.pop("step_delay_s"))
+    late_start_s = float(config.pop("late_start_s", 0.0))
+    first_factor = float(config.pop("first_factor", 1.0))
+    after_train_s = float(config.pop("after_train_s", 0.0))
+    job.config = config
+    settings = {**quickstart.DEFAULTS, **config}
+    step_s = delay * settings["accumulation"]
+    batches_per_epoch = settings["train_samples"] // settings["batch_size"] // job.world_size
+    calls = {"train": 0, "last_training": False}
+
+    def step(model, batch):
+        first = (calls["train"] % batches_per_epoch == 0) if model.training else calls["last_training"]
+        time.sleep(delay + (first_factor - 1) * step_s * first)
+        calls["train"] += model.training
+        calls["last_training"] = model.training
+        return quickstart.step(model, batch)
+
+    if job.rank == 1:
+        time.sleep(late_start_s)
+    state = quickstart.run(job, step)
+    time.sleep(after_train_s)  # an upload, a test pass
+    (job.run_dir / f"after-train-{job.rank}").write_text("done\n")
+    return state

@@ -121,3 +121,23 @@ def test_a_hung_rank_is_killed_with_its_stacks_logged_and_retried(runs: Runs, re
     assert [a.outcome for a in state.attempts] == ["finished"], diagnostics(evaluating)
     durations = [e["duration_s"] for e in events(evaluating) if e.get("event") == "evaluation"]
     assert durations and max(durations) > 5, durations  # longer than the timeout, and not a hang
+
+
+def test_a_healthy_run_with_every_slow_part_is_never_taken_for_hung(runs: Runs) -> None:
+    """requeue.hang_timeout_s at 2x the step (2 s, steps of 1 s) and the run's slow parts, each past the old
+    rules: rank 1 starts 20 s after rank 0 (which waits in the rendezvous meanwhile: the start-up has its own
+    allowance, requeue.startup_timeout_s), the first step of each epoch and the first evaluation batch take 4x a
+    step (5x the timeout is allowed), and 14 s of work after train() returns (not watched). One attempt, finished,
+    every step trained once, the code after train() done on both ranks, no hang logged."""
+    run = runs.submit("slow-but-healthy", tasks=2, entrypoint="tests.launcher.fault_entrypoints:slow_but_healthy",
+                      config={**CONFIG, "step_delay_s": 0.5, "late_start_s": 20, "first_factor": 4,
+                              "after_train_s": 14},
+                      requeue={"max_requeues": 5, "max_failures": 1, "hang_timeout_s": 2})
+    state = wait_ended(run, "finished")
+    assert [a.outcome for a in state.attempts] == ["finished"], diagnostics(run)
+    steps = [e["step"] for e in events(run) if e.get("event") == "train"]
+    assert steps == list(range(1, 9)), steps  # 8 steps on two ranks, none trained again
+    assert all((run / f"after-train-{rank}").exists() for rank in (0, 1))
+    for rank in (0, 1):
+        log = (RunPaths(run).attempt_logs(1) / f"rank-{rank}.err").read_text()
+        assert "elfes: hang" not in log, log

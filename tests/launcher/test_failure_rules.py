@@ -1,15 +1,12 @@
 """The rules past preemption, without jobs: which failure is retried (launcher/job/failures.py), how
-state.json counts retries apart from requeues, what `elfes status` and the plot say of a failure, and
-when the hang watchdog fires (launcher/job/watchdog.py). The jobs themselves: test_failure_retries.py."""
+state.json counts retries apart from requeues, what `elfes status` and the plot say of a failure. When the
+hang watchdog fires: test_hang_watchdog.py. The jobs themselves: test_failure_retries.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,6 @@ from rich.console import Console
 from elfes.launcher.cli.status import print_status
 from elfes.launcher.commands.status import run_status
 from elfes.launcher.job.failures import FailureReport, cause_of, decide_failure, failure_error, read_reports
-from elfes.launcher.job.watchdog import SLOW_FACTOR, HangWatchdog
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records.timeline import build_timeline
@@ -174,82 +170,6 @@ def test_the_plot_marks_a_failure_with_the_launchers_cause_and_a_hang_as_a_failu
                               failures=["ValueError, retried", "hang, retried", None])
     failed = [(m.kind, m.label) for m in timeline.markers if m.kind == "failed"]
     assert failed == [("failed", "failed (ValueError, retried)"), ("failed", "failed (hang, retried)")]
-
-
-# -- the hang watchdog --------------------------------------------------------------------------------------
-class Beats:
-    """A stand-in for the engine's Heartbeat (elfes.engine.Heartbeat, torch-free but behind the engine)."""
-
-    def __init__(self, phase: str = "training", step: int | None = 6, updates: int = 6) -> None:
-        self.phase, self.step, self.updates, self.at = phase, step, updates, time.monotonic()
-
-    def failing_step(self) -> int | None:
-        return None if self.step is None else self.step + (self.phase == "training")
-
-
-def _watch(tmp_path: Path, beats: Beats, timeout_s: float, *, world_size: int = 1,
-           until: float = 10.0) -> tuple[list[FailureReport], str]:
-    fired: list[FailureReport] = []
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    log = tmp_path / "rank-0.err"
-    with open(log, "w") as stream:
-        saved, sys.stderr = sys.stderr, stream
-        try:
-            watchdog = HangWatchdog(beats, timeout_s=timeout_s, paths=RunPaths(tmp_path), attempt=1, rank=0,
-                                    host="node1", world_size=world_size, on_hang=fired.append, poll_s=0.05,
-                                    grace_s=0.5)
-            with watchdog:
-                deadline = time.monotonic() + until
-                while not fired and time.monotonic() < deadline:
-                    time.sleep(0.05)
-        finally:
-            sys.stderr = saved
-    return fired, log.read_text()
-
-
-def test_the_watchdog_dumps_every_threads_stack_and_reports_a_hang(tmp_path: Path) -> None:
-    stuck = threading.Event()
-    helper = threading.Thread(target=stuck.wait, name="a-helper-thread", daemon=True)
-    helper.start()
-    started = time.monotonic()
-    fired, log = _watch(tmp_path, Beats(), 0.5)
-    stuck.set()
-    assert len(fired) == 1 and time.monotonic() - started < 5
-    hang = fired[0]
-    assert (hang.category, hang.step, hang.rank, hang.peer_lost) == ("hang", 7, 0, False)
-    assert hang.cause == "hang: no update boundary within requeue.hang_timeout_s = 0.5 s"
-    assert "elfes: hang: no progress on this rank for" in log and "last update boundary: step 6" in log
-    assert "Current thread" in log and "test_the_watchdog_dumps_every_threads_stack" in log  # all threads
-    assert read_reports(RunPaths(tmp_path), 1) == [hang]
-
-
-def test_the_watchdog_leaves_steady_progress_and_a_slow_start_alone(tmp_path: Path) -> None:
-    beats = Beats(phase="evaluating")  # e.g. an evaluation longer than the timeout, one beat per batch
-
-    def evaluate() -> None:
-        for _ in range(20):
-            time.sleep(0.1)
-            beats.at = time.monotonic()
-
-    worker = threading.Thread(target=evaluate)
-    worker.start()
-    fired, _ = _watch(tmp_path, beats, 0.4, until=1.5)
-    worker.join()
-    assert fired == []
-    started = time.monotonic()
-    fired, log = _watch(tmp_path / "slow-start", Beats(phase="starting", step=None, updates=0), 0.2)
-    assert fired and time.monotonic() - started >= 0.2 * SLOW_FACTOR  # before the first boundary: 5x as long
-    assert fired[0].step is None and not fired[0].updated and "before the first update boundary" in log
-
-
-def test_a_rank_fires_at_once_when_another_reported_a_hang(tmp_path: Path) -> None:
-    from elfes.launcher.job.failures import write_report
-
-    peer = FailureReport(rank=1, host="node2", category="hang", cause="hang: no update boundary", at=time.time(),
-                         step=7, updated=True)
-    write_report(RunPaths(tmp_path), 1, peer)
-    fired, log = _watch(tmp_path, Beats(), 60.0, world_size=2)
-    assert fired and fired[0].peer_lost and "rank 1 reported a hang" in log
 
 
 def test_a_retry_that_leaves_no_node_out_says_so_in_status(tmp_path: Path) -> None:
