@@ -33,7 +33,8 @@ def requeue_slurm_job(job_id: str) -> str | None:
     completed = requeue(job_id)
     if completed.error is not None:
         return (f"`scontrol requeue {job_id}` could not run ({completed.error}); `last` is saved: "
-                "`elfes resume RUN_DIR` continues the run (`elfes doctor JOB.yaml --test-job` checks scontrol inside jobs)")
+                "`elfes resume RUN_DIR` continues the run (`elfes doctor JOB.yaml --test-job` checks scontrol inside "
+                "jobs)")
     if completed.code != 0:
         said = completed.said or f"exit code {completed.code}"
         hint = (" (requeues are disabled for this job: JobRequeue=0 without --requeue, or --no-requeue)"

@@ -210,7 +210,8 @@ def _slurm_jobs_of(paths: RunPaths, submission: run_state.Submission) -> list[st
         job_id = job.job_id
         if in_array:
             base = job.base_id
-            if base in recorded or (submission.array_task is not None and job.array_task_id != str(submission.array_task)):
+            wanted = str(submission.array_task) if submission.array_task is not None else None
+            if base in recorded or (wanted is not None and job.array_task_id != wanted):
                 continue
             job_id = job.name if submission.array_task is not None else base
         jobs.append(job_id)
@@ -246,8 +247,9 @@ def interrupted_handover(paths: RunPaths, state: run_state.RunState) -> Found:
             # (submitit waits 60 s for the pickle, then fails). Cancelled here, it cannot start either.
             cancelled = cancel(job_id)
             if not cancelled.ok:
+                said = cancelled.stderr.strip() if cancelled.started else "no answer"
                 return Found(busy=f"its SLURM job {job_id} has no task to run and could not be cancelled "
-                                  f"(`scancel {job_id}`: {cancelled.stderr.strip() if cancelled.started else 'no answer'})")
+                                  f"(`scancel {job_id}`: {said})")
     in_flight = _processes_naming(_output_folder(paths, submission))
     if in_flight:
         return Found(busy=f"processes of it are still running (pids {in_flight}; sbatch?)")

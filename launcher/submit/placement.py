@@ -3,7 +3,8 @@
 SLURM does not refuse a requeued job whose ``ExcNodeList`` leaves its partition too few nodes: the job
 stays PENDING (``BadConstraints``) for good. So before a requeue that excludes nodes, the job compares
 the nodes its partition has (``sinfo``, through launcher/slurm) with those it needs and those the run
-excludes; when too few would remain, it leaves nothing out and says so, instead of requeueing into a wait that never ends.
+excludes; when too few would remain, it leaves nothing out and says so, instead of requeueing into a wait
+that never ends.
 (``sbatch --exclude`` with too few nodes left is refused at once: "Requested node configuration is not
 available".) Torch-free.
 
