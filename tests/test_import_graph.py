@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-# The launcher's floors, lowest first: a module may import its own floor and the floors below it.
-FLOORS = ("spec", "rundir", "submit", "job", "commands", "cli")
+# The launcher's floors, lowest first: a module may import its own floor and the floors below it. The SLURM
+# adapter is the lowest: every floor that asks SLURM (rundir's liveness and up) may import it.
+FLOORS = ("slurm", "spec", "rundir", "submit", "job", "commands", "cli")
 # What `elfes --help`, `status`, `validate`, `logs` and `submit --dry-run` load (the CLI imports each
 # verb's module when the verb runs).
 LOGIN_NODE_MODULES = (

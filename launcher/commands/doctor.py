@@ -21,20 +21,19 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..rundir.liveness import run_slurm_tool
 from ..rundir.lookup import UsageError
 from ..rundir.paths import RunPaths
+from ..slurm import TEST_JOB_TIMEOUT_S, SlurmError, cancel_by_name, scontrol_test_job, submitted_job_id
+from ..slurm import cluster_config as read_cluster_config
+from ..slurm import partitions as read_partitions
 from ..spec import JobSpec, load_spec
 from .signalling import ActionFailed
 
 LEVELS = ("ok", "note", "warning", "problem")
-# How long a test job may wait in the queue and run before doctor gives up on it.
-TEST_JOB_TIMEOUT_S = 180
 # SLURM may send the time-limit signal up to this much earlier than --signal=USR2@N asks (its timer).
 SIGNAL_EARLY_S = 60
 
@@ -84,40 +83,29 @@ class Diagnosis:
 
 
 # -- reading SLURM --------------------------------------------------------------------------------------------
-def _scontrol(*arguments: str) -> str:
-    completed = run_slurm_tool(["scontrol", *arguments])
-    if completed is None:
-        raise ActionFailed("elfes doctor reads the cluster's configuration with scontrol, which is not on PATH here; "
-                           "run it on the cluster's login node")
-    if completed.returncode != 0:
-        said = (completed.stderr or completed.stdout).strip()
-        raise ActionFailed(f"scontrol {' '.join(arguments)} failed: {said or completed.returncode}; check that SLURM "
-                           "answers here (scontrol ping; SLURM_CONF)")
-    return completed.stdout
+def _unanswered(error: SlurmError) -> ActionFailed:
+    completed = error.answer
+    if not completed.started:
+        return ActionFailed("elfes doctor reads the cluster's configuration with scontrol, which is not on PATH here; "
+                            "run it on the cluster's login node")
+    return ActionFailed(f"{completed.command} failed: {completed.said or completed.code}; check that SLURM "
+                        "answers here (scontrol ping; SLURM_CONF)")
 
 
 def cluster_config() -> dict[str, str]:
     """``scontrol show config`` as a mapping (``KillWait`` -> ``"10 sec"``)."""
-    config = {}
-    for line in _scontrol("show", "config").splitlines():
-        name, separator, value = line.partition("=")
-        if separator and name.strip() and " " not in name.strip():
-            config[name.strip()] = value.strip()
-    return config
-
-
-def _fields(line: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+    try:
+        return dict(read_cluster_config().values)
+    except SlurmError as error:
+        raise _unanswered(error) from None
 
 
 def partitions() -> dict[str, dict[str, str]]:
     """Every partition's settings (``scontrol show partition -o``), by name."""
-    found = {}
-    for line in _scontrol("show", "partition", "-o").splitlines():
-        settings = _fields(line)
-        if "PartitionName" in settings:
-            found[settings["PartitionName"]] = settings
-    return found
+    try:
+        return {name: dict(settings.values) for name, settings in read_partitions().items()}
+    except SlurmError as error:
+        raise _unanswered(error) from None
 
 
 def _seconds(value: str | None) -> int | None:
@@ -178,28 +166,21 @@ def save_times(paths: RunPaths) -> SaveTimes | None:
 def scontrol_in_a_job(partition: str, spec: JobSpec | None) -> Finding:
     """Submit a one-minute job that runs ``scontrol show job $SLURM_JOB_ID``; wait for its exit code."""
     name = f"elfes-doctor-{secrets.token_hex(3)}"
-    argv = ["sbatch", "--wait", "--parsable", f"--job-name={name}", f"--partition={partition}", "--time=1",
-            "--ntasks=1", "--output=/dev/null", "--requeue"]
-    for option in ("account", "qos"):
-        value = getattr(spec.slurm, option) if spec is not None else None
-        if value:
-            argv.append(f"--{option}={value}")
-    argv += ["--wrap", 'scontrol show job "$SLURM_JOB_ID" > /dev/null']
-    try:
-        completed = subprocess.run(argv, capture_output=True, text=True, timeout=TEST_JOB_TIMEOUT_S, check=False)
-    except FileNotFoundError:
+    completed = scontrol_test_job(name, partition, account=spec.slurm.account if spec is not None else None,
+                                  qos=spec.slurm.qos if spec is not None else None)
+    if not completed.started:
         return Finding("scontrol in a job", "problem", "sbatch is not on PATH here; the test job was not submitted",
                        "run elfes doctor on the cluster's login node")
-    except subprocess.TimeoutExpired:
-        run_slurm_tool(["scancel", f"--name={name}"])
+    if completed.timed_out:
+        cancel_by_name(name)
         return Finding("scontrol in a job", "warning",
                        f"the test job {name} did not end within {TEST_JOB_TIMEOUT_S} s (the queue is busy?); "
                        "cancelled it", f"check by hand: srun -p {partition} -t 1 scontrol show job '$SLURM_JOB_ID'")
-    job_id = completed.stdout.strip().split(";")[0] or "?"
-    if completed.returncode == 0:
+    job_id = submitted_job_id(completed) or "?"
+    if completed.code == 0:
         return Finding("scontrol in a job", "ok", f"scontrol works from inside a job in partition {partition} (test "
                        f"job {job_id}): a job that gets the requeue signal can run `scontrol requeue` on itself")
-    said = completed.stderr.strip().splitlines()[-1] if completed.stderr.strip() else f"exit code {completed.returncode}"
+    said = completed.stderr.strip().splitlines()[-1] if completed.stderr.strip() else f"exit code {completed.code}"
     return Finding("scontrol in a job", "problem",
                    f"the test job {job_id} could not run scontrol from its node ({said}): a job that gets the requeue "
                    "signal saves `last` but cannot requeue itself, and ends stopped",

@@ -14,6 +14,7 @@ from elfes.files import is_temporary
 from ..rundir import state as run_state
 from ..rundir.liveness import liveness, recorded_tasks
 from ..rundir.paths import RunPaths
+from ..slurm import cancel, signal_job
 from .rehearsal_plan import PlannedInterruption, RunLength, pointer_step
 from .rehearsal_report import Interruption, after_the_last_update
 from .rehearsal_runs import Follower, ScratchRuns, kill_local_job, signal_tasks, slurm
@@ -92,20 +93,20 @@ class InterruptedRun:
     def _stop(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
         state = run_state.load_state(paths)
         if state.executor == "slurm":
-            slurm(["scancel", "--signal=TERM", str(state.job_id)])
+            slurm(signal_job(str(state.job_id), "TERM"))
         else:
             signal_tasks(paths, signal.SIGTERM)
         state = self.runs.wait(paths, lambda s: s.attempts[attempt - 1].ended and s.status in run_state.ENDED,
                                "the stopped run to save `last` and end")
         self._judge(paths, state.attempts[attempt - 1], interruption)
         if state.executor == "slurm" and state.attempts[attempt - 1].outcome != "finished":
-            slurm(["scancel", str(state.job_id)])  # it saved and waits for SLURM to end it
+            slurm(cancel(str(state.job_id)))  # it saved and waits for SLURM to end it
         self._resume_when_gone(paths)
 
     def _kill(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
         state = run_state.load_state(paths)
         if state.executor == "slurm":
-            slurm(["scancel", "--full", "--signal=KILL", str(state.job_id)])
+            slurm(signal_job(str(state.job_id), "KILL", full=True))
         else:
             kill_local_job(paths)
         self._resume_when_gone(paths, interruption)

@@ -19,9 +19,10 @@ import yaml
 from elfes.files import write_text_atomically
 
 from ..rundir import state as run_state
-from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks, run_slurm_tool
+from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
 from ..rundir.paths import RunPaths
 from ..rundir.provenance import Provenance, changes_between
+from ..slurm import Answer, cancel
 from ..spec import JobSpec
 from .logs import EventTail
 from .rehearsal_plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
@@ -185,7 +186,7 @@ class ScratchRuns:
             if state is None or not liveness(paths, state).alive:
                 continue
             if state.executor == "slurm":
-                slurm(["scancel", str(state.job_id)])
+                slurm(cancel(str(state.job_id)))
             else:
                 kill_local_job(paths)
             ended.append(name)
@@ -245,8 +246,8 @@ def kill_process_tree(pids: Sequence[int]) -> None:
                 pass
 
 
-def slurm(argv: list[str]) -> None:
-    completed = run_slurm_tool(argv)
-    if completed is None or completed.returncode != 0:
-        said = "not on PATH" if completed is None else (completed.stderr.strip() or completed.returncode)
-        raise RehearsalFailed(f"`{' '.join(argv)}` failed: {said}")
+def slurm(completed: Answer) -> None:
+    """Raises RehearsalFailed where the SLURM command (launcher/slurm) that ``completed`` answers for failed."""
+    if not completed.ok:
+        said = "not on PATH" if not completed.started else (completed.stderr.strip() or completed.code)
+        raise RehearsalFailed(f"`{completed.command}` failed: {said}")

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +20,11 @@ from elfes.files import write_text_atomically
 from ..job.command import FORWARD_HOLD_S
 from ..rundir import state as run_state
 from ..rundir.command_group import dispositions, group_members, signal_group
-from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks, run_slurm_tool
+from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
 from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import command_records
+from ..slurm import SIGNAL_ANSWER_S, cancel as scancel, signal_job
 from ..spec import SpecError
 from ..spec.models import Resources
 from ..submit.scripts import requeue_signal
@@ -54,17 +53,14 @@ def _live_state(paths: RunPaths) -> run_state.RunState:
     return state
 
 
-def _scancel(arguments: list[str], what: str) -> None:
-    completed = run_slurm_tool(["scancel", *arguments])
-    if completed is None:
+def _scancel(job_id: str, what: str) -> None:
+    completed = scancel(job_id)
+    if not completed.started:
         raise ActionFailed(f"cannot {what}: scancel is not on PATH here; run this on the cluster's login node")
-    if completed.returncode != 0:
-        raise ActionFailed(f"scancel {' '.join(arguments)} failed: {completed.stderr.strip() or completed.returncode}")
+    if completed.code != 0:
+        raise ActionFailed(f"{completed.command} failed: {completed.stderr.strip() or completed.code}")
 
 
-# scancel answers at once when SLURM takes the signal; when SLURM answers "Job can not be altered now, try
-# again later" it retries by itself, sleeping 5 s, then 6, 7, ... (about 95 s in all).
-SCANCEL_ANSWER_S = 2.5
 # How long a job gets to record that the signal reached it ("stopping", or its attempt ended).
 SIGNAL_SEEN_S = 20.0
 
@@ -72,30 +68,24 @@ SIGNAL_SEEN_S = 20.0
 def _scancel_signal(paths: RunPaths, state: run_state.RunState, signum: signal.Signals) -> str | None:
     """``scancel --signal=USR2 JOB`` (the job's steps get it). Slurm 22.05 answers "Job can not be altered now"
     for an array task while other tasks of its array are pending, although the running task got the signal,
-    and scancel then retries for about 95 s. So scancel gets SCANCEL_ANSWER_S to succeed; past that the
+    and scancel then retries for about 95 s. So scancel gets SIGNAL_ANSWER_S to succeed; past that the
     run's own record decides: the job marks itself "stopping" (or ends its attempt) once the signal reached
     it. Returns a note for the user, or raises ActionFailed saying what is known."""
-    argv = ["scancel", f"--signal={signum.name.removeprefix('SIG')}", str(state.job_id)]
-    if shutil.which("scancel") is None:
+    answer = signal_job(str(state.job_id), signum.name.removeprefix("SIG"), timeout_s=SIGNAL_ANSWER_S)
+    if not answer.started:
         raise ActionFailed("cannot preempt: scancel is not on PATH here; run this on the cluster's login node")
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _, said = process.communicate(timeout=SCANCEL_ANSWER_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-    else:
-        if process.returncode != 0:
-            raise ActionFailed(f"{' '.join(argv)} failed: {said.strip() or process.returncode}")
+    if not answer.timed_out:
+        if answer.code != 0:
+            raise ActionFailed(f"{answer.command} failed: {answer.stderr.strip() or answer.code}")
         return None
     attempt = state.last_attempt.number if state.last_attempt is not None else None
     deadline = time.monotonic() + SIGNAL_SEEN_S
     while time.monotonic() < deadline:
         if _stop_recorded(paths, attempt):
-            return (f"SLURM answered `{' '.join(argv)}` with \"try again later\" (as it does for an array task while "
+            return (f"SLURM answered `{answer.command}` with \"try again later\" (as it does for an array task while "
                     "other tasks of its array are pending), but the job got the signal: it is stopping")
         time.sleep(0.2)
-    raise ActionFailed(f"{' '.join(argv)}: SLURM kept answering \"Job can not be altered now, try again later\" (as it "
+    raise ActionFailed(f"{answer.command}: SLURM kept answering \"Job can not be altered now, try again later\" (as it "
                        "does for an array task while other tasks of its array are pending, even when the signal "
                        f"arrived), and the job has not recorded a stop within {SIGNAL_SEEN_S:.0f} s; it may still be "
                        f"starting. Check `elfes status {paths.run_dir}` (\"stopping\" or a new attempt: it arrived) "
@@ -189,7 +179,7 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
     if state.executor == "slurm":
         if state.job_id is None:
             return Signalled(paths.run_dir, "slurm", None, "none", [], note="not submitted yet; the marker stops it")
-        _scancel([str(state.job_id)], "cancel")
+        _scancel(str(state.job_id), "cancel")
         run_state.update_state(paths, lambda s: run_state.cancel_between_attempts(s) if s is not None else s)
         return Signalled(paths.run_dir, "slurm", state.job_id, "SIGTERM", [f"SLURM job {state.job_id} (scancel)"])
     tasks = recorded_tasks(paths)

@@ -13,11 +13,12 @@ from typing import Any
 
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
-from ..rundir.liveness import SlurmQueue, effective_state
+from ..rundir.liveness import effective_state
 from ..rundir.lookup import run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.provenance import environment_changes
 from ..rundir.status_reading import ProcessTable, recorded_name, run_liveness, summary_from_ends
+from ..slurm import SlurmQueue
 
 UNREADABLE = "unreadable"  # the status of a run whose state.json cannot be read
 

@@ -26,7 +26,6 @@ exclusions are cleared and the hand-over says so (launcher/submit/placement.py),
 
 from __future__ import annotations
 
-import getpass
 import json
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -36,14 +35,14 @@ from pathlib import Path
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
 from ..rundir.code_record import job_spec
-from ..rundir.liveness import run_slurm_tool
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
+from ..slurm import SlurmError, partition_nodes, user_jobs
 from ..spec import JobSpec, load_spec
 from ..spec.sweep import SweepPlan
 from ..submit import arrays, executors
 from ..submit.handover import RunDirUndo, record_ahead, record_job, signals_deferred, submission_lock
-from ..submit.placement import partition_nodes, placement_problem
+from ..submit.placement import placement_problem
 from .submission import close_lost_job, excluded_nodes, settle_interrupted_handover
 
 
@@ -157,20 +156,20 @@ def live_arrays(record: SweepRecord) -> list[str]:
     recorded = {job.job_id for job in record.jobs}
     if not recorded:
         return []
-    queued = run_slurm_tool(["squeue", "-h", "-r", "-u", getpass.getuser(), "-O", "ArrayJobID:|,JobID:"])
-    if queued is None or queued.returncode != 0:
+    try:
+        queued = user_jobs()
+    except SlurmError as error:
         # Not knowing which arrays still run, a new one could run beside them past max_parallel: refuse.
-        why = "squeue is not on PATH here" if queued is None else (queued.stderr.strip() or f"exit {queued.returncode}")
+        answer = error.answer
+        why = "squeue is not on PATH here" if not answer.started else (answer.stderr.strip() or f"exit {answer.code}")
         raise executors.SubmissionError(
             f"cannot tell which of the sweep's job arrays {', '.join(sorted(recorded))} still run ({why}), so a new "
             f"array could run beside them past max_parallel {record.max_parallel}; nothing was handed over. Run the "
-            "same command again once squeue answers")
+            "same command again once squeue answers") from None
     found = set()
-    for line in queued.stdout.splitlines():
-        array_job, _, job_id = (part.strip() for part in line.partition("|"))
-        base = array_job if array_job.isdigit() else job_id.partition("_")[0]
-        if base in recorded:
-            found.add(base)
+    for job in queued:
+        if job.base_id in recorded:
+            found.add(job.base_id)
     return sorted(found, key=int)
 
 

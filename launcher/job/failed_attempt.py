@@ -19,8 +19,9 @@ from typing import Any
 from ..rundir import state as run_state
 from ..rundir.paths import RunPaths
 from ..rundir.state import Attempt, Failure
+from ..slurm import partition_nodes
 from ..spec import JobSpec
-from ..submit.placement import partition_nodes, placement_problem
+from ..submit.placement import placement_problem
 from .distributed_env import Start
 from .failures import FailureReport, await_first_hand, repeats, write_report
 from .requeue import LOCAL_MAX_STARTS, end_failed_slurm_job, exclude_from_slurm_job, requeue_slurm_job, resubmit_local

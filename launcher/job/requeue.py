@@ -7,8 +7,6 @@ SLURM job that stopped on SIGTERM waits for SLURM to end it. Inside the job; tor
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 from ..rundir import state as run_state
 from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths
+from ..slurm import cancel, exclude_nodes, requeue
 from ..spec import load_spec_with
 from ..submit import executors
 from ..submit.handover import record_ahead, record_job, submission_lock
@@ -28,25 +27,16 @@ LOCAL_REQUEUE_EXIT_CODE = 144
 LOCAL_MAX_STARTS = 6
 
 
-def _ignore_stop_signals() -> None:
-    # preexec_fn: scontrol must outlive the SIGTERM that its own requeue makes SLURM send to every process
-    # of the job (it is one of them); killed before it exits, it reports nothing although the job is
-    # requeued. SIGKILL, KillWait later, still ends it.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
-
-
 def requeue_slurm_job(job_id: str) -> str | None:
     """``scontrol requeue JOB_ID`` from inside the job (rank 0); None when SLURM accepted it, else why not
     (with what to do). SLURM then ends every task and starts the job again, same id."""
-    try:
-        completed = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60,
-                                   check=False, preexec_fn=_ignore_stop_signals)
-    except (OSError, subprocess.SubprocessError) as error:
-        return (f"`scontrol requeue {job_id}` could not run ({error}); `last` is saved: `elfes resume RUN_DIR` "
-                "continues the run (`elfes doctor JOB.yaml --test-job` checks scontrol inside jobs)")
-    if completed.returncode != 0:
-        said = (completed.stderr or completed.stdout).strip() or f"exit code {completed.returncode}"
+    completed = requeue(job_id)
+    if completed.error is not None:
+        return (f"`scontrol requeue {job_id}` could not run ({completed.error}); `last` is saved: "
+                "`elfes resume RUN_DIR` continues the run (`elfes doctor JOB.yaml --test-job` checks scontrol inside "
+                "jobs)")
+    if completed.code != 0:
+        said = completed.said or f"exit code {completed.code}"
         hint = (" (requeues are disabled for this job: JobRequeue=0 without --requeue, or --no-requeue)"
                 if "disabled" in said.lower() else "")
         return f"`scontrol requeue {job_id}` failed: {said}{hint}; `last` is saved: `elfes resume RUN_DIR` continues the run"
@@ -60,19 +50,16 @@ def exclude_from_slurm_job(job_id: str, hosts: tuple[str, ...]) -> None:
     after ``scontrol requeue``: SLURM takes it only for a pending job, and a requeued one is pending (while its
     tasks end) until it may start again, cred_expire + 1 s later. ``hosts`` are every node the run excludes
     (the list replaces the job's). A refusal only warns: the job comes back, maybe on such a node."""
-    command = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(hosts)}"]
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False,
-                                   preexec_fn=_ignore_stop_signals)
-    except (OSError, subprocess.SubprocessError) as error:
-        said = str(error)
+    completed = exclude_nodes(job_id, hosts)
+    if completed.error is not None:
+        said = completed.error
     else:
-        if completed.returncode == 0:
+        if completed.code == 0:
             print(f"elfes: SLURM job {job_id} leaves out {', '.join(hosts)} when it starts again (ExcNodeList; "
                   "`elfes resume RUN_DIR --include-nodes` allows them again)", flush=True)
             return
-        said = (completed.stderr or completed.stdout).strip() or f"exit code {completed.returncode}"
-    print(f"elfes: warning: `{' '.join(command)}` failed ({said}); the requeued job may start on those nodes again",
+        said = completed.said or f"exit code {completed.code}"
+    print(f"elfes: warning: `{completed.command}` failed ({said}); the requeued job may start on those nodes again",
           file=sys.stderr, flush=True)
 
 
@@ -84,13 +71,12 @@ def cancel_slurm_job(job_id: str) -> None:
     it before its time limit. Cancelling it here makes SLURM end every task now and keeps it cancelled
     (it is not requeued again); when the job is already ending, scancel only says so.
     """
-    try:
-        completed = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60, check=False,
-                                   preexec_fn=_ignore_stop_signals)
-    except (OSError, subprocess.SubprocessError) as error:
-        print(f"elfes: `scancel {job_id}` could not run ({error}); the job ends when its tasks exit", flush=True)
+    completed = cancel(job_id, in_job=True)
+    if completed.error is not None:
+        print(f"elfes: `scancel {job_id}` could not run ({completed.error}); the job ends when its tasks exit",
+              flush=True)
         return
-    said = (completed.stderr or completed.stdout).strip()
+    said = completed.said
     print(f"elfes: cancelled SLURM job {job_id} (scancel" + (f": {said}" if said else "") + "); it does not come back",
           flush=True)
 
@@ -100,14 +86,12 @@ def end_failed_slurm_job(job_id: str) -> None:
     says "failed"). The other tasks may never learn that a rank is gone (waiting for it in the process group's
     rendezvous, or in a collective with a long timeout) and would hold the allocation until the time limit;
     SLURM ends them all now (SIGTERM, SIGKILL KillWait later) and the job is not requeued."""
-    try:
-        completed = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60, check=False,
-                                   preexec_fn=_ignore_stop_signals)
-    except (OSError, subprocess.SubprocessError) as error:
-        print(f"elfes: warning: `scancel {job_id}` could not run ({error}); the job's other tasks run on until they "
-              "fail or reach the time limit: `scancel` it", file=sys.stderr, flush=True)
+    completed = cancel(job_id, in_job=True)
+    if completed.error is not None:
+        print(f"elfes: warning: `scancel {job_id}` could not run ({completed.error}); the job's other tasks run on "
+              "until they fail or reach the time limit: `scancel` it", file=sys.stderr, flush=True)
         return
-    said = (completed.stderr or completed.stdout).strip()
+    said = completed.said
     print(f"elfes: ended SLURM job {job_id} (scancel" + (f": {said}" if said else "") + ") so that its other tasks "
           "do not wait for the failed rank: the failure is not retried", flush=True)
 

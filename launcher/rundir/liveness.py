@@ -1,5 +1,5 @@
 """Whether a run's job is still queued or alive, as far as this machine can tell: the local job's
-processes in /proc, SLURM's ``squeue``/``sacct`` for a cluster job, the tasks that recorded their
+processes in /proc, SLURM's ``squeue``/``sacct`` (launcher/slurm) for a cluster job, the tasks that recorded their
 pids, and the run's state once a job that vanished without recording its end is counted lost.
 
 Torch-free; reads files and asks SLURM, writes nothing. Every verb that looks at a live run uses it.
@@ -7,29 +7,20 @@ Torch-free; reads files and asks SLURM, writes nothing. Every verb that looks at
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
-import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..slurm import SlurmQueue, queue_entry
 from . import state as run_state
 from .command_group import ProcessStat, is_member, process_stat
 from .lost_cause import describe_lost
 from .paths import RunPaths
 from .task_files import cancel_requested, command_records
-
-# squeue states in which a SLURM job is still queued or alive.
-_SLURM_ALIVE = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
-})
-
 
 def _proc_cmdline(pid: int, stat: ProcessStat | None = None) -> list[str] | None:
     """The command line of a live (non-zombie) process, or None."""
@@ -75,107 +66,6 @@ def local_processes(paths: RunPaths) -> dict[str, list[int]]:
     return found
 
 
-SLURM_TOOL_TIMEOUT_S = 30
-
-
-def run_slurm_tool(argv: list[str]) -> subprocess.CompletedProcess | None:
-    """Run a SLURM command (``squeue``, ``sacct``, ``scancel``) for at most 30 s; None where it is not on
-    PATH (or cannot be started). One that does not answer in time returns code 124 and says so on stderr:
-    a slow controller is not a missing program."""
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TOOL_TIMEOUT_S, check=False)
-    except OSError:
-        return None
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} did not answer within {SLURM_TOOL_TIMEOUT_S} s")
-
-
-@dataclass(frozen=True)
-class SlurmQueueEntry:
-    """What SLURM says of a job: its state, why it waits (squeue's reason, e.g. ``BeginTime`` after a
-    requeue), and how often SLURM restarted it (``RestartCnt``: requeues by preemption, ``scontrol
-    requeue``, node failure). ``reason``/``restarts`` are None where only ``sacct`` still knows the job;
-    for a job that only ``sacct`` calls alive (state ``GONE``), ``reason`` is what sacct says."""
-
-    state: str
-    reason: str | None = None
-    restarts: int | None = None
-
-    def describe(self) -> str:
-        """``"PENDING (BeginTime)"``, or the state alone."""
-        return f"{self.state} ({self.reason})" if self.reason else self.state
-
-
-def slurm_queue_entry(job_id: str) -> SlurmQueueEntry | None:
-    """SLURM's view of ``job_id`` (``squeue``, else ``sacct``); state ``GONE`` when squeue answers and no
-    longer knows it (and sacct has no final state for it); None where neither answers.
-
-    squeue asks the controller, which holds every job that is queued or alive: a job it does not know is
-    neither, whatever sacct says. sacct's record can stay REQUEUED for good (a job ``scancel``ed while
-    ``scontrol requeue`` was requeueing it, on Slurm 22.05) and is then not trusted.
-    """
-    queued = run_slurm_tool(["squeue", "-h", "-j", job_id, "-O", "State:|,Reason:|,RestartCnt:"])
-    if queued is not None and queued.returncode == 0 and queued.stdout.strip():
-        state, _, rest = queued.stdout.strip().splitlines()[0].partition("|")
-        reason, _, restarts = rest.partition("|")
-        reason = reason.strip()
-        return SlurmQueueEntry(state.strip(), None if reason in ("", "None") else reason,
-                               int(restarts) if restarts.strip().isdigit() else None)
-    squeue_forgot = queued is not None and (queued.returncode == 0 or "Invalid job id" in queued.stderr)
-    accounted = run_slurm_tool(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
-    if accounted is not None and accounted.returncode == 0 and accounted.stdout.strip():
-        state = accounted.stdout.splitlines()[-1].split()[0]  # "CANCELLED by 0" -> CANCELLED
-        if squeue_forgot and state in _SLURM_ALIVE:
-            return SlurmQueueEntry("GONE", reason=f"sacct still says {state}")
-        return SlurmQueueEntry(state)
-    if squeue_forgot:
-        return SlurmQueueEntry("GONE")  # squeue answered and no longer knows the job
-    return None
-
-
-class SlurmQueue:
-    """One ``squeue`` for many runs: this user's queued and live jobs by id (an array task as
-    ``<array>_<task>``), asked once at the first lookup, so that ``elfes status`` of a sweep asks the
-    controller once, not once per member."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, SlurmQueueEntry] | None = None
-        self._asked = False
-
-    def _snapshot(self) -> dict[str, SlurmQueueEntry] | None:
-        queued = run_slurm_tool(["squeue", "-h", "-r", "-u", getpass.getuser(),
-                                 "-O", "JobID:|,ArrayJobID:|,ArrayTaskID:|,State:|,Reason:|,RestartCnt:"])
-        if queued is None or queued.returncode != 0:
-            return None
-        entries = {}
-        for line in queued.stdout.splitlines():
-            fields = [field.strip() for field in line.split("|")]
-            if len(fields) != 6:
-                continue
-            job_id, array_job, array_task, state, reason, restarts = fields
-            if array_task.isdigit() and array_job.isdigit():
-                job_id = f"{array_job}_{array_task}"
-            entries[job_id] = SlurmQueueEntry(state, None if reason in ("", "None") else reason,
-                                              int(restarts) if restarts.isdigit() else None)
-        return entries
-
-    def entry(self, job_id: str) -> SlurmQueueEntry | None:
-        """SLURM's view of ``job_id``: from the queue, else (a job that left it, or squeue did not answer)
-        as :func:`slurm_queue_entry` tells it."""
-        if not self._asked:
-            self._entries, self._asked = self._snapshot(), True
-        found = self._entries.get(job_id) if self._entries is not None else None
-        return found if found is not None else slurm_queue_entry(job_id)
-
-
-def slurm_queue_state(job_id: str) -> str | None:
-    """SLURM's state of ``job_id`` (``squeue``, else ``sacct``), or None where neither answers."""
-    entry = slurm_queue_entry(job_id)
-    return entry.state if entry is not None else None
-
-
 @dataclass(frozen=True)
 class Liveness:
     alive: bool | None  # None: cannot tell from here
@@ -200,10 +90,10 @@ def liveness(paths: RunPaths, state: run_state.RunState | None, queue: SlurmQueu
         if state.status in run_state.ENDED:
             return Liveness(alive, "EXITING" if alive else None, command=command, notes=notes)
         return Liveness(alive, "RUNNING" if alive else "GONE", command=command, notes=notes)
-    entry = queue.entry(state.job_id) if queue is not None else slurm_queue_entry(state.job_id)
+    entry = queue.entry(state.job_id) if queue is not None else queue_entry(state.job_id)
     if entry is None:
         return Liveness(None, None)
-    return Liveness(entry.state in _SLURM_ALIVE, entry.state, entry.reason, entry.restarts)
+    return Liveness(entry.alive, entry.state, entry.reason, entry.restarts)
 
 
 class LivenessProbe:

@@ -15,8 +15,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..slurm import SlurmQueue
 from . import state as run_state
-from .liveness import Liveness, SlurmQueue, liveness
+from .liveness import Liveness, liveness
 from .paths import RunPaths
 from .task_files import command_records
 

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..slurm import SlurmQueue
 from . import state as run_state
-from .liveness import SlurmQueue, effective_state
+from .liveness import effective_state
 from .paths import RunPaths, SweepPaths
 from .status_reading import ProcessTable, needs_liveness, run_liveness, summary_from_ends
 from .sweep_record import MemberRecord, SweepRecord, load_sweep, stall

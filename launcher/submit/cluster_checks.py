@@ -12,31 +12,20 @@ import json
 import os
 import pwd
 
-from ..rundir.liveness import run_slurm_tool
+from ..slurm import SlurmError, accounts, cluster_config, partition_list, qos_names, user_accounts
 from ..spec import JobSpec
-
-
-def _lines(argv: list[str]) -> list[str] | None:
-    """The non-empty output lines of a SLURM command, in order, each once; None where it does not answer."""
-    completed = run_slurm_tool(argv)
-    if completed is None or completed.returncode != 0:
-        return None
-    lines = [line.strip() for line in completed.stdout.splitlines() if line.strip()]
-    return list(dict.fromkeys(lines))
 
 
 def partition_problem(partition: str) -> str | None:
     """Why ``slurm.partition`` (one name, or several separated by commas) names no partition of this
     cluster (None: it does, or ``sinfo`` does not answer)."""
-    listed = _lines(["sinfo", "--all", "--noheader", "--format=%P"])
-    if not listed:
+    listed = partition_list()
+    if listed is None:
         return None
-    existing = [name.rstrip("*") for name in listed]
-    unknown = [name for name in partition.split(",") if name not in existing]
+    unknown = [name for name in partition.split(",") if name not in listed.names]
     if not unknown:
         return None
-    default = next((name.rstrip("*") for name in listed if name.endswith("*")), None)
-    shown = ", ".join(f"{name} (the default)" if name == default else name for name in existing)
+    shown = ", ".join(f"{name} (the default)" if name == listed.default else name for name in listed.names)
     return (f"slurm.partition = {json.dumps(partition)}: no partition {json.dumps(unknown[0])} on this cluster; "
             f"its partitions are "
             f"{shown}. Set slurm.partition to one of them, or null for the default")
@@ -46,21 +35,20 @@ def account_problem(account: str) -> str | None:
     """Why ``slurm.account`` is not an account this user may charge (None: it is, or ``sacctmgr`` does
     not answer). The user's associations decide; a user with none may name any account that exists."""
     user = pwd.getpwuid(os.getuid()).pw_name
-    accounts = _lines(["sacctmgr", "--noheader", "--parsable2", "show", "associations", "where", f"user={user}",
-                       "format=account"])
+    names = user_accounts(user)
     what = f"an account of user {user} on this cluster"
-    if accounts == []:
-        accounts = _lines(["sacctmgr", "--noheader", "--parsable2", "show", "accounts", "format=account"])
+    if names == ():
+        names = accounts()
         what = "an account on this cluster"
-    if not accounts or account.lower() in (name.lower() for name in accounts):
+    if not names or account.lower() in (name.lower() for name in names):
         return None
-    return (f"slurm.account = {json.dumps(account)}: not {what} (sacctmgr lists {', '.join(accounts)}). "
+    return (f"slurm.account = {json.dumps(account)}: not {what} (sacctmgr lists {', '.join(names)}). "
             "Set slurm.account to one of them, or null for your default account")
 
 
 def qos_problem(qos: str) -> str | None:
     """Why ``slurm.qos`` names no QOS of this cluster (None: it does, or ``sacctmgr`` does not answer)."""
-    names = _lines(["sacctmgr", "--noheader", "--parsable2", "show", "qos", "format=name"])
+    names = qos_names()
     if not names or qos.lower() in (name.lower() for name in names):
         return None
     return (f"slurm.qos = {json.dumps(qos)}: no such QOS on this cluster (sacctmgr lists {', '.join(names)}). Set slurm.qos "
@@ -82,8 +70,7 @@ def cluster_problems(spec: JobSpec) -> list[str]:
 def max_array_size() -> int | None:
     """The cluster's ``MaxArraySize`` (``scontrol show config``): a job array's task indices run from 0 to one
     less than it, so an array holds at most this many tasks. None where scontrol does not answer."""
-    for line in _lines(["scontrol", "show", "config"]) or ():
-        name, separator, value = line.partition("=")
-        if separator and name.strip() == "MaxArraySize":
-            return int(value.strip()) if value.strip().isdigit() else None
-    return None
+    try:
+        return cluster_config().max_array_size
+    except SlurmError:
+        return None

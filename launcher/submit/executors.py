@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir.paths import RunPaths
+from ..slurm import slurm_available, slurm_configured
 from ..spec.models import JobSpec
 from .cluster_checks import cluster_problems
 from .scripts import (
@@ -55,28 +55,6 @@ class ExecutorError(ValueError):
 
 class SubmissionError(RuntimeError):
     """The executor refused or failed the submission (sbatch error, no SLURM here)."""
-
-
-SLURM_CONFIG_FILES = (Path("/etc/slurm/slurm.conf"), Path("/etc/slurm-llnl/slurm.conf"))
-
-
-def slurm_configured() -> bool:
-    """Whether SLURM's client commands can find a cluster: ``SLURM_CONF``, a ``slurm.conf`` in its
-    usual places, or (configless clusters) a controller that answers ``scontrol ping``."""
-    if os.environ.get("SLURM_CONF") or any(path.is_file() for path in SLURM_CONFIG_FILES):
-        return True
-    if shutil.which("scontrol") is None:
-        return False
-    try:
-        return subprocess.run(["scontrol", "ping"], capture_output=True, timeout=15, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def slurm_available() -> bool:
-    """Whether ``auto`` means SLURM here: ``sbatch`` is on PATH and a SLURM configuration is found
-    (the client packages alone, without a cluster, do not count)."""
-    return shutil.which("sbatch") is not None and slurm_configured()
 
 
 def choose_executor(requested: str) -> str:

@@ -16,7 +16,6 @@ its task: it is cancelled, and the run is handed over anew. Torch-free.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import shutil
 import signal
@@ -30,8 +29,9 @@ from pathlib import Path
 from elfes.files import exclusive_lock
 
 from ..rundir import state as run_state
-from ..rundir.liveness import local_processes, run_slurm_tool
+from ..rundir.liveness import local_processes
 from ..rundir.paths import RunPaths, SweepPaths
+from ..slurm import SlurmError, cancel, user_jobs
 from ..spec import JobSpec
 
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -196,24 +196,24 @@ def _recorded_arrays(folder: Path) -> set[str]:
 def _slurm_jobs_of(paths: RunPaths, submission: run_state.Submission) -> list[str] | None:
     """Queued or running SLURM jobs of this user whose standard output goes to the submission's folder
     (for an array member, its task of an array the sweep has not recorded); None where squeue does not answer."""
-    queued = run_slurm_tool(["squeue", "-h", "-r", "-u", getpass.getuser(),
-                             "-O", "JobID:|,ArrayJobID:|,ArrayTaskID:|,StdOut:4096"])
-    if queued is None or queued.returncode != 0:
+    try:
+        queued = user_jobs(with_output=True)
+    except SlurmError:
         return None
     folder = os.path.realpath(_output_folder(paths, submission))
     in_array = submission.submitit_folder is not None
     recorded = _recorded_arrays(Path(folder)) if in_array else set()
     jobs = []
-    for line in queued.stdout.splitlines():
-        fields = [field.strip() for field in line.split("|", 3)]
-        if len(fields) != 4 or not fields[3] or os.path.realpath(os.path.dirname(fields[3])) != folder:
+    for job in queued:
+        if not job.output or os.path.realpath(os.path.dirname(job.output)) != folder:
             continue
-        job_id, array_job, array_task, _ = fields
+        job_id = job.job_id
         if in_array:
-            base = array_job if array_job.isdigit() else job_id
-            if base in recorded or (submission.array_task is not None and array_task != str(submission.array_task)):
+            base = job.base_id
+            wanted = str(submission.array_task) if submission.array_task is not None else None
+            if base in recorded or (wanted is not None and job.array_task_id != wanted):
                 continue
-            job_id = f"{base}_{array_task}" if submission.array_task is not None else base
+            job_id = job.name if submission.array_task is not None else base
         jobs.append(job_id)
     return jobs
 
@@ -245,10 +245,11 @@ def interrupted_handover(paths: RunPaths, state: run_state.RunState) -> Found:
                 return Found(job_id=job_id)
             # Killed before submitit named the job's pickle after it: the job can never run its task
             # (submitit waits 60 s for the pickle, then fails). Cancelled here, it cannot start either.
-            cancelled = run_slurm_tool(["scancel", job_id])
-            if cancelled is None or cancelled.returncode != 0:
+            cancelled = cancel(job_id)
+            if not cancelled.ok:
+                said = cancelled.stderr.strip() if cancelled.started else "no answer"
                 return Found(busy=f"its SLURM job {job_id} has no task to run and could not be cancelled "
-                                  f"(`scancel {job_id}`: {cancelled.stderr.strip() if cancelled else 'no answer'})")
+                                  f"(`scancel {job_id}`: {said})")
     in_flight = _processes_naming(_output_folder(paths, submission))
     if in_flight:
         return Found(busy=f"processes of it are still running (pids {in_flight}; sbatch?)")

@@ -2,8 +2,9 @@
 
 SLURM does not refuse a requeued job whose ``ExcNodeList`` leaves its partition too few nodes: the job
 stays PENDING (``BadConstraints``) for good. So before a requeue that excludes nodes, the job compares
-the nodes its partition has (``sinfo``) with those it needs and those the run excludes; when too few
-would remain, it leaves nothing out and says so, instead of requeueing into a wait that never ends.
+the nodes its partition has (``sinfo``, through launcher/slurm) with those it needs and those the run
+excludes; when too few would remain, it leaves nothing out and says so, instead of requeueing into a wait
+that never ends.
 (``sbatch --exclude`` with too few nodes left is refused at once: "Requested node configuration is not
 available".) Torch-free.
 
@@ -13,21 +14,7 @@ available".) Torch-free.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
-
-
-def partition_nodes(partition: str | None) -> tuple[str, ...] | None:
-    """The nodes of ``partition`` (a comma-separated list, as SLURM writes it; None: every partition),
-    from ``sinfo``; None when SLURM does not answer."""
-    command = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if completed.returncode != 0:
-        return None
-    return tuple(dict.fromkeys(line.strip() for line in completed.stdout.splitlines() if line.strip())) or None
 
 
 def placement_problem(*, needed: int, partition: str | None, nodes: Sequence[str],

@@ -29,8 +29,9 @@ from cluster import SlurmCluster, wait_for
 
 from elfes.launcher.commands.signalling import cancel, preempt
 from elfes.launcher.rundir import state as run_state
-from elfes.launcher.rundir.liveness import liveness, slurm_queue_entry
+from elfes.launcher.rundir.liveness import liveness
 from elfes.launcher.rundir.paths import RunPaths
+from elfes.launcher.slurm import queue_entry
 
 ELFES = str(Path(sys.executable).with_name("elfes"))
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ def wait_run(run_dir: Path, condition, what: str, timeout_s: float = END_TIMEOUT
     try:
         return wait_for(condition, timeout_s=timeout_s, what=what, interval_s=0.2)
     except TimeoutError as error:
-        pytest.fail(f"{error}\nSLURM: {slurm_queue_entry(str(state_of(run_dir).job_id))}\n{diagnostics(run_dir)}")
+        pytest.fail(f"{error}\nSLURM: {queue_entry(str(state_of(run_dir).job_id))}\n{diagnostics(run_dir)}")
 
 
 def submit_waiting(cluster: SlurmCluster, folder: Path, name: str) -> tuple[Path, str]:
@@ -232,10 +233,10 @@ def test_a_job_requeued_after_its_node_failed_shows_requeued_and_pending(slurm_e
     slurm = slurm_env
     run_dir, job_id = submit_waiting(slurm, tmp_path, "node-failure")
     with slurm.node_failure(job_id):
-        before = wait_run(run_dir, lambda: (entry := slurm_queue_entry(job_id)).state == "PENDING" and entry.reason
+        before = wait_run(run_dir, lambda: (entry := queue_entry(job_id)).state == "PENDING" and entry.reason
                           and entry, "SLURM to requeue the job and say why it waits")
         report = status(slurm, run_dir)
-        after = slurm_queue_entry(job_id)
+        after = queue_entry(job_id)
         assert (report["status"], report["queue_state"], report["restart_count"]) == ("requeued", "PENDING", 1), report
         assert report["queue_reason"] in (before.reason, after.reason), (report, before, after)  # BeginTime first
         assert [a["outcome"] for a in report["attempts"]] == [None], report
