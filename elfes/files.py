@@ -4,8 +4,8 @@ A file is written under a temporary name in its own folder, flushed and fsynced,
 final name, and the folder is fsynced, so a reader (or a writer killed half-way) finds either the
 old complete file or the new complete file, never a torn one. Symlinks are replaced the same way.
 
->>> write_text_atomically(run_dir / "state.json", json.dumps(state))
->>> with atomic_writer(path) as stream:
+>>> write_text_atomically(run_dir / "state.json", json.dumps(state))  # doctest: +SKIP
+>>> with atomic_writer(path) as stream:  # doctest: +SKIP
 ...     torch.save(payload, stream)
 """
 

@@ -7,7 +7,7 @@ again on any node, so the launcher ends the attempt at once instead of retrying 
 recognises the type, never the message). It is a ``ValueError`` (:class:`ConfigurationTypeError`, for a value
 of the wrong type, also a ``TypeError``), so code that caught those before still does.
 
->>> try:
+>>> try:  # doctest: +SKIP
 ...     trainer.train(TrainConfig(epochs=0))
 ... except ConfigurationError as error:
 ...     print(error)                          # what is refused, and what to do

@@ -29,7 +29,7 @@ def _is_int(value: Any) -> bool:
 class Interval:
     """A repeating trigger: every ``every`` successful optimizer steps, or every ``every`` completed epochs.
 
-    >>> TrainConfig(epochs=10, evaluate_every=Interval(500, "step"), checkpoint_every=Interval(1, "epoch"))
+    >>> TrainConfig(epochs=10, evaluate_every=Interval(500, "step"), checkpoint_every=Interval(1, "epoch"))  # doctest: +SKIP
     """
 
     every: int
@@ -50,7 +50,7 @@ class Interval:
 class Monitor:
     """Best-model selection and early stopping on one evaluation metric, named ``"<loader>/<metric>"``.
 
-    >>> Monitor("validation/loss", mode="min", patience=5, min_delta=1e-4)
+    >>> Monitor("validation/loss", mode="min", patience=5, min_delta=1e-4)  # doctest: +SKIP
     """
 
     metric: str
@@ -101,7 +101,7 @@ class TrainConfig:
     ``async_checkpoints`` writes interval and best checkpoints in the background: the loop only waits
     for a copy of the payload in host memory (stop and final checkpoints stay synchronous).
 
-    >>> TrainConfig(epochs=100, max_grad_norm=1.0, monitor=Monitor("validation/loss", patience=10))
+    >>> TrainConfig(epochs=100, max_grad_norm=1.0, monitor=Monitor("validation/loss", patience=10))  # doctest: +SKIP
     """
 
     epochs: int

@@ -27,8 +27,8 @@ class Evaluator:
     unwrapped so ranks run independent forwards; the step must not run collectives itself.
     Every rank must call :meth:`evaluate`.
 
-    >>> evaluator = Evaluator(accelerator, {"validation": validation_loader}, step)
-    >>> evaluator.evaluate(model)["validation"]["loss"]
+    >>> evaluator = Evaluator(accelerator, {"validation": validation_loader}, step)  # doctest: +SKIP
+    >>> evaluator.evaluate(model)["validation"]["loss"]  # doctest: +SKIP
     """
 
     def __init__(

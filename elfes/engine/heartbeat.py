@@ -10,9 +10,9 @@ its kind's usual: a fresh loader iterator starts its workers, a first batch comp
 lazily. Nothing else happens on a beat: reading the clock and setting a few attributes, so a beat
 costs well under a microsecond and is safe from any thread (each attribute write is atomic).
 
->>> stop = StopRequest()
->>> state = trainer.train(config, checkpoint_dir=run_dir / "checkpoints", stop=stop)
->>> stop.heartbeat.step, stop.heartbeat.updates       # the last boundary, boundaries reached in this process
+>>> stop = StopRequest()  # doctest: +SKIP
+>>> state = trainer.train(config, checkpoint_dir=run_dir / "checkpoints", stop=stop)  # doctest: +SKIP
+>>> stop.heartbeat.step, stop.heartbeat.updates       # the last boundary, boundaries reached in this process  # doctest: +SKIP
 (16, 16)
 """
 

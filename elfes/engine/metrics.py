@@ -51,7 +51,7 @@ class Metric:
 class MeanMetric(Metric):
     """A mean reported as ``total`` over ``count``; omitted when nothing was counted.
 
-    >>> MeanMetric(error.abs().sum(), error.numel())
+    >>> MeanMetric(error.abs().sum(), error.numel())  # doctest: +SKIP
     """
 
     kind = "mean"
@@ -67,7 +67,7 @@ class MeanMetric(Metric):
 class RootMeanSquareMetric(Metric):
     """The root of ``sum_squared`` over ``count``; omitted when nothing was counted.
 
-    >>> RootMeanSquareMetric(error.square().sum(), error.numel())
+    >>> RootMeanSquareMetric(error.square().sum(), error.numel())  # doctest: +SKIP
     """
 
     kind = "rms"
@@ -86,7 +86,7 @@ class RootMeanSquareMetric(Metric):
 class SumMetric(Metric):
     """A total summed over every batch and rank.
 
-    >>> SumMetric(mask.sum())
+    >>> SumMetric(mask.sum())  # doctest: +SKIP
     """
 
     kind = "sum"
@@ -102,7 +102,7 @@ class SumMetric(Metric):
 class MaxMetric(Metric):
     """The largest value seen on any batch and rank.
 
-    >>> MaxMetric(error.abs().max())
+    >>> MaxMetric(error.abs().max())  # doctest: +SKIP
     """
 
     kind = "max"

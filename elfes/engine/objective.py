@@ -30,7 +30,7 @@ class StepOutput:
     not ``num_samples`` (tokens, atoms, labelled components). Objective path: ``loss`` maps each term
     of the :class:`Objective` to its differentiable sum over the batch.
 
-    >>> StepOutput(loss=error.square().mean(), num_samples=len(inputs),
+    >>> StepOutput(loss=error.square().mean(), num_samples=len(inputs),  # doctest: +SKIP
     ...            metrics={"mae": MeanMetric(error.abs().sum(), error.numel())})
     """
 

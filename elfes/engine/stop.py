@@ -24,7 +24,7 @@ class StopRequest:
     raises ``KeyboardInterrupt`` at once (nothing is saved); SIGTERM never escalates.
 
     >>> stop = StopRequest()
-    >>> with stop.catch_signals():          # main thread of every rank
+    >>> with stop.catch_signals():          # main thread of every rank  # doctest: +SKIP
     ...     state = trainer.train(config, checkpoint_dir=run_dir / "checkpoints", stop=stop)
     >>> stop.reason                         # e.g. "SIGTERM", or None when training ended normally
 
@@ -81,7 +81,7 @@ class StopRequest:
 
         Call it from the main thread (Python delivers signals only there).
 
-        >>> with stop.catch_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)):
+        >>> with stop.catch_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)):  # doctest: +SKIP
         ...     trainer.train(config, stop=stop)
         """
         chosen = tuple(dict.fromkeys(signal.Signals(signum) for signum in signals))

@@ -48,9 +48,9 @@ class Trainer:
     unprepared. ``accelerator.gradient_accumulation_steps`` sets the window length. Every rank
     constructs the trainer and calls :meth:`train` with the same arguments.
 
-    >>> trainer = Trainer(accelerator, model, optimizer, train_loader, step,
+    >>> trainer = Trainer(accelerator, model, optimizer, train_loader, step,  # doctest: +SKIP
     ...                   evaluator=evaluator, ema_decay=0.999, logger=logger)
-    >>> state = trainer.train(TrainConfig(epochs=10), checkpoint_dir=run_dir / "checkpoints")
+    >>> state = trainer.train(TrainConfig(epochs=10), checkpoint_dir=run_dir / "checkpoints")  # doctest: +SKIP
     """
 
     def __init__(
@@ -249,7 +249,7 @@ class Trainer:
         """Evaluate the raw or EMA weights with the trainer's evaluator. Call on every rank.
         ``heartbeat`` (the training call's) gets a beat per evaluation batch.
 
-        >>> trainer.evaluate(weights="ema")["validation"]["loss"]
+        >>> trainer.evaluate(weights="ema")["validation"]["loss"]  # doctest: +SKIP
         """
         if self.evaluator is None:
             raise ValueError("Trainer.evaluate() needs an evaluator; pass Trainer(..., evaluator=Evaluator(...)).")
@@ -264,7 +264,7 @@ class Trainer:
 
         Call on every rank; the main process writes.
 
-        >>> trainer.save_model(run_dir / "model.pt", weights="ema")
+        >>> trainer.save_model(run_dir / "model.pt", weights="ema")  # doctest: +SKIP
         """
         self._check_weight_choice(weights)
         state = plain_state_dict(self.module)

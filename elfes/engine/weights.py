@@ -35,8 +35,8 @@ def load_weights(model: nn.Module, checkpoint: Path, *, weights: Weights = "raw"
     No optimizer or DataLoader is needed. ``checkpoint`` may be a file or a pointer such as
     ``run_dir / "checkpoints" / "best"``.
 
-    >>> load_weights(model, run_dir / "checkpoints" / "best", weights="ema")
-    >>> model = accelerator.prepare(model)
+    >>> load_weights(model, run_dir / "checkpoints" / "best", weights="ema")  # doctest: +SKIP
+    >>> model = accelerator.prepare(model)  # doctest: +SKIP
     """
     source = Path(checkpoint)
     state = checkpoint_weights(read_checkpoint(source), weights, source.resolve())
@@ -47,8 +47,8 @@ def load_weights(model: nn.Module, checkpoint: Path, *, weights: Weights = "raw"
 def export_weights(checkpoint: Path, path: Path, *, weights: Weights = "raw") -> None:
     """Write a checkpoint's raw or EMA weights as a plain model state dict to ``path`` (atomically).
 
-    >>> export_weights(run_dir / "checkpoints" / "best", run_dir / "model.pt", weights="ema")
-    >>> model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
+    >>> export_weights(run_dir / "checkpoints" / "best", run_dir / "model.pt", weights="ema")  # doctest: +SKIP
+    >>> model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))  # doctest: +SKIP
     """
     source = Path(checkpoint)
     save_state_dict(checkpoint_weights(read_checkpoint(source), weights, source.resolve()), Path(path))

@@ -133,7 +133,7 @@ def _fits(console: Console, renderable: RenderableType) -> bool:
 
 
 def print_status(console: Console, results: Sequence[Any]) -> None:
-    """The status of ``results`` (launcher.status_report.Status), its notes and errors below it."""
+    """The status of ``results`` (launcher.commands.status.Status), its notes and errors below it."""
     single = len(results) == 1 and bool(results[0].attempts)
     tables: list[RenderableType] = [_runs_table(results)] + ([_attempts_table(results[0])] if single else [])
     if all(_fits(console, table) for table in tables):

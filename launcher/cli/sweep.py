@@ -1,5 +1,5 @@
 """The ``elfes`` command line for sweeps: printing ``submit`` of a sweep, ``status``/``resume``/``cancel``
-of a sweep folder. Called by launcher/cli.py when the spec has a ``sweep`` (or ``--sweep`` is given) or
+of a sweep folder. Called by launcher/cli/main.py when the spec has a ``sweep`` (or ``--sweep`` is given) or
 a folder holds ``sweep.json``. Torch-free.
 """
 

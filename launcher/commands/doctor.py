@@ -11,8 +11,8 @@ $SLURM_JOB_ID`` (a job that requeues itself runs ``scontrol requeue`` from its c
 
 Torch-free, a login-node command. Returns data (:class:`Diagnosis`); the CLI prints it.
 
->>> diagnosis = doctor("job.yaml")
->>> [(finding.topic, finding.level) for finding in diagnosis.findings][:2]
+>>> diagnosis = doctor("job.yaml")  # doctest: +SKIP
+>>> [(finding.topic, finding.level) for finding in diagnosis.findings][:2]  # doctest: +SKIP
 [('partition', 'ok'), ('preemption', 'ok')]
 """
 

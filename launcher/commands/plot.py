@@ -6,7 +6,7 @@ Run directories need no launcher: one written by ``examples/quickstart/train.py`
 resumes unlabelled as requeues since nothing recorded how they came about.
 
 >>> result = plot(["runs/quickstart-job"], output="plot.png")  # doctest: +SKIP
->>> result.output, result.metrics
+>>> result.output, result.metrics  # doctest: +SKIP
 (PosixPath('plot.png'), ('train/loss', 'eval/validation/loss', 'eval/validation/mae', 'eval/validation/rmse'))
 """
 

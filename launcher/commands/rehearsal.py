@@ -10,9 +10,9 @@ write) then ``elfes resume``. The straight runs come first: when they differ, th
 reproducible, resume cannot be judged, and the interrupted run is skipped. An interrupted run in
 which an interruption missed (it came after the last update) is run again with earlier moments.
 
->>> rehearsal = prepare("job.yaml", RehearsalOptions(interruptions=3, overrides=("config.epochs=2",)))
->>> report = rehearsal.run(print)
->>> report.summary
+>>> rehearsal = prepare("job.yaml", RehearsalOptions(interruptions=3, overrides=("config.epochs=2",)))  # doctest: +SKIP
+>>> report = rehearsal.run(print)  # doctest: +SKIP
+>>> report.summary  # doctest: +SKIP
 'exact (requeue, stop, kill: 3 of 3 landed)'
 
 The modules: planning the moments (rehearsal_plan), running (rehearsal_runs, rehearsal_interrupt),

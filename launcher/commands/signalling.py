@@ -24,7 +24,8 @@ from ..rundir.liveness import effective_state, liveness, local_processes, record
 from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import command_records
-from ..slurm import SIGNAL_ANSWER_S, cancel as scancel, signal_job
+from ..slurm import SIGNAL_ANSWER_S, signal_job
+from ..slurm import cancel as scancel
 from ..spec import SpecError
 from ..spec.models import Resources
 from ..submit.scripts import requeue_signal

@@ -21,13 +21,13 @@ from elfes.files import write_text_atomically
 
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
+from ..rundir.code_record import job_spec, load_code_record
 from ..rundir.liveness import cancel_requested, effective_state, liveness
 from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.lost_cause import describe_lost
 from ..rundir.paths import RunPaths
 from ..spec import JobSpec, SpecError, read_spec_data, validate_spec_data
 from ..spec.overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
-from ..rundir.code_record import job_spec, load_code_record
 from ..submit import executors
 from ..submit.code_plan import CodePlan, carry_out, plan_resume, plan_submit, prune_older
 from ..submit.continuation import CHANGEABLE_FIELDS, budget_raised, extend_hint, refused_changes

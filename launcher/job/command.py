@@ -1,7 +1,7 @@
 """A ``command:`` job inside the task: the command runs as the leader of a process group of its own
 (launcher/rundir/command_group.py) and owns its ``StopRequest``; the task forwards the stop signals to the
 whole group, reaps it, and reads the exit code (0 finished, 128 + a stop signal's number paused,
-anything else failed; see :func:`~launcher.outcome.command_stop_reason`).
+anything else failed; see :func:`~launcher.job.outcome.command_stop_reason`).
 
 What the group catches decides each delivery (``SigCgt`` of every member, since a wrapper's trainer
 is the one that catches):

@@ -29,8 +29,8 @@ def stop_signals() -> tuple[signal.Signals, ...]:
 class SignalFlags:
     """Flag-only handlers installed first thing in the task. The main thread acts on ``received``.
 
-    >>> flags = SignalFlags(stop_signals()).install()   # every rank, before anything slow
-    >>> flags.names()                                    # later, in the main thread
+    >>> flags = SignalFlags(stop_signals()).install()   # every rank, before anything slow  # doctest: +SKIP
+    >>> flags.names()                                    # later, in the main thread  # doctest: +SKIP
     ['SIGUSR2']
     """
 

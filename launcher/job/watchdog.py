@@ -57,7 +57,7 @@ PEER_EXIT_S = 5.0  # how long the deciding rank of a local job waits for its pee
 class HangWatchdog:
     """A daemon thread watching ``heartbeat`` (an ``elfes.engine.Heartbeat``) while the block runs.
 
-    >>> with HangWatchdog(stop.heartbeat, timeout_s=600, startup_timeout_s=1800, paths=paths, attempt=1,
+    >>> with HangWatchdog(stop.heartbeat, timeout_s=600, startup_timeout_s=1800, paths=paths, attempt=1,  # doctest: +SKIP
     ...                   rank=0, host="node1", world_size=2, on_hang=runtime_hung):
     ...     main(job)
     """

@@ -6,8 +6,8 @@ sweep's one snapshot) before the job is handed over; read by every attempt at it
 ``elfes status``. No ``code.json`` (``snapshot: false``, or a run from before snapshots): the job runs
 in the spec's ``workdir`` as it is at each start.
 
->>> record = load_code_record(RunPaths(run_dir))
->>> record.path, record.kind, record.commit, record.dirty
+>>> record = load_code_record(RunPaths(run_dir))  # doctest: +SKIP
+>>> record.path, record.kind, record.commit, record.dirty  # doctest: +SKIP
 ('/runs/demo/code/1', 'submit', '8e78abc...', False)
 """
 

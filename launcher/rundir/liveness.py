@@ -22,6 +22,7 @@ from .lost_cause import describe_lost
 from .paths import RunPaths
 from .task_files import cancel_requested, command_records
 
+
 def _proc_cmdline(pid: int, stat: ProcessStat | None = None) -> list[str] | None:
     """The command line of a live (non-zombie) process, or None."""
     stat = stat or process_stat(pid)

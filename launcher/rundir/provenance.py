@@ -2,7 +2,7 @@
 and the changes between attempts that threaten a bitwise resume. Torch-free: the job collects the values
 (launcher/job/provenance.py); ``elfes status`` and the next attempt compare them here.
 
->>> environment_changes(state)
+>>> environment_changes(state)  # doctest: +SKIP
 ['attempt 3 runs torch 2.14.0, attempt 2 ran 2.13.0: a threat to bitwise resume (kernels and their
   reduction orders may differ between versions); resume with the environment of the earlier attempts to keep it']
 """

@@ -21,11 +21,11 @@ The state machine (``RunState.status``)::
 A transition is a pure function ``RunState -> RunState`` (it returns a new object and refuses an
 impossible move with :class:`StateError`), so the submitter and the job share them:
 
->>> paths = RunPaths(run_dir)
->>> update_state(paths, lambda s: record_submission(s, executor="local", kind="submit", max_requeues=20))
->>> update_state(paths, lambda s: mark_pending(s, job_id="4242"))
->>> state = load_state(paths)
->>> state.status, state.requeues_used, state.requeues_left
+>>> paths = RunPaths(run_dir)  # doctest: +SKIP
+>>> update_state(paths, lambda s: record_submission(s, executor="local", kind="submit", max_requeues=20))  # doctest: +SKIP
+>>> update_state(paths, lambda s: mark_pending(s, job_id="4242"))  # doctest: +SKIP
+>>> state = load_state(paths)  # doctest: +SKIP
+>>> state.status, state.requeues_used, state.requeues_left  # doctest: +SKIP
 ('pending', 0, 20)
 
 Requeues are counted from the attempts: an attempt whose ``launch`` is ``"requeue"`` used one (a
@@ -506,7 +506,7 @@ def cancel_between_attempts(state: RunState) -> RunState:
 
 def token_restart(token: str) -> int | None:
     """The restart number in an attempt's token (``"JOB:RESTART/SUBMISSIONS"``, built by
-    ``launcher.distributed_env.Start.token``), or None for another token."""
+    ``launcher.job.distributed_env.Start.token``), or None for another token."""
     _, separator, rest = token.rpartition(":")
     restart = rest.partition("/")[0]
     return int(restart) if separator and restart.isdigit() else None

@@ -91,7 +91,7 @@ def needs_liveness(state: run_state.RunState | None) -> bool:
 
 def run_liveness(paths: RunPaths, state: run_state.RunState | None, processes: ProcessTable | None,
                  queue: SlurmQueue | None = None) -> Liveness:
-    """:func:`launcher.liveness.liveness`, but nothing asked for a run that ended, a local run looked up
+    """:func:`launcher.rundir.liveness.liveness`, but nothing asked for a run that ended, a local run looked up
     in ``processes`` (one /proc scan for many runs) and a SLURM run in ``queue`` (one squeue) when given."""
     commands = state is not None and state.executor == "local" and bool(command_records(paths, host=socket.gethostname()))
     if commands:

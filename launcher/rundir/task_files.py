@@ -1,6 +1,6 @@
 """What one task writes and reads in the run directory for its attempt: its standard streams on the
 attempt's logs, its pid file (so ``elfes preempt`` can signal it), and the cancel marker's meaning.
-Inside the job; torch-free. File names come from :class:`~launcher.paths.RunPaths`.
+Inside the job; torch-free. File names come from :class:`~launcher.rundir.paths.RunPaths`.
 """
 
 from __future__ import annotations

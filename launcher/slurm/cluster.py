@@ -2,9 +2,9 @@
 (``scontrol show partition``, ``sinfo``), and its accounts and QOS (``sacctmgr``). Torch-free; asks, changes
 nothing.
 
->>> cluster_config().get("KillWait")
+>>> cluster_config().get("KillWait")  # doctest: +SKIP
 '10 sec'
->>> partition_nodes("low")
+>>> partition_nodes("low")  # doctest: +SKIP
 ('node1', 'node2')
 """
 

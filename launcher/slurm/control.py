@@ -3,7 +3,7 @@
 (``sbatch --wait``). Each returns the command's :class:`~launcher.slurm.tools.Answer`; the caller words what it
 means for the run. Torch-free.
 
->>> requeue("77").ok                     # from inside job 77 (rank 0)
+>>> requeue("77").ok                     # from inside job 77 (rank 0)  # doctest: +SKIP
 True
 >>> signal_job("77", "USR2").command
 'scancel --signal=USR2 77'

@@ -1,7 +1,7 @@
 """What SLURM says of jobs: one job (``squeue``, else ``sacct``), or this user's queued and live jobs in one
 ``squeue`` (:func:`user_jobs`, :class:`SlurmQueue`). Torch-free; asks, changes nothing.
 
->>> queue_entry("77")
+>>> queue_entry("77")  # doctest: +SKIP
 QueueEntry(state='PENDING', reason='BeginTime', restarts=1)
 """
 

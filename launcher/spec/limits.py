@@ -2,7 +2,7 @@
 to) and which characters a value that reaches a batch script or a shell may have.
 
 Real specs are a few kilobytes and a handful of levels deep; these limits are far above that and far
-below what would exhaust a login node. launcher/spec.py enforces them while the YAML is composed,
+below what would exhaust a login node. launcher/spec/loading.py enforces them while the YAML is composed,
 before any Python object is built, and again on every mapping handed to validation (a spec assembled
 in Python or changed by overrides); the spec as recorded in the run directory (``job.yaml``, every
 alias expanded and every default written out) must fit the file limit too, so that every later

@@ -3,8 +3,8 @@
 Torch-free (login-node commands import it). The field names are a contract: they appear in users'
 YAML files, in the recorded ``job.yaml`` of every run directory and in ``elfes schema``.
 
->>> spec = load_spec("examples/quickstart/job.yaml")     # raises SpecError naming file, field, value
->>> spec.run_dir                                          # absolute: run_dir ../../runs/quickstart-job
+>>> spec = load_spec("examples/quickstart/job.yaml")     # raises SpecError naming file, field, value  # doctest: +SKIP
+>>> spec.run_dir                                          # absolute: run_dir ../../runs/quickstart-job  # doctest: +SKIP
 PosixPath('/home/me/elfes/runs/quickstart-job')           # resolved against the spec file's folder
 
 Paths (``workdir``, ``run_dir``) are resolved once, when the spec is loaded, relative to the folder

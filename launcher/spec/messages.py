@@ -1,7 +1,7 @@
 """Messages of a spec that does not validate: one line per problem naming the file, the field by its
 dotted path, the value given, what is allowed there (from the schema's descriptions) and the fix.
 
-Torch-free. launcher/spec/loading.py raises them as :class:`~launcher.spec_models.SpecError`.
+Torch-free. launcher/spec/loading.py raises them as :class:`~launcher.spec.models.SpecError`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the free-form mappings (``config``, ``env``, ``slurm.additional``) any key may b
 ``workdir`` or ``run_dir`` given here is relative to the current directory, like any path typed on a
 command line.
 
->>> spec = load_spec_with("job.yaml", ["config.epochs=40", "slurm.partition=long"])
+>>> spec = load_spec_with("job.yaml", ["config.epochs=40", "slurm.partition=long"])  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A sweep's members: expanded from the spec's ``sweep`` section and ``--sweep KEY=V1,V2``, named from
 their overrides, and each validated as a complete job spec before anything is created. Torch-free.
 
->>> plan = plan_sweep("job.yaml", sweeps=["config.lr=0.001,0.003"])
->>> [member.name for member in plan.members]
+>>> plan = plan_sweep("job.yaml", sweeps=["config.lr=0.001,0.003"])  # doctest: +SKIP
+>>> [member.name for member in plan.members]  # doctest: +SKIP
 ['lr=0.001', 'lr=0.003']
->>> plan.members[0].spec.run_dir            # SWEEP_DIR/lr=0.001, with config.lr = 0.001
+>>> plan.members[0].spec.run_dir            # SWEEP_DIR/lr=0.001, with config.lr = 0.001  # doctest: +SKIP
 """
 
 from __future__ import annotations

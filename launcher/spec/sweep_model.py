@@ -30,7 +30,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 
-
 def _one_scalar(value: Any) -> Any:
     """A list or mapping is refused once, saying why (not once per scalar type it failed to be)."""
     if isinstance(value, (list, dict)):

@@ -15,8 +15,8 @@ Torch-free. Two executors, both through submitit, both submitting the same pickl
   with its standard streams on ``RUN_DIR/submitit/controller.log``: a caller reading ``elfes submit``'s
   output is not held until the job ends, and a Ctrl-C in the submitter's terminal does not reach the job.
 
->>> text = dry_run(spec, RunPaths(spec.run_dir), "slurm")     # the sbatch script; touches nothing
->>> job_id = submit(spec, RunPaths(spec.run_dir), "local")    # starts the job; returns its id
+>>> text = dry_run(spec, RunPaths(spec.run_dir), "slurm")     # the sbatch script; touches nothing  # doctest: +SKIP
+>>> job_id = submit(spec, RunPaths(spec.run_dir), "local")    # starts the job; returns its id  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 reads them), the local executor's parameters, environment and command. Pure text and mappings; it starts
 nothing. Torch-free.
 
->>> print(sbatch_script(spec, RunPaths(spec.run_dir)))     # what `elfes submit --dry-run` shows
+>>> print(sbatch_script(spec, RunPaths(spec.run_dir)))     # what `elfes submit --dry-run` shows  # doctest: +SKIP
 """
 
 from __future__ import annotations

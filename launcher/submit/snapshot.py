@@ -18,9 +18,9 @@ laptops), snapshots the whole git repository rather than the workdir, leaves unt
 working folder while it is entered. Here the copy is plain Python; ``git`` is asked only for the file
 list and the commit (its argument lists never pass through a shell). Torch-free.
 
->>> selection = select(spec.workdir, spec.snapshot, leave_out=[spec.run_dir])   # reads, creates nothing
->>> check_size(selection, spec.snapshot, field="snapshot.max_mb")               # SnapshotTooLarge if over
->>> folder = take(selection, RunPaths(spec.run_dir).code)                      # code/1, code/2, ...
+>>> selection = select(spec.workdir, spec.snapshot, leave_out=[spec.run_dir])   # reads, creates nothing  # doctest: +SKIP
+>>> check_size(selection, spec.snapshot, field="snapshot.max_mb")               # SnapshotTooLarge if over  # doctest: +SKIP
+>>> folder = take(selection, RunPaths(spec.run_dir).code)                      # code/1, code/2, ...  # doctest: +SKIP
 """
 
 from __future__ import annotations

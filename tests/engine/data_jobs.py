@@ -25,10 +25,15 @@ import numpy as np
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
-from torch import nn
 from rich.console import Console
+from torch import nn
 from torch.utils.data import (
-    DataLoader, Dataset, IterableDataset, SubsetRandomSampler, WeightedRandomSampler, get_worker_info,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    get_worker_info,
 )
 from workloads import fresh_accelerate, snapshot
 

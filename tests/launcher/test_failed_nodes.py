@@ -36,7 +36,10 @@ TWO_HOSTS = ("node1", "node2")
 LOST = RuntimeError("[pair.cc:553] Connection closed by peer [198.51.100.3]:1234")
 
 
-def report(rank: int, host: str, *, error: BaseException = RuntimeError("boom"), at: float = 100.0,
+BOOM = RuntimeError("boom")
+
+
+def report(rank: int, host: str, *, error: BaseException = BOOM, at: float = 100.0,
            category: str | None = None, peer_lost: bool | None = None) -> FailureReport:
     made = FailureReport.of_exception(error, rank=rank, host=host, at=at, step=7, updated=True)
     changes = {key: value for key, value in (("category", category), ("peer_lost", peer_lost)) if value is not None}

@@ -92,11 +92,13 @@ def test_a_cancelled_then_resumed_run_is_labelled_cancel_not_sigterm(tmp_path):
     paths = RunPaths(tmp_path / "alpha")
     paths.run_dir.mkdir()
     for token, launch, outcome in (("1:0", "submit", "cancelled"), ("2:0", "resume", "finished")):
-        update_state(paths, lambda s: record_submission(s, executor="local", kind=launch, max_requeues=3))
-        update_state(paths, lambda s: begin_attempt(s, token=token, job_id=token[0], launch=launch, hosts=["h"],
-                                                    world_size=1))
-        update_state(paths, lambda s: end_attempt(s, token=token, outcome=outcome, step=2,
-                                                  signal="SIGTERM" if outcome == "cancelled" else None))
+        update_state(paths, lambda s, launch=launch: record_submission(s, executor="local", kind=launch,
+                                                                       max_requeues=3))
+        update_state(paths, lambda s, token=token, launch=launch: begin_attempt(s, token=token, job_id=token[0],
+                                                                                launch=launch, hosts=["h"],
+                                                                                world_size=1))
+        update_state(paths, lambda s, token=token, outcome=outcome: end_attempt(
+            s, token=token, outcome=outcome, step=2, signal="SIGTERM" if outcome == "cancelled" else None))
     begun = tuple(attempt.started_at for attempt in load_state(paths).attempts)
     write_run(paths.run_dir, {1: 1.0, 2: 0.8, 3: 0.7}, stop_at=2, start_times=begun)
     result = plot([paths.run_dir])
