@@ -65,7 +65,8 @@ class Heartbeat:
         """An update boundary: ``step`` updates are done."""
         self.step = step
         self.updates += 1
-        self.beat("boundary")
+        self.phase = "boundary"
+        self.at = time.monotonic()
 
     def failing_step(self) -> int | None:
         """The step a failure now is counted at: the update being computed while training (the last

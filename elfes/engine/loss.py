@@ -124,15 +124,18 @@ class MeanWindow:
         self._factors = factors
         self._losses: list[torch.Tensor] = []  # detached, one per microbatch
         self._weights: list[float | torch.Tensor] = []  # one per microbatch; tensors are float64
+        self._positive = True  # every weight so far a positive finite number: no check or skip to do
         self._values: list[float] | None = None  # the losses of positive weight, on the host (number weights)
 
     def contribution(self, output: StepOutput, index: int, metrics: MetricAccumulator) -> Contribution:
-        check_metric_names(output.metrics, None)
+        if output.metrics:
+            check_metric_names(output.metrics, None)
         loss, weight = _loss_and_weight(output)
         self._losses.append(loss.detach())
         self._weights.append(weight)
-        if isinstance(weight, float) and 0.0 < weight < math.inf:
+        if weight.__class__ is float and 0.0 < weight < math.inf:
             return loss, self._factor(weight, loss)
+        self._positive = False
         # A batch that declares weight 0 (no tokens, no labels) contributes nothing, even when its
         # mean over nothing is NaN; every rank still runs backward so DDP stays in step.
         weight = _as_tensor(weight, loss.device)
@@ -163,14 +166,23 @@ class MeanWindow:
         """
         if not self._losses:
             return
-        if not all(isinstance(weight, float) for weight in self._weights):
+        weights = self._weights
+        if self._positive:  # the common case: every loss counts
+            self._values = values = _host_values(self._losses)
+            total, count = values[0] * weights[0], weights[0]
+            for value, weight in zip(values[1:], weights[1:]):
+                total += value * weight
+                count += weight
+            metrics.add_mean_values("loss", total, count)
+            return
+        if not all(isinstance(weight, float) for weight in weights):
             metrics.add("loss", MeanMetric(*self._tensor_statistics()))
             return
-        counted = [loss for loss, weight in zip(self._losses, self._weights) if weight > 0]
+        counted = [loss for loss, weight in zip(self._losses, weights) if weight > 0]
         self._values = _host_values(counted)
         values = iter(self._values)
         total = count = None
-        for weight in self._weights:
+        for weight in weights:
             product = next(values) * weight if weight > 0 else 0.0  # a batch of weight 0 adds 0, as a tensor where would
             total = product if total is None else total + product
             count = weight if count is None else count + weight
@@ -187,6 +199,8 @@ class MeanWindow:
         return total, count
 
     def check(self, epoch: int, first_batch: int) -> None:
+        if self._positive:
+            return
         tensors = [weight for weight in self._weights if isinstance(weight, torch.Tensor)]
         if tensors and bool(torch.stack([~torch.isfinite(w) | (w < 0) for w in tensors]).any()):
             bad = next(i for i, w in enumerate(self._weights) if not _valid_weight(w))
@@ -226,8 +240,9 @@ def _loss_and_weight(output: StepOutput) -> tuple[torch.Tensor, float | torch.Te
 
 
 def _host_values(losses: list[torch.Tensor]) -> list[float]:
-    """The values of 0-dimensional tensors as Python floats (exact), in one transfer."""
-    if len(losses) > 1:
+    """The values of 0-dimensional tensors as Python floats (exact): in one transfer from an accelerator,
+    each read directly on the CPU (where stacking them would cost more than reading them)."""
+    if len(losses) > 1 and losses[0].device.type != "cpu":
         return torch.stack(losses).tolist()
     return [loss.item() for loss in losses]
 

@@ -68,6 +68,7 @@ class TrainingSession:
         self.restored: tuple[Path, dict[str, Any], dict[str, Any]] | None = None  # file, state, progress
         self.writer = BackgroundWriter()  # writes asynchronous checkpoints (main process)
         self.host_buffers = HostBuffers()  # what their snapshots copy into, freed when the call ends
+        self.world_size = accelerator.num_processes
         self._stop_announced = False
 
     # ----------------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class TrainingSession:
         self.clock.train_s += seconds
         if result.weight_total > 0:
             self.progress.weight_reference = result.weight_total
-        state.next_batch += result.batches // self.accelerator.num_processes
+        state.next_batch += result.batches // self.world_size
         state.batches += result.batches
         state.samples += result.samples
         if result.stepped:
@@ -428,6 +429,9 @@ class TrainingSession:
         interval = self.log_interval
         interval.add(result.metrics, result.samples, seconds, result.grad_norm if result.stepped else None, result.learning_rates)
         if not (result.stepped and self.state.step % self.config.log_every == 0):
+            return
+        if self.logger is None and self.world_size == 1:  # a train event nobody receives (no rank waits for it)
+            interval.reset()
             return
         metrics = self.loss.finish(interval.metrics.compute(self.accelerator))
         metrics.update(interval.summary(self.optimizer.param_groups))

@@ -86,7 +86,8 @@ class WindowRunner:
         self.ema = ema
         self.scheduler = scheduler
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        self.distributed = accelerator.num_processes > 1
+        self.world_size = accelerator.num_processes
+        self.distributed = self.world_size > 1
 
     def run(
         self,
@@ -106,23 +107,29 @@ class WindowRunner:
         metrics = MetricAccumulator()
         window = self.loss.open_window(batches, self.sum_over_ranks, reference)
         scaler = self.accelerator.scaler
+        model, step, contribute, labelled = self.model, self.step, window.contribution, window.labelled
+        last = size - 1
         local_samples = consumed = 0
-        for index, batch in enumerate(window.batches):
-            if stop.reason is not None:
-                on_stop()
-            consumed += 1
-            # Gradients are all-reduced once per window, on its last microbatch.
-            synchronisation = self.accelerator.no_sync(self.model) if self.distributed and index != size - 1 else _NO_CONTEXT
-            with synchronisation, torch.set_grad_enabled(window.labelled):
-                output = self.step(self.model, batch)
-                local_samples += _sample_count(output.num_samples, state.epoch, state.next_batch + index)
-                contribution, gradient = window.contribution(output, index, metrics)
-                if window.labelled and scaler is not None:
-                    scaler.scale(contribution if gradient is None else contribution * gradient).backward()
-                elif window.labelled:
-                    contribution.backward(gradient)
-            if output.metrics:
-                metrics.update(output.metrics)
+        # Grad mode is set once for the window: its microbatches all run with the same.
+        with torch.set_grad_enabled(labelled):
+            for index, batch in enumerate(window.batches):
+                if stop.reason is not None:
+                    on_stop()
+                consumed += 1
+                # Gradients are all-reduced once per window, on its last microbatch.
+                with self.accelerator.no_sync(model) if self.distributed and index != last else _NO_CONTEXT:
+                    output = step(model, batch)
+                    count = output.num_samples
+                    if count.__class__ is not int or count < 0:  # the exact type: a bool or a NumPy integer is checked
+                        count = _sample_count(count, state.epoch, state.next_batch + index)
+                    local_samples += count
+                    contribution, gradient = contribute(output, index, metrics)
+                    if labelled and scaler is not None:
+                        scaler.scale(contribution if gradient is None else contribution * gradient).backward()
+                    elif labelled:
+                        contribution.backward(gradient)
+                if output.metrics:
+                    metrics.update(output.metrics)
         stream_ended = consumed < size and self.batches_per_epoch is None
         if consumed != size:
             if self.batches_per_epoch is not None or self.distributed:
@@ -135,7 +142,7 @@ class WindowRunner:
         result = WindowResult(
             stepped=False,
             skip_reason=None,
-            batches=size * self.accelerator.num_processes,
+            batches=size * self.world_size,
             samples=samples,
             stop_requested=stop_requested,
             metrics=metrics,
@@ -144,7 +151,7 @@ class WindowRunner:
         )
         if nonfinite:
             self._raise_nonfinite_loss(window.losses(), state)
-        factor = window.gradient_factor(weight_total, self.accelerator.num_processes)
+        factor = window.gradient_factor(weight_total, self.world_size)
         if factor is None:
             result.skip_reason = "unlabelled_window"
             return result

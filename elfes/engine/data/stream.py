@@ -131,8 +131,11 @@ class TrainingData:
         try:
             if replay:
                 self._discard(iterator, epoch, replay, warn)
-            for batch in iterator:
-                yield batch if self._device is None else send_to_device(batch, self._device, non_blocking=self._non_blocking)
+            if self._device is None:
+                yield from iterator
+            else:
+                for batch in iterator:
+                    yield send_to_device(batch, self._device, non_blocking=self._non_blocking)
         finally:
             if loader is not self.base and loader.persistent_workers:
                 shut_down_workers(loader)  # the loader of a resumed epoch's rest: its workers are done

@@ -26,6 +26,9 @@ def iterate_sparing_workers(loader: DataLoader) -> Iterator[Any]:
     SLURM signals every process of a job; a worker killed by it would crash the trainer instead of
     letting it stop at the next window boundary.
     """
+    if not base_loader(loader).num_workers:  # no process to fork, no signal to spare
+        yield from loader
+        return
     signals = stop_signals_in_use()
     _ignore_stop_signals_in_workers(loader, signals)
     iterator = iter(loader)
@@ -57,8 +60,6 @@ class IgnoreStopSignals:
 
 def _ignore_stop_signals_in_workers(loader: DataLoader, signals: tuple[signal.Signals, ...]) -> None:
     base = base_loader(loader)
-    if not base.num_workers:
-        return
     current = base.worker_init_fn
     if isinstance(current, IgnoreStopSignals):
         current.signals = signals
