@@ -328,8 +328,8 @@ class JobSpec(_Section):
         if value is False or isinstance(value, Snapshot):
             return handler(value)
         if not isinstance(value, dict):
-            raise PydanticCustomError("snapshot_type", "must be a mapping of the snapshot's fields (exclude, include, "
-                                      "max_mb), true (the default snapshot) or false (none)")
+            raise PydanticCustomError("snapshot_type", "must be true (the default snapshot), false (no snapshot) or a "
+                                      "mapping")
         return Snapshot.model_validate(value)
 
     @field_validator("workdir", "run_dir", mode="before")
