@@ -41,18 +41,29 @@ def _submit(args: argparse.Namespace) -> int:
     if result.dry_run is not None:
         sys.stdout.write(result.dry_run)
         sys.stdout.flush()
+        _print_warnings(result, to_error=True)
         return EXIT_OK
     verb = "continues" if result.continued else "submitted"
     print_line(f"{result.name}: {verb} as {result.executor} job {result.job_id}{_submission_note(result)}")
     print_line(f"run directory: {result.run_dir}")
     if result.code:
         print_line(f"code: {result.code}")
+    _print_warnings(result)
     if args.follow:
         from .follow import follow
 
         return follow(result.run_dir, from_start=not result.continued)
     print_line(f"follow it: elfes status {shell_quoted(result.run_dir)}   (or elfes logs {shell_quoted(result.run_dir)} --follow)")
     return EXIT_OK
+
+
+def _print_warnings(result: Any, *, to_error: bool = False) -> None:
+    """The submission's warnings; on stderr beside a dry run's script."""
+    for warning in result.warnings:
+        if to_error:
+            print(f"elfes: warning: {warning}", file=sys.stderr, flush=True)
+        else:
+            print_line(f"warning: {warning}")
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -72,6 +83,7 @@ def _resume(args: argparse.Namespace) -> int:
            f"{_submission_note(result)}")
     if result.code:
         print_line(f"code: {result.code}")
+    _print_warnings(result)
     print_line(f"run directory: {result.run_dir}")
     if not args.follow:
         return EXIT_OK

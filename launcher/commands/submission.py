@@ -55,6 +55,7 @@ class Submitted:
     changed: tuple[str, ...] = ()  # fields of the recorded spec this submission changed
     adopted: bool = False  # the job was started by an interrupted submission; none was started now
     code: str | None = None  # what the job runs: its code snapshot, kept or fresh, and the workdir's changes since
+    warnings: tuple[str, ...] = ()  # of the code: files left out as secrets, other code continuing the checkpoints
 
 
 def _recorded(paths: RunPaths) -> JobSpec | None:
@@ -198,7 +199,8 @@ def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sourc
             raise
     return _finish(arrived, Submitted(paths.run_dir, spec.name, executor, state.job_id, state.status,
                                       changed is not None, changed=changed or (),
-                                      code=record.describe() if record is not None and code.note is None else code.note))
+                                      code=record.describe() if record is not None and code.note is None else code.note,
+                                      warnings=code.warnings))
 
 
 def _finish(arrived: list[int], result: Submitted) -> Submitted:
@@ -230,11 +232,11 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     if code == "recorded" and load_code_record(paths) is not None:
         plan = CodePlan(keep=True)
     else:
-        plan = plan_submit(spec, described)  # a snapshot over its size limit is refused here
+        plan = plan_submit(spec, described, paths=paths)  # a snapshot over its size limit is refused here
     if dry_run:
         job = spec.model_copy(update={"workdir": plan.job_folder(paths, spec)})
         return Submitted(paths.run_dir, spec.name, chosen, None, None, changed is not None,
-                         executors.dry_run(job, paths, chosen), changed=changed or ())
+                         executors.dry_run(job, paths, chosen), changed=changed or (), warnings=plan.warnings)
     return _transaction(spec, paths, chosen, "submit", described, plan)
 
 

@@ -73,5 +73,6 @@ def collect(*, code: CodeRecord | None, local_rank: int = 0) -> Provenance:
         elfes=_installed("elfes"),
         code=None if code is None else CodeProvenance(path=code.path, origin=code.kind, taken_at=code.taken_at,
                                                       commit=code.commit, dirty=code.dirty,
-                                                      diff_sha256=code.diff_sha256),
+                                                      diff_sha256=code.diff_sha256, fingerprint=code.fingerprint,
+                                                      other_code_than=code.other_code_than),
     )

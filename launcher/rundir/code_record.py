@@ -14,7 +14,9 @@ in the spec's ``workdir`` as it is at each start.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,11 @@ class CodeRecord:
     commit: str | None = None
     dirty: bool | None = None  # None outside git
     diff_sha256: str | None = None  # of the uncommitted changes (and untracked files) it holds, when dirty
+    fingerprint: str | None = None  # of its files' names and contents (:func:`fingerprint`), in or outside git
+    secrets_left_out: tuple[str, ...] = ()  # files of workdir left out as looking like credentials
+    # The run had checkpoints written by other code when this snapshot was taken for it: that code's description
+    # (the earlier snapshot's describe(), or "unknown code"). The optimizer's and scheduler's state come from them.
+    other_code_than: str | None = None
 
     def describe(self) -> str:
         """One short line: ``snapshot code/1 of 2026-12-02T10:11 (submit; git 8e78abc, dirty 3f2a9c01)``."""
@@ -53,18 +60,42 @@ class CodeRecord:
                                                else ", clean" if not self.dirty else ", dirty")
         elif self.dirty is not None:
             git = "git, no commit yet"
+        if self.commit is None and self.fingerprint:
+            git += f", fingerprint {self.fingerprint[:12]}"
         return f"snapshot {self.path} of {self.taken_at[:19]} ({self.kind}; {git}; {self.files} files)"
 
 
-def new_code_record(folder: Path, selection: Any, kind: str) -> CodeRecord:
-    """The record of the snapshot ``folder`` taken of ``selection`` (launcher/submit/snapshot.py)."""
+def fingerprint(folder: Path, files: Any) -> str:
+    """sha256 of the ``files`` of ``folder`` (posix paths relative to it): each name with its content (a link: its
+    target). Two copies of the same files have the same fingerprint wherever they lie; any edit changes it."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        path = folder / name
+        digest.update(name.encode(errors="surrogateescape") + b"\0")
+        if path.is_symlink():
+            digest.update(b"link\0" + os.readlink(path).encode(errors="surrogateescape"))
+        else:
+            content = hashlib.sha256()
+            with open(path, "rb") as stream:
+                while chunk := stream.read(1 << 20):
+                    content.update(chunk)
+            digest.update(b"file\0" + content.digest())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def new_code_record(folder: Path, selection: Any, kind: str, *, other_code_than: str | None = None) -> CodeRecord:
+    """The record of the snapshot ``folder`` taken of ``selection`` (launcher/submit/snapshot.py); its fingerprint
+    is that of the copy. ``other_code_than``: see :attr:`CodeRecord.other_code_than`."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     git = selection.git
     return CodeRecord(path=str(folder), source=str(selection.workdir), taken_at=now(), kind=kind,
                       files=len(selection.files), bytes=selection.total_bytes,
                       commit=git.commit if git else None, dirty=git.dirty if git else None,
-                      diff_sha256=git.diff_sha256 if git else None)
+                      diff_sha256=git.diff_sha256 if git else None,
+                      fingerprint=fingerprint(folder, selection.files),
+                      secrets_left_out=tuple(selection.secrets), other_code_than=other_code_than)
 
 
 def load_code_record(paths: RunPaths) -> CodeRecord | None:

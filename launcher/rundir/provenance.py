@@ -32,6 +32,8 @@ class CodeProvenance:
     commit: str | None = None
     dirty: bool | None = None
     diff_sha256: str | None = None
+    fingerprint: str | None = None  # of the snapshot's names and contents (in or outside git)
+    other_code_than: str | None = None  # the run continued from checkpoints that this code did not write
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,12 @@ class Provenance:
         if self.code is not None:
             git = ("" if self.code.commit is None else f", git {self.code.commit[:12]}"
                    + (" dirty" if self.code.dirty else ""))
+            if self.code.commit is None and self.code.fingerprint:
+                git += f", fingerprint {self.code.fingerprint[:12]}"
             code = f"snapshot {self.code.path} ({self.code.origin}{git})"
+            if self.code.other_code_than:
+                code += (f", continued with other code than its checkpoints' ({self.code.other_code_than}): the "
+                         "optimizer's and scheduler's state came from them")
         return ", ".join(parts) + f"; code: {code}"
 
 

@@ -55,9 +55,12 @@ def _declared(loc: Sequence[str | int]) -> tuple[tuple[str | int, ...], Any, typ
         field = model.model_fields[part]
         found = tuple(loc[: index + 1])
         annotation = field.annotation
-        options = [option for option in typing.get_args(annotation) if option is not type(None)]
-        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(options) == 1:
-            annotation = options[0]  # an optional section (``sweep: Sweep | None``) is described as the section
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            # An optional section (``sweep: Sweep | None``) or one that may be off (``snapshot: Snapshot | False``)
+            # is described as the section.
+            sections = [option for option in typing.get_args(annotation)
+                        if isinstance(option, type) and issubclass(option, BaseModel)]
+            annotation = sections[0] if len(sections) == 1 else annotation
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     return found, field, (model if len(found) == len(loc) else None)
 

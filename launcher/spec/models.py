@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from .continuing import FIXED, MAY_CHANGE, fixed_but
 from .file_checks import entrypoint_problem, run_dir_problem
 from .limits import control_character_problem
 from .sweep_model import Sweep
@@ -94,23 +95,35 @@ class _Section(BaseModel):
 class Resources(_Section):
     """What one attempt of the job gets from the cluster (or from this machine)."""
 
-    nodes: StrictInt = Field(1, ge=1, description="Number of nodes, an integer >= 1 (the local executor runs 1).")
+    nodes: StrictInt = Field(
+        1, ge=1, description="Number of nodes, an integer >= 1 (the local executor runs 1).",
+        json_schema_extra=FIXED,
+    )
     tasks_per_node: StrictInt = Field(
-        1, ge=1, description="Processes (ranks) per node, an integer >= 1; with GPUs, one per GPU (= gpus_per_node)."
+        1, ge=1, description="Processes (ranks) per node, an integer >= 1; with GPUs, one per GPU (= gpus_per_node).",
+        json_schema_extra=FIXED,
     )
     gpus_per_node: StrictInt = Field(
-        0, ge=0, description="GPUs per node, an integer >= 0; 0 trains on CPUs with gloo."
+        0, ge=0, description="GPUs per node, an integer >= 0; 0 trains on CPUs with gloo.", json_schema_extra=FIXED,
     )
-    cpus_per_task: StrictInt = Field(1, ge=1, description="CPU cores per process, an integer >= 1.")
-    mem_gb: float = Field(4, gt=0, strict=True, description="Memory per node in GB, a number > 0.")
+    cpus_per_task: StrictInt = Field(
+        1, ge=1, description="CPU cores per process, an integer >= 1.",
+        json_schema_extra=MAY_CHANGE,
+    )
+    mem_gb: float = Field(
+        4, gt=0, strict=True, description="Memory per node in GB, a number > 0.",
+        json_schema_extra=MAY_CHANGE,
+    )
     timeout_min: StrictInt = Field(
-        60, ge=1, description="Wall-clock limit of one attempt in minutes, an integer >= 1 (SLURM --time)."
+        60, ge=1, description="Wall-clock limit of one attempt in minutes, an integer >= 1 (SLURM --time).",
+        json_schema_extra=MAY_CHANGE,
     )
     kill_wait_s: StrictInt = Field(
         30,
         ge=1,
         description="Seconds a command job's processes get to exit after SIGTERM (elfes cancel) before SIGKILL on "
         "the local executor, as SLURM's KillWait (which SLURM applies itself); an integer >= 1.",
+        json_schema_extra=MAY_CHANGE,
     )
 
 
@@ -265,12 +278,14 @@ class JobSpec(_Section):
     """One training job: code, configuration, resources, cluster options and requeue policy."""
 
     name: StrictStr = Field(
-        ..., pattern=NAME_PATTERN, description="Job name (the SLURM job name): 1-128 letters, digits, '.', '_' or '-'."
+        ..., pattern=NAME_PATTERN, description="Job name (the SLURM job name): 1-128 letters, digits, '.', '_' or '-'.",
+        json_schema_extra=FIXED,
     )
     entrypoint: StrictStr | None = Field(
         None,
         pattern=ENTRYPOINT_PATTERN,
         description="'module:function' importable from workdir, called as function(job) in every task.",
+        json_schema_extra=FIXED,
     )
     command: list[StrictStr] | None = Field(
         None,
@@ -279,33 +294,53 @@ class JobSpec(_Section):
         '[python, train.py, --run-dir, "{run_dir}"]; placeholders: ' + ", ".join(f"{{{k}}}" for k in COMMAND_PLACEHOLDERS)
         + ". A bare program name is looked up on PATH with the folder of the job's Python interpreter first (its "
         "python, torchrun, elfes). Exit code 0 is finished, 128 + a stop signal's number paused, anything else failed.",
+        json_schema_extra=FIXED,
     )
     workdir: Path = Field(
         Path("."), validate_default=True, description="Folder of the job's code, relative to the spec file; the job runs in (and imports the entrypoint from) "
-        "its snapshot (see snapshot), or in it with snapshot: false."
+        "its snapshot (see snapshot), or in it with snapshot: false.",
+        json_schema_extra=FIXED,
     )
-    run_dir: Path = Field(..., description="Folder of every file of the run; relative to the spec file.")
+    run_dir: Path = Field(
+        ..., description="Folder of every file of the run; relative to the spec file.",
+        json_schema_extra=FIXED,
+    )
     config: dict[str, Any] = Field(
-        default_factory=dict, description="Free-form mapping handed to the entrypoint as job.config (a plain dict)."
+        default_factory=dict, description="Free-form mapping handed to the entrypoint as job.config (a plain dict).",
+        json_schema_extra=fixed_but("epochs", "max_steps"),
     )
     resources: Resources = Field(default_factory=Resources, description=Resources.__doc__)
-    slurm: Slurm = Field(default_factory=Slurm, description=Slurm.__doc__)
-    requeue: Requeue = Field(default_factory=Requeue, description=Requeue.__doc__)
+    slurm: Slurm = Field(default_factory=Slurm, description=Slurm.__doc__, json_schema_extra=MAY_CHANGE)
+    requeue: Requeue = Field(default_factory=Requeue, description=Requeue.__doc__, json_schema_extra=MAY_CHANGE)
     env: dict[str, StrictStr] = Field(
         default_factory=dict,
         description='Environment variables exported before the tasks start, e.g. {OMP_NUM_THREADS: "1"}; '
         "values are strings (quote numbers).",
+        json_schema_extra=MAY_CHANGE,
     )
     snapshot: Snapshot | Literal[False] = Field(
         default_factory=Snapshot,
         description=(Snapshot.__doc__ or "") + " false: no copy, every attempt imports from workdir as it is then.",
+        json_schema_extra=MAY_CHANGE,
     )
-    sweep: Sweep | None = Field(None, description=Sweep.__doc__)  # expanded by launcher/spec/sweep.py
+    sweep: Sweep | None = Field(
+        None, description=Sweep.__doc__,
+        json_schema_extra=FIXED,
+    )  # expanded by launcher/spec/sweep.py
 
-    @field_validator("snapshot", mode="before")
+    @field_validator("snapshot", mode="wrap")
     @classmethod
-    def _snapshot_on(cls, value: Any) -> Any:
-        return {} if value is True else value  # `snapshot: true` is the default snapshot
+    def _snapshot_section(cls, value: Any, handler: Any) -> Any:
+        """``true`` is the default section, ``false`` none, a mapping the section: validated as the section alone,
+        so that its problems are reported once, as ``snapshot.exclude[0]``, not once per member of the union."""
+        if value is True:
+            value = {}
+        if value is False or isinstance(value, Snapshot):
+            return handler(value)
+        if not isinstance(value, dict):
+            raise PydanticCustomError("snapshot_type", "must be true (the default snapshot), false (no snapshot) or a "
+                                      "mapping")
+        return Snapshot.model_validate(value)
 
     @field_validator("workdir", "run_dir", mode="before")
     @classmethod

@@ -1,6 +1,8 @@
 """The job spec's reference, generated from its Pydantic models: every field by its dotted path, its
-type, its default and its meaning. ``docs/job-spec.md`` holds it between markers, and a test keeps the
-two identical (regenerate: ``python -m elfes.launcher.spec.reference docs/job-spec.md``). Torch-free.
+type, its default and its meaning, and which fields may change when a run continues (each field's own
+declaration, launcher/spec/continuing.py). ``docs/job-spec.md`` holds both between markers, and a test
+keeps them identical to the models (regenerate: ``python -m elfes.launcher.spec.reference docs/job-spec.md``).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from .continuing import reference_lists
 from .models import JobSpec
 
 BEGIN, END = "<!-- spec-fields:begin -->", "<!-- spec-fields:end -->"
+CONTINUING_BEGIN, CONTINUING_END = "<!-- spec-continuing:begin -->", "<!-- spec-continuing:end -->"
 
 
 def _type_name(annotation: Any) -> str:
@@ -64,11 +68,16 @@ def reference_table() -> str:
     return "\n".join(rows)
 
 
+def _between(text: str, begin: str, end: str, content: str) -> str:
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    return f"{text[:start]}\n{content}\n{text[stop:]}"
+
+
 def update_document(document: Path) -> bool:
-    """Rewrite the table between the markers of ``document``; True when it changed."""
+    """Rewrite the field table and the continuing lists between the markers of ``document``; True when it changed."""
     text = document.read_text(encoding="utf-8")
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    updated = f"{text[:start]}\n{reference_table()}\n{text[end:]}"
+    updated = _between(text, BEGIN, END, reference_table())
+    updated = _between(updated, CONTINUING_BEGIN, CONTINUING_END, reference_lists())
     if updated != text:
         document.write_text(updated, encoding="utf-8")
     return updated != text

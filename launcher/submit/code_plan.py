@@ -6,7 +6,11 @@ out inside the hand-over transaction (launcher/commands/submission.py):
   ``elfes resume --code current`` takes a fresh one (``kind="current"``), recorded as such;
 - ``snapshot: false`` takes none and removes ``code.json``: the job imports the workdir as it is.
 
-A snapshot over the size limit is refused here, before anything is created. Torch-free.
+A snapshot over the size limit is refused here, before anything is created. What a fresh snapshot leaves
+out as looking like a secret is named (:attr:`CodePlan.warnings`). A fresh snapshot of other code for a run
+that has checkpoints (``--code current``, a resubmission after an edit) is said to continue with the
+optimizer's and scheduler's state the checkpoints hold, and recorded so in ``code.json`` (the attempts'
+provenance). Torch-free.
 """
 
 from __future__ import annotations
@@ -14,14 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir.code_record import CodeRecord, load_code_record, new_code_record, save_code_record
+from ..rundir.code_record import CodeRecord, fingerprint, load_code_record, new_code_record, save_code_record
 from ..rundir.paths import RunPaths
+from ..rundir.state import StateError
 from ..spec import JobSpec
+from .continuation import has_checkpoints
 from .handover import RunDirUndo
 from .snapshot import Selection, SnapshotError, changed_files, check_size, next_folder, prune, select, take
 
 CODE_CHOICES = ("snapshot", "current")  # `elfes resume --code`
 SHOWN_CHANGES = 10
+CONTINUED_WITH_OTHER_CODE = (
+    "the run continues from its checkpoints with other code than wrote them ({other}): the model's weights and the "
+    "optimizer's and scheduler's state (learning rate, momentum, the schedule's position) come from the checkpoint, "
+    "so an edited constant that builds them (a learning rate in the code) has no effect, while a changed config key "
+    "is refused; recorded in the run's provenance. To train from the start with this code, submit to a fresh run_dir "
+    "(--set run_dir=NEW_FOLDER)")
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,22 @@ class CodePlan:
     kind: str = "submit"
     keep: bool = False
     note: str | None = None  # what the submitter tells the user about the code the job runs
+    other_code_than: str | None = None  # the code that wrote the run's checkpoints, when the fresh snapshot differs
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the user must know of this snapshot: the files left out as secrets, other code continuing a run."""
+        found = []
+        secrets = self.selection.secrets if self.selection is not None else ()
+        if secrets:
+            shown = ", ".join(secrets[:SHOWN_CHANGES]) + (f" and {len(secrets) - SHOWN_CHANGES} more"
+                                                          if len(secrets) > SHOWN_CHANGES else "")
+            found.append(f"left out of the code snapshot as they look like credentials: {shown}; if the job needs "
+                         f"one, bring it back with snapshot.include (e.g. include: [{secrets[0]!r}]), better pass "
+                         "secrets through the environment")
+        if self.other_code_than is not None:
+            found.append(CONTINUED_WITH_OTHER_CODE.format(other=self.other_code_than))
+        return tuple(found)
 
     def job_folder(self, paths: RunPaths, spec: JobSpec) -> Path:
         """Where the job will run, without taking anything (``submit --dry-run``)."""
@@ -48,15 +76,38 @@ def _selection(spec: JobSpec, source: str, leave_out: tuple[Path, ...]) -> Selec
     except OSError as error:
         raise SnapshotError(f"{source}: workdir = {str(spec.workdir)!r} cannot be read for the code snapshot "
                             f"({error.strerror or error})") from None
+    except SnapshotError as error:
+        raise SnapshotError(f"{source}: snapshot: {error}") from None
     check_size(selection, spec.snapshot, source=source)
     return selection
 
 
-def plan_submit(spec: JobSpec, source: str, *, leave_out: tuple[Path, ...] = ()) -> CodePlan:
-    """``elfes submit``: a fresh snapshot (refused here when over ``snapshot.max_mb``), or none."""
+def _other_code(paths: RunPaths | None, selection: Selection) -> str | None:
+    """What wrote the checkpoints of the run in ``paths``, when ``selection`` is other code; None without
+    checkpoints, or for the same files as the run's recorded snapshot."""
+    if paths is None or not has_checkpoints(paths):
+        return None
+    try:
+        record = load_code_record(paths)
+    except StateError:
+        return "code whose record cannot be read"
+    if record is None:
+        return "the workdir as it was (no code snapshot)"
+    if Path(record.path).is_dir():
+        same = not changed_files(Path(record.path), selection)
+    else:
+        same = record.fingerprint is not None and record.fingerprint == fingerprint(selection.workdir, selection.files)
+    return None if same else record.describe()
+
+
+def plan_submit(spec: JobSpec, source: str, *, leave_out: tuple[Path, ...] = (), paths: RunPaths | None = None
+                ) -> CodePlan:
+    """``elfes submit``: a fresh snapshot (refused here when over ``snapshot.max_mb``), or none. ``paths``: the run
+    it may continue, whose checkpoints other code would continue."""
     if spec.snapshot is False:
         return CodePlan(note="snapshot: false: every attempt imports the workdir as it is when it starts")
-    return CodePlan(selection=_selection(spec, source, leave_out), kind="submit")
+    selection = _selection(spec, source, leave_out)
+    return CodePlan(selection=selection, kind="submit", other_code_than=_other_code(paths, selection))
 
 
 def plan_resume(spec: JobSpec, paths: RunPaths, source: str, code: str) -> CodePlan:
@@ -75,7 +126,7 @@ def plan_resume(spec: JobSpec, paths: RunPaths, source: str, code: str) -> CodeP
         why = ("--code current" if code == "current" else
                "the run had no code snapshot" if record is None else f"its snapshot {record.path} is gone")
         selection = _selection(spec, source, ())
-        return CodePlan(selection=selection, kind="current",
+        return CodePlan(selection=selection, kind="current", other_code_than=_other_code(paths, selection),
                         note=f"a fresh code snapshot of {spec.workdir} ({why}); the job runs the code as it is now")
     return CodePlan(keep=True, note=_changes_note(spec, record, source))
 
@@ -107,7 +158,7 @@ def carry_out(plan: CodePlan, paths: RunPaths, undo: RunDirUndo) -> CodeRecord |
         return None
     folder = take(plan.selection, paths.code)
     undo.snapshots.append(folder)
-    record = new_code_record(folder, plan.selection, plan.kind)
+    record = new_code_record(folder, plan.selection, plan.kind, other_code_than=plan.other_code_than)
     save_code_record(paths, record)
     return record
 

@@ -2,16 +2,11 @@
 
 A run that has a checkpoint continues it bitwise-exactly only with the same math. So when ``elfes
 submit`` (a changed spec file) or ``elfes resume --set`` brings a spec that differs from the one
-recorded in the run directory:
-
-- may change (how long, where and with what it runs): the budget keys of ``config``
-  (:data:`BUDGET_KEYS`: ``config.epochs``, ``config.max_steps``, the engine's cumulative
-  ``TrainConfig`` limits), ``resources.timeout_min``, ``resources.cpus_per_task``,
-  ``resources.mem_gb``, every ``slurm.*`` option, every ``requeue.*`` policy (``max_requeues``,
-  ``max_failures``, ``hang_timeout_s``, ``startup_timeout_s``, ``exclude_failed_nodes``) and ``env``;
-- may not (what the run computes): every other ``config`` key, ``name``, ``entrypoint``, ``command``,
-  ``workdir``, ``run_dir``, ``resources.nodes``, ``resources.tasks_per_node``,
-  ``resources.gpus_per_node``.
+recorded in the run directory, only the fields that may change (how long, where and with what it runs)
+may differ; the others (what the run computes) are refused by name. Each field of the models declares
+which it is (launcher/spec/continuing.py); docs/job-spec.md lists them from the same declarations. The
+budget keys of ``config`` (:data:`BUDGET_KEYS`, the engine's cumulative ``TrainConfig`` limits) are
+the keys of ``config`` that may change.
 
 A run directory without a checkpoint (a submission SLURM refused, user code that failed before its
 first save) has nothing to continue: any corrected spec takes it over. Torch-free.
@@ -21,19 +16,10 @@ from __future__ import annotations
 
 from ..rundir.paths import RunPaths
 from ..spec import JobSpec
+from ..spec.continuing import changeable, changeable_keys, may_change
 
-BUDGET_KEYS: tuple[str, ...] = ("epochs", "max_steps")
-CHANGEABLE_FIELDS: tuple[str, ...] = (
-    *(f"config.{key}" for key in BUDGET_KEYS),
-    "resources.timeout_min", "resources.cpus_per_task", "resources.mem_gb",
-    "slurm", "requeue", "env",
-    "snapshot",  # what is copied; the code each attempt ran is in its provenance
-)
-
-
-def may_change(field: str) -> bool:
-    """Whether the dotted ``field`` (as :meth:`JobSpec.differences` names it) may change in a continuing run."""
-    return any(field == allowed or field.startswith(f"{allowed}.") for allowed in CHANGEABLE_FIELDS)
+BUDGET_KEYS: tuple[str, ...] = changeable_keys("config")
+CHANGEABLE_FIELDS: tuple[str, ...] = tuple(changeable())
 
 
 def has_checkpoints(paths: RunPaths) -> bool:

@@ -5,12 +5,16 @@ run imports from (or, for a ``command:``, runs in), so that a job requeued after
 What is copied (:func:`select`): in a git work tree, the files git lists under ``workdir``, tracked or
 untracked but not ignored (``git ls-files --cached --others --exclude-standard``), so ``.venv``,
 ``runs/`` and whatever else ``.gitignore`` names stay out; elsewhere, the whole folder (``.git``,
-``__pycache__``, ``*.pyc``, virtual environments and other runs' directories left out). The run
-directory (or sweep folder) is never copied, ``snapshot.exclude`` patterns leave more out,
-``snapshot.include`` patterns bring ignored files in, and a selection over ``snapshot.max_mb`` is
-refused before anything is created (:class:`SnapshotTooLarge`, naming the largest files). :func:`take`
-copies the selection into ``code/<N>/`` below the run directory, under a temporary name renamed into
-place.
+``__pycache__``, ``*.pyc``, virtual environments and other runs' directories left out). A submodule's
+files are listed by git in the submodule, so its own ``.gitignore`` holds. What looks like a secret
+(:data:`SECRET_PATTERNS`: dot-env files, SSH and cloud credentials, ``.netrc``, private keys) is left out
+and named (:attr:`Selection.secrets`), unless a ``snapshot.include`` pattern brings it back: the
+snapshot often lies on a shared file system. The run directory (or sweep folder) is never copied,
+``snapshot.exclude`` patterns leave more out, ``snapshot.include`` patterns bring ignored files in, and
+a selection over ``snapshot.max_mb`` or holding what is not a file (a named pipe, a socket) is refused
+before anything is created (:class:`SnapshotError`, naming the files). :func:`take` copies the
+selection into ``code/<N>/`` below the run directory, under a temporary name renamed into place,
+readable by its owner only (``code.json`` records its fingerprint: launcher/rundir/code_record.py).
 
 Not submitit's ``helpers.RsyncSnapshot``: it needs ``rsync`` (absent from a bare Debian and from many
 laptops), snapshots the whole git repository rather than the workdir, leaves untracked files out,
@@ -29,6 +33,7 @@ import fnmatch
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +43,15 @@ from ..spec.models import Snapshot, SpecError
 
 GIT_TIMEOUT_S = 60.0
 ALWAYS_LEFT_OUT = (".git", "__pycache__", "*.pyc")  # in a folder that is not a git work tree
+# What looks like a credential, matched like snapshot.exclude: left out by default (snapshot.include brings one back).
+SECRET_PATTERNS = (
+    ".env", ".env.*", "*.env", ".envrc", ".netrc", "_netrc", ".git-credentials", ".pgpass", ".pypirc", ".npmrc",
+    ".ssh", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk",
+    ".aws", ".azure", ".kube", ".config/gcloud", "*/.config/gcloud", ".docker/config.json", "*/.docker/config.json",
+    "application_default_credentials.json", "credentials.json",
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.keystore", "*.jks",
+)
+OWNER_ONLY = 0o700  # a snapshot's folders; its files keep only their owner's permission bits
 
 
 class SnapshotError(SpecError):
@@ -65,6 +79,7 @@ class Selection:
     files: tuple[str, ...]
     sizes: dict[str, int] = field(repr=False)
     git: GitState | None = None
+    secrets: tuple[str, ...] = ()  # left out as looking like secrets (SECRET_PATTERNS), not brought back by include
 
     @property
     def total_bytes(self) -> int:
@@ -128,11 +143,13 @@ def _git_files(workdir: Path) -> list[str] | None:
         return None
     found = []
     for name in listed.stdout.decode(errors="surrogateescape").split("\0"):
+        name = name.rstrip("/")
         if not name:
             continue
         path = workdir / name
-        if path.is_dir() and not path.is_symlink():  # a submodule: its files as they are
-            found += [f"{name}/{inner}" for inner in _walk(path, ())]
+        if path.is_dir() and not path.is_symlink():  # a submodule (or a nested repository): git lists its files
+            inner = _git_files(path) if (path / ".git").exists() else None
+            found += [f"{name}/{file}" for file in (inner if inner is not None else _walk(path, ()))]
         elif path.exists() or path.is_symlink():  # a tracked file deleted from the tree is not copied
             found.append(name)
     return sorted(set(found))
@@ -183,22 +200,36 @@ def select(workdir: Path, options: Snapshot, *, leave_out: Sequence[Path] = ()) 
         git = False
         listed = _walk(workdir, leave_out)
     chosen = {name for name in listed if not _left_out(workdir / name, leave_out)}
+    included = set()
     for pattern in options.include:
         for path in workdir.glob(pattern):
             if (path.is_file() or path.is_symlink()) and not _left_out(path, leave_out):
-                chosen.add(path.relative_to(workdir).as_posix())
+                included.add(path.relative_to(workdir).as_posix())
             elif path.is_dir():
-                chosen.update(f"{path.relative_to(workdir).as_posix()}/{inner}" for inner in _walk(path, leave_out))
-    files = sorted(name for name in chosen if not matches(name, options.exclude))
+                included.update(f"{path.relative_to(workdir).as_posix()}/{inner}" for inner in _walk(path, leave_out))
+    chosen |= included
+    chosen = {name for name in chosen if not matches(name, options.exclude)}
+    secrets = sorted(name for name in chosen if name not in included and matches(name, SECRET_PATTERNS))
+    files = sorted(chosen.difference(secrets))
     sizes = {}
     for name in files:
         try:
-            sizes[name] = (workdir / name).lstat().st_size
+            status = (workdir / name).lstat()
         except OSError as error:
             raise SnapshotError(f"workdir = {str(workdir)!r}: {name} cannot be read for the code snapshot "
                                 f"({error.strerror or error}); fix it, or leave it out with snapshot.exclude") from None
+        if not (stat.S_ISREG(status.st_mode) or stat.S_ISLNK(status.st_mode)):
+            raise SnapshotError(f"workdir = {str(workdir)!r}: {name} is {_kind(status.st_mode)}, not a file, so the "
+                                f"code snapshot cannot copy it; leave it out with snapshot.exclude (e.g. exclude: "
+                                f"[{name!r}]), or move it out of workdir")
+        sizes[name] = status.st_size
     return Selection(workdir=workdir, files=tuple(files), sizes=sizes,
-                     git=_git_state(workdir, files) if git else None)
+                     git=_git_state(workdir, files) if git else None, secrets=tuple(secrets))
+
+
+def _kind(mode: int) -> str:
+    return ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
 
 
 def _mb(size: int) -> str:
@@ -227,25 +258,39 @@ def next_folder(parent: Path) -> Path:
 
 def take(selection: Selection, parent: Path) -> Path:
     """Copy ``selection`` into a new ``parent/<N>/`` (built under a temporary name, renamed into place) and return
-    it. File modes and times are kept; symbolic links are copied as links (what they point to is not copied)."""
+    it. Readable by its owner only: folders are ``rwx------``, files keep their owner's bits alone (and their
+    times); symbolic links are copied as links (what they point to is not copied)."""
     destination = next_folder(parent)
     building = parent / f".{destination.name}.{os.getpid()}.partial"
-    parent.mkdir(parents=True, exist_ok=True)
+    parent.mkdir(mode=OWNER_ONLY, parents=True, exist_ok=True)
     shutil.rmtree(building, ignore_errors=True)
     try:
+        building.mkdir(mode=OWNER_ONLY)  # an empty selection is an empty folder
+        os.chmod(building, OWNER_ONLY)  # whatever the umask
         for name in selection.files:
             source, target = selection.workdir / name, building / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _owner_only_folders(building, target.parent)
             if source.is_symlink():
                 os.symlink(os.readlink(source), target)
             else:
                 shutil.copy2(source, target)
-        building.mkdir(parents=True, exist_ok=True)  # an empty selection is an empty folder
+                os.chmod(target, stat.S_IMODE(os.stat(target).st_mode) & OWNER_ONLY)
         os.rename(building, destination)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
     return destination
+
+
+def _owner_only_folders(top: Path, folder: Path) -> None:
+    """Create ``folder`` below ``top`` (and its parents), each ``rwx------``."""
+    missing = []
+    while folder != top and not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        created.mkdir(mode=OWNER_ONLY)
+        os.chmod(created, OWNER_ONLY)
 
 
 def prune(parent: Path, keep: Path) -> None:

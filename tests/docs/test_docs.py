@@ -389,10 +389,12 @@ def test_the_event_table_matches_the_schema():
 
 
 def test_the_spec_reference_matches_the_models():
-    from elfes.launcher.spec.reference import BEGIN, END, reference_table
+    from elfes.launcher.spec.continuing import reference_lists
+    from elfes.launcher.spec.reference import BEGIN, CONTINUING_BEGIN, CONTINUING_END, END, reference_table
 
     document = (REPOSITORY / "docs" / "job-spec.md").read_text()
     assert document.split(BEGIN + "\n", 1)[1].split("\n" + END, 1)[0] == reference_table()
+    assert document.split(CONTINUING_BEGIN + "\n", 1)[1].split("\n" + CONTINUING_END, 1)[0] == reference_lists()
 
 
 def test_the_sweep_of_the_guide_runs_every_member(tmp_path):
