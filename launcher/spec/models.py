@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from .continuing import FIXED, MAY_CHANGE, fixed_but
+from .resume_markers import FIXED, MAY_CHANGE, fixed_but
 from .file_checks import entrypoint_problem, run_dir_problem
 from .limits import control_character_problem
 from .sweep_model import Sweep
