@@ -346,6 +346,21 @@ def checkpoint_run_id(path: Path) -> str | None:
     return payload.get("run_id") if isinstance(payload, dict) else None
 
 
+def safe_load_problem(path: Path) -> str | None:
+    """Why ``path`` is not a checkpoint ELFES can load safely, in a few words; None for one it can. Reads it with
+    ``torch.load(weights_only=True)``, which builds no object the file names (nothing of a planted pickle runs)."""
+    try:  # mmap reads the small pickle, not the tensors
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"it holds Python objects that safe loading (torch.load(weights_only=True)) refuses to build: {reason}"
+    except Exception as error:  # not a torch archive (a bare pickle, a text), or a damaged one
+        return f"it is not a torch checkpoint archive ({type(error).__name__})"
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        return f"it has no '{FORMAT}' marker"
+    return None
+
+
 def model_mismatches(saved: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor]) -> list[str]:
     """Differences between a checkpoint's model and this run's, at most a few of each kind."""
     missing = sorted(set(current) - set(saved))

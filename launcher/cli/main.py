@@ -233,7 +233,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from ..commands import doctor
 
-    result = doctor.doctor(args.spec, test_job=args.test_job)
+    result = doctor.doctor(args.spec, test_job=args.test_job, sets=args.sets)
     if args.json:
         print_line(json.dumps(result.to_json(), indent=2))
         return EXIT_OK

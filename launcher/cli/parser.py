@@ -189,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "(from scontrol), and what to change.")
     doctor.add_argument("spec", metavar="JOB.yaml", nargs="?", default=None,
                         help="the job spec (default: any job of the default partition)")
+    set_option(doctor, "the spec")
     doctor.add_argument("--test-job", action="store_true",
                         help="submit a one-minute job that checks that scontrol works from inside a job")
     doctor.add_argument("--json", action="store_true", help="print JSON: the settings read and the findings")

@@ -52,6 +52,8 @@ def submit(args: argparse.Namespace) -> int:
            else "local jobs started by the sweep's scheduler")
     print_line(f"{result.name}: sweep of {len(result.members)} member(s), at most {result.max_parallel} at once, as {how}")
     print_line(f"sweep folder: {result.sweep_dir}")
+    for warning in result.warnings:
+        print_line(f"warning: {warning}")
     print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
     return _refusals(result)
 

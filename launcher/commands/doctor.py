@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,7 +32,8 @@ from ..rundir.paths import RunPaths
 from ..slurm import TEST_JOB_TIMEOUT_S, SlurmError, cancel_by_name, scontrol_test_job, submitted_job_id
 from ..slurm import cluster_config as read_cluster_config
 from ..slurm import partitions as read_partitions
-from ..spec import JobSpec, load_spec
+from ..spec import JobSpec
+from ..spec.overrides import load_spec_with
 from .signalling import ActionFailed
 
 LEVELS = ("ok", "note", "warning", "problem")
@@ -303,10 +306,14 @@ def _time_limit(spec: JobSpec, settings: dict[str, str], config: dict[str, str],
     return findings
 
 
-def doctor(spec_file: str | os.PathLike[str] | None = None, *, test_job: bool = False) -> Diagnosis:
+def doctor(spec_file: str | os.PathLike[str] | None = None, *, test_job: bool = False, sets: Sequence[str] = ()
+           ) -> Diagnosis:
     """Read the cluster's configuration and tell what preemption, the time limit and a cancel do to the
-    job (``spec_file``; without it, to any job of the default partition)."""
-    spec = load_spec(spec_file) if spec_file is not None else None
+    job (``spec_file`` with the ``--set`` texts ``sets`` applied; without it, to any job of the default partition)."""
+    if sets and spec_file is None:
+        raise UsageError(f"--set {sets[0]}: --set changes a field of the job spec, and none was given; name it: "
+                         f"elfes doctor JOB.yaml --set {sets[0]}")
+    spec = load_spec_with(spec_file, sets) if spec_file is not None else None
     config = cluster_config()
     known = partitions()
     wanted = spec.slurm.partition if spec is not None else None
@@ -331,13 +338,15 @@ def doctor(spec_file: str | os.PathLike[str] | None = None, *, test_job: bool = 
     if spec is not None and spec.sweep is not None:
         from .sweep_slurm import array_findings
 
-        findings += [Finding("job array", *found) for found in array_findings(str(spec_file), config)]
+        findings += [Finding("job array", *found) for found in array_findings(str(spec_file), config, sets)]
     if test_job:
         findings.append(scontrol_in_a_job(partition, spec))
     else:
         findings.append(Finding("scontrol in a job", "note", "not checked: a job requeues itself with `scontrol "
                                 "requeue` from its compute node", "check with `elfes doctor"
-                                + (f" {spec_file}" if spec_file else "") + " --test-job` (submits a one-minute job), "
+                                + (f" {shlex.quote(str(spec_file))}" if spec_file else "")
+                                + "".join(f" --set {shlex.quote(text)}" for text in sets)
+                                + " --test-job` (submits a one-minute job), "
                                 f"or by hand: srun -p {partition} -t 1 scontrol show job '$SLURM_JOB_ID'"))
     chosen = {name: config.get(name, "?") for name in ("SLURM_VERSION", "PreemptType", "PreemptMode", "KillWait",
                                                         "JobRequeue", "SlurmctldParameters", "OverTimeLimit")}

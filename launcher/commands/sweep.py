@@ -64,6 +64,7 @@ class SweepSubmitted:
     refused: dict[str, str] = field(default_factory=dict)  # SLURM: members sbatch refused (or left after a refusal)
     error: str | None = None  # SLURM: sbatch's refusal of an array after others were queued
     notes: tuple[str, ...] = ()  # SLURM: e.g. an array that could not leave its members' excluded nodes out
+    warnings: tuple[str, ...] = ()  # of the sweep's code snapshot: the files it left out as secrets
 
 
 def _check_folder(plan: SweepPlan) -> None:
@@ -182,7 +183,8 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     except BaseException:
         _remove_created(plan, existed)  # nothing was handed over: sbatch refused the first array, or a kill
         raise
-    result = SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel, tuple(job_ids))
+    result = SweepSubmitted(plan.sweep_dir, plan.base.name, chosen, names, {}, plan.max_parallel, tuple(job_ids),
+                            warnings=code.warnings)
     return _after_arrays(result, submitted)
 
 

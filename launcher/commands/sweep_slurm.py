@@ -278,12 +278,13 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
     return ArraysSubmitted(array_ids, left, refused, error_text, arrived[0] if arrived else None, tuple(notes))
 
 
-def array_findings(spec_file: str, config: dict[str, str]) -> list[tuple[str, str, str | None]]:
-    """``elfes doctor`` of a sweep spec: each array's ``--array`` line, cut at ``MaxArraySize`` (level, what it
-    says, what to change)."""
+def array_findings(spec_file: str, config: dict[str, str], sets: Sequence[str] = ()
+                   ) -> list[tuple[str, str, str | None]]:
+    """``elfes doctor`` of a sweep spec (``--set`` texts ``sets`` applied): each array's ``--array`` line, cut at
+    ``MaxArraySize`` (level, what it says, what to change)."""
     from ..spec.sweep import plan_sweep
 
-    plan = plan_sweep(spec_file, check_files=False)
+    plan = plan_sweep(spec_file, sets=sets, check_files=False)
     limit = int(config["MaxArraySize"]) if config.get("MaxArraySize", "").isdigit() else None
     groups = _groups([(member.name, member.spec) for member in plan.members], limit)
     found = []

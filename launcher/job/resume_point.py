@@ -3,8 +3,9 @@
 ``checkpoints/last`` when it names a checkpoint of this run inside its checkpoint folder; the run's
 newest complete checkpoint when a kill (or a hand) left ``last`` missing or dangling; None for a
 run that has published no checkpoint yet. A ``last`` that leaves the run's checkpoint folder, or
-names a checkpoint another run wrote, is refused: resuming from it would continue someone else's
-training under this run's name. The run's id is the one its latest ``started`` record carries (the engine
+names a checkpoint another run wrote, or a file that is not a checkpoint ELFES can load safely (a
+pickle planted there), is refused: resuming from it would continue someone else's training under
+this run's name, or run what the file names. The run's id is the one its latest ``started`` record carries (the engine
 writes it into every checkpoint), else the one all of its complete checkpoints share.
 
 Inside the job only: it reads checkpoint files through the engine (torch).
@@ -23,7 +24,7 @@ def resume_point(paths: RunPaths) -> tuple[Path | None, str | None]:
     Raises ``elfes.engine.checkpoint.CheckpointError`` for a ``last`` it must not trust, or when
     checkpoints exist and none of them is a complete one of this run.
     """
-    from elfes.engine.checkpoint import CheckpointDirectory, CheckpointError, checkpoint_run_id
+    from elfes.engine.checkpoint import CheckpointDirectory, CheckpointError, checkpoint_run_id, safe_load_problem
 
     last, folder = paths.last, paths.checkpoints
     directory = CheckpointDirectory(folder)
@@ -36,6 +37,12 @@ def resume_point(paths: RunPaths) -> tuple[Path | None, str | None]:
                 f"its own checkpoints. Point it at one of them (ln -sfn FILE {last}), or remove it to resume from the "
                 "run's newest complete checkpoint; then `elfes resume` the run.")
         if target.exists():
+            problem = safe_load_problem(target)
+            if problem is not None:  # a file planted or damaged: nothing of it was loaded or run
+                raise CheckpointError(
+                    f"{last} points to {target.name}, which is not a checkpoint ELFES can load safely ({problem}); "
+                    f"nothing of it was loaded. Point {last} at one of this run's checkpoints (ln -sfn FILE {last}), "
+                    "or remove it to resume from the run's newest complete checkpoint; then `elfes resume` the run.")
             found = checkpoint_run_id(target)
             owner = run_id or _single(directory.run_ids() - {found})  # no records: the folder's other checkpoints
             if owner is not None and found != owner:

@@ -4,7 +4,7 @@ the list in docs/job-spec.md (launcher/spec/reference.py) and by ``elfes schema`
 key), so that the three cannot disagree.
 
 A field declares ``json_schema_extra=MAY_CHANGE`` (how long, where and with what the run goes on) or
-``FIXED`` (what it computes); a section that declares one covers its fields, one that declares none leaves
+``FIXED`` (what it computes; both in launcher/spec/resume_markers.py); a section that declares one covers its fields, one that declares none leaves
 it to each of them. ``config`` is fixed but for the keys :func:`fixed_but` names (the training budget).
 A field without a declaration, on itself or its section, fails a test. Torch-free.
 
@@ -21,15 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-ON_RESUME = "x-elfes-on-resume"
-CHANGEABLE_KEYS = "x-elfes-changeable-keys"
-MAY_CHANGE: dict[str, Any] = {ON_RESUME: "may change"}
-FIXED: dict[str, Any] = {ON_RESUME: "fixed"}
-
-
-def fixed_but(*keys: str) -> dict[str, Any]:
-    """A free-form mapping that is fixed but for ``keys`` (``config``: its budget keys)."""
-    return {**FIXED, CHANGEABLE_KEYS: list(keys)}
+from .models import JobSpec
+from .resume_markers import CHANGEABLE_KEYS, ON_RESUME
 
 
 def _declared(field: Any) -> dict[str, Any]:
@@ -45,16 +38,10 @@ def _section(annotation: Any) -> type[BaseModel] | None:
     return sections[0] if len(sections) == 1 else None
 
 
-def _root() -> type[BaseModel]:
-    from .models import JobSpec  # models imports the markers from here
-
-    return JobSpec
-
-
 def rules(model: type[BaseModel] | None = None, prefix: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
     """(dotted path, declaration) of every field that declares its rule; a section's undeclared fields are
     listed under it. ValueError names a field that declares nothing (nor its section)."""
-    for name, field in (model or _root()).model_fields.items():
+    for name, field in (model or JobSpec).model_fields.items():
         declared = _declared(field)
         section = _section(field.annotation)
         if declared:
@@ -62,7 +49,7 @@ def rules(model: type[BaseModel] | None = None, prefix: str = "") -> Iterator[tu
         elif section is not None:
             yield from rules(section, f"{prefix}{name}.")
         else:
-            raise ValueError(f"{prefix}{name} declares neither MAY_CHANGE nor FIXED (launcher/spec/continuing.py)")
+            raise ValueError(f"{prefix}{name} declares neither MAY_CHANGE nor FIXED (launcher/spec/resume_markers.py)")
 
 
 def changeable() -> list[str]:
@@ -106,7 +93,7 @@ def reference_lists() -> str:
 
 
 def _is_section(path: str) -> bool:
-    model: Any = _root()
+    model: Any = JobSpec
     for part in path.split("."):
         model = _section(model.model_fields[part].annotation)
         if model is None:

@@ -28,9 +28,9 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from .continuing import FIXED, MAY_CHANGE, fixed_but
 from .file_checks import entrypoint_problem, run_dir_problem
 from .limits import control_character_problem
+from .resume_markers import FIXED, MAY_CHANGE, fixed_but
 from .sweep_model import Sweep
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"

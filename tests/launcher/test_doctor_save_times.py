@@ -1,9 +1,13 @@
-"""`elfes doctor`'s save times: what a stop needs is the synchronous save, not a background write."""
+"""`elfes doctor`'s save times: what a stop needs is the synchronous save, not a background write; and its
+``--set``, read before SLURM is asked (with SLURM: tests/slurm/test_slurm_preemption.py)."""
 
 from __future__ import annotations
 
 import json
 
+import yaml
+
+from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands.doctor import save_times
 from elfes.launcher.rundir.paths import RunPaths
 
@@ -48,3 +52,14 @@ def test_records_written_before_blocked_s_existed_count_their_duration(tmp_path)
     ])
     times = save_times(paths)
     assert (times.checkpoints, times.longest_save_s, times.longest_stop_s) == (2, 3.5, None)
+
+
+def test_doctor_takes_set_like_the_other_verbs(tmp_path, capsys):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "doctored", "command": ["true"], "run_dir": "run"}))
+    assert elfes(["doctor", str(spec), "--set", "resources.timeout_min=soon"]) == 2
+    error = capsys.readouterr().err
+    assert f"{spec} (with --set resources.timeout_min=soon): resources.timeout_min = \"soon\"" in error, error
+    assert elfes(["doctor", "--set", "slurm.partition=long"]) == 2
+    error = capsys.readouterr().err
+    assert "--set changes a field of the job spec, and none was given" in error and "elfes doctor JOB.yaml" in error

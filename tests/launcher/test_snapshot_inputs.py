@@ -148,3 +148,13 @@ def test_resuming_with_other_code_says_the_checkpoint_state_wins_and_provenance_
     assert json.loads(paths.code_record.read_text())["other_code_than"] == record.other_code_than
     described = collect(code=load_code_record(paths)).describe()
     assert "continued with other code than its checkpoints'" in described, described
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_secret_git_tracks_is_left_out_too(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "project")
+    (project / ".env").write_text("TOKEN=tracked by mistake\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "a secret")
+    selection = select(project, Snapshot())
+    assert selection.secrets == (".env",) and selection.files == (".gitignore", "train.py")

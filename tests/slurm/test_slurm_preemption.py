@@ -259,6 +259,11 @@ def test_doctor_tells_what_preemption_time_limit_and_cancel_do_in_both_configura
     (tmp_path / "high.yaml").write_text(json.dumps(high))
     assert "not preempted (PreemptMode=OFF)" in doctor(slurm, str(tmp_path / "high.yaml"))["by_topic"]["preemption"][0][
         "says"]
+    # --set changes the spec doctor reads, as for the other verbs (here: another partition, a longer signal delay).
+    changed = doctor(slurm, str(spec), "--set", "slurm.partition=high", "--set", "slurm.signal_delay_s=200")
+    assert changed["partition"] == "high" and "not preempted (PreemptMode=OFF)" in changed["by_topic"]["preemption"][0][
+        "says"]
+    assert "USR2 comes 200 s (slurm.signal_delay_s)" in changed["by_topic"]["time limit"][0]["says"]
     high["slurm"]["partition"] = "nowhere"
     (tmp_path / "nowhere.yaml").write_text(json.dumps(high))
     unknown = elfes(slurm, "doctor", str(tmp_path / "nowhere.yaml"), check=False)
