@@ -138,7 +138,8 @@ class HangWatchdog:
         seen = (f"no progress on this rank for {quiet_s:.0f} s" if quiet_s is not None else
                 f"rank {peer.rank} reported a hang")
         log.error(f"elfes: hang: {seen} (requeue.hang_timeout_s = {self.timeout_s:g}; {phase}"
-                  + (f", last update boundary: step {step}" if step is not None else ", before the first update boundary")
+                  + (f", last update boundary: step {step}" if step is not None
+                     else ", before the first update boundary")
                   + f"). The Python stacks of every thread of rank {self.rank} follow.")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()

@@ -68,7 +68,8 @@ def test_preempted_twice_resumes_bitwise(runs: Runs, references: Callable[[int],
             log = RunPaths(run_dir).rank_log(attempt, rank, "out").read_text()
             assert f"elfes: attempt {attempt} " in log
             # the runtime's lines carry a time and a level (launcher/job/job_log.py)
-            assert re.search(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}} INFO elfes: attempt {attempt} ", log, re.M), log
+            stamped = rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}} INFO elfes: attempt {attempt} "
+            assert re.search(stamped, log, re.M), log
     assert wait_ended(reference, "finished").attempts[-1].step == PLANNED_STEPS // tasks
     assert_runs_bitwise_equal(run_dir, reference)
 
