@@ -23,6 +23,7 @@ Torch-free.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -46,6 +47,8 @@ FORWARD_HOLD_S = 60.0
 POLL_S = 0.05
 # How often a held signal looks at the group's members again (a scan of /proc).
 RESCAN_S = 0.25
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -279,4 +282,4 @@ def saved_step_from_events(paths: RunPaths, since: str) -> int | None:
 
 
 def _say(message: str) -> None:
-    print(f"elfes: {message}", file=sys.stderr, flush=True)
+    log.warning(f"elfes: {message}")

@@ -1,19 +1,24 @@
-"""Acting on a failed attempt inside the job, once launcher/job/failures.py has said what the failure means.
+"""The failure path of one task's attempt (:class:`FailurePath`), once launcher/job/failures.py has said what a
+failure means.
 
-Every rank that fails publishes its report (:func:`publish_failure`). The rank that ends the attempt
-"failed" (launcher/job/runtime.py decides which, and records the decision in ``state.json``) records the
-nodes the failure leaves out with it (:func:`with_exclusions`), then carries the decision out: a retry
+Every rank that fails publishes its report (:func:`publish_failure`). The first rank to fail ends the attempt
+"failed" in ``state.json`` with the attempt's cause and decides whether it is retried; it records the nodes
+the failure leaves out with it (:func:`with_exclusions`), then carries the decision out: a retry
 (:func:`carry_out_retry`: SLURM ``scontrol requeue`` leaving those nodes out; local, past submitit's start
 limit, a resubmission), or, for a failure not retried of a multi-task SLURM job, ``scancel``
 (:func:`end_unretried_slurm_job`), so that no healthy rank waits on for the failed one until the time
-limit. launcher/job/requeue.py runs the SLURM and local commands. Torch-free.
+limit. The other ranks read that decision. launcher/job/requeue.py runs the SLURM and local commands.
+Torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-import sys
+import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..rundir import state as run_state
@@ -22,24 +27,157 @@ from ..rundir.state import Attempt, Failure
 from ..slurm import partition_nodes
 from ..spec import JobSpec
 from ..submit.placement import placement_problem
+from .attempt_context import AttemptContext
 from .distributed_env import Start
-from .failures import FailureReport, await_first_hand, repeats, write_report
+from .failures import (
+    FailureReport,
+    await_first_hand,
+    cause_of,
+    decide_failure,
+    failed_nodes,
+    failure_error,
+    rank_records,
+    read_reports,
+    repeats,
+    the_rank_that_failed,
+    write_report,
+)
 from .requeue import LOCAL_MAX_STARTS, end_failed_slurm_job, exclude_from_slurm_job, requeue_slurm_job, resubmit_local
 
 # How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
 # that stay silent are the lost ones, whose hosts a SLURM run leaves out of its later attempts.
 LOST_PEER_GRACE_S = 5.0
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HandledFailure:
+    """What became of this rank's failure: the attempt's failure as decided (None where ``state.json`` could not
+    take it) and whether this rank decided it (and carried it out)."""
+
+    failure: Failure | None
+    decided_here: bool
+
+    @property
+    def retried(self) -> bool:
+        return self.failure is not None and self.failure.retried
+
+
+class FailurePath:
+    """One task's failure path for its attempt: :meth:`report` says what a failure is, :meth:`handle` records
+    it and, on the deciding rank, carries the decision out. Called from the main thread or from the hang
+    watchdog's, one at a time.
+
+    ``task`` is the job's ``JobRuntime`` (resubmitted by a local retry past submitit's start limit).
+    """
+
+    def __init__(self, context: AttemptContext, *, task: Any) -> None:
+        self.context = context
+        self.task = task
+        self._one_at_a_time = threading.Lock()  # the main thread's failure or the watchdog's, never both at once
+        # What a report needs that the attempt learns on the way, each set once where it is learned:
+        self.heartbeat: Any = None  # the engine's Heartbeat of an entrypoint job (its StopRequest's)
+        self.final_reason: str | None = None  # why a failure now could not pass on a retry
+
+    def report(self, error: BaseException) -> FailureReport:
+        """This rank's report of ``error``: a command's failed exit, or an exception (a peer's loss when a
+        collective says so), at the step the heartbeat shows."""
+        context, heartbeat = self.context, self.heartbeat
+        report = FailureReport.of_exception(
+            error, rank=context.start.rank, host=context.start.host, at=time.time(),
+            step=heartbeat.failing_step() if heartbeat is not None else None,
+            updated=heartbeat is not None and heartbeat.updates > 0)
+        if self.final_reason is not None:
+            report = dataclasses.replace(report, final=self.final_reason)
+        elif isinstance(error, KeyboardInterrupt):  # a second SIGINT asked for no save
+            report = dataclasses.replace(report, final="interrupted on purpose (a second SIGINT), not a failure")
+        spec = context.spec
+        if spec is not None and spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
+            report = dataclasses.replace(report, category="exit")
+        return report
+
+    def handle(self, report: FailureReport) -> HandledFailure:
+        """Publish this rank's failure; the first rank to fail ends the attempt "failed" with the attempt's cause
+        and decides whether it is retried (launcher/job/failures.py), then carries that out (a retry, or the
+        end of a multi-task SLURM job); the others read the decision."""
+        context = self.context
+        with self._one_at_a_time:
+            publish_failure(context.paths, context.attempt_number, report, world_size=context.start.world_size)
+            ending = _FailedEnding(context, report)
+            try:
+                run_state.update_state(context.paths, ending)
+            except Exception as error:  # never lose the failure itself to a failure to record it
+                log.error(f"elfes: the failure could not be recorded in state.json ({type(error).__name__}: {error})")
+                return HandledFailure(None, decided_here=ending.decided_here)
+            failure = ending.failure
+            if ending.decided_here and failure is not None:
+                if failure.retried:
+                    failure = carry_out_retry(failure, context=context, task=self.task)
+                end_unretried_slurm_job(failure, context.start)
+            log.info(f"elfes: attempt {context.attempt_number} ended failed on rank {context.start.rank}"
+                     + ("; retried from `last`" if failure is not None and failure.retried else
+                        f"; not retried ({failure.reason})" if failure is not None and failure.reason else ""))
+            return HandledFailure(failure, decided_here=ending.decided_here)
+
+
+class _FailedEnding:
+    """The change to ``state.json`` (made under its lock) that ends the attempt "failed", and what it found:
+    :attr:`failure`, the attempt's failure as decided, by this rank (:attr:`decided_here`) or by the rank that
+    failed first."""
+
+    def __init__(self, context: AttemptContext, report: FailureReport) -> None:
+        self.context, self.report = context, report
+        self.failure: Failure | None = None
+        self.decided_here = False
+
+    def __call__(self, state: run_state.RunState | None) -> run_state.RunState:
+        context = self.context
+        state = context.begin(state)  # a no-op once rank 0 recorded the start (the usual case)
+        attempt = next(a for a in state.attempts if a.token == context.token)
+        if attempt.ended:
+            self.failure = attempt.failure
+            return state
+        number, paths = context.attempt_number, context.paths
+        reports = read_reports(paths, number) or [self.report]
+        records = rank_records(paths, number)
+        hosts = {rank: record["host"] for rank, record in records.items()}
+        cause = the_rank_that_failed(cause_of(reports), reports, world_size=context.start.world_size, hosts=hosts,
+                                     gone=lambda rank: _task_gone(records.get(rank), host=context.start.host))
+        failure = decide_failure(cause, previous=context.previous, failures_used=context.failures_used,
+                                 max_failures=context.max_failures)
+        failure = dataclasses.replace(failure, nodes=failed_nodes(cause, reports, hosts=tuple(context.start.hosts),
+                                                                  ranks=hosts))
+        self.failure, self.decided_here = failure, True
+        state = run_state.end_attempt(state, token=context.token, outcome="failed",
+                                      error=failure_error(failure, cause), failure=failure)
+        return with_exclusions(state, failure, attempt=number, previous=context.previous,
+                               excluding=excludes_nodes(context.executor, context.spec), final=cause.final is not None)
+
+
+def _task_gone(record: dict | None, *, host: str) -> bool:
+    """Whether the task of a pid record (``RunPaths.pid_file``) is known to have ended: one on ``host`` (this
+    task's) only."""
+    if record is None or record.get("host") != host or not isinstance(record.get("pid"), int):
+        return False
+    try:
+        os.kill(record["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
 
 def publish_failure(paths: RunPaths, attempt: int, report: FailureReport, *, world_size: int) -> None:
     """Say in the log that this rank failed and write its report (``RunPaths.failure_report``; a write that fails
     only warns). A rank that lost a peer in a multi-rank attempt then waits up to :data:`LOST_PEER_GRACE_S` for
     the other ranks' reports. Every failing rank, before the decision."""
-    print(f"elfes: attempt {attempt} failed on rank {report.rank}: {report.cause}", file=sys.stderr, flush=True)
+    log.error(f"elfes: attempt {attempt} failed on rank {report.rank}: {report.cause}")
     try:
         write_report(paths, attempt, report)
     except OSError as error:
-        print(f"elfes: the failure report could not be written ({error})", file=sys.stderr, flush=True)
+        log.warning(f"elfes: the failure report could not be written ({error})")
     if report.category == "lost" and world_size > 1:
         await_first_hand(paths, attempt, world_size, LOST_PEER_GRACE_S)
 
@@ -64,11 +202,11 @@ def with_exclusions(state: run_state.RunState, failure: Failure, *, attempt: int
     return run_state.exclude_nodes(state, hosts=failure.nodes, attempt=attempt, cause=failure.cause)
 
 
-def carry_out_retry(failure: Failure, *, paths: RunPaths, start: Start, token: str, spec: JobSpec,
-                    task: Any) -> Failure:
+def carry_out_retry(failure: Failure, *, context: AttemptContext, task: Any) -> Failure:
     """The deciding rank's part of a retry: SLURM ``scontrol requeue`` leaving the excluded nodes out (refused, or
     the job could not be placed: the run ends failed, saying why); local past submitit's start limit, a
     resubmission of ``task`` (the job's ``JobRuntime``). Returns the failure as it stands."""
+    paths, start, token, spec = context.paths, context.start, context.token, context.spec
     refused = None
     if start.executor == "slurm":
         state = run_state.load_state(paths)
@@ -98,7 +236,7 @@ def _requeue_leaving_out(job_id: str, excluded: tuple[str, ...], *, paths: RunPa
                                               excluded=excluded)
         if problem:
             run_state.update_state(paths, lambda s: run_state.include_nodes_after(s, token=token, why=problem))
-            print(f"elfes: {problem}", flush=True)
+            log.info(f"elfes: {problem}")
             excluded = ()
     refused = requeue_slurm_job(job_id)
     if refused is None and excluded:

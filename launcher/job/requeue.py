@@ -7,7 +7,7 @@ SLURM job that stopped on SIGTERM waits for SLURM to end it. Inside the job; tor
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from typing import Any
 
@@ -26,6 +26,8 @@ LOCAL_REQUEUE_EXIT_CODE = 144
 # requeue past that is a resubmission into the same run directory.
 LOCAL_MAX_STARTS = 6
 
+log = logging.getLogger(__name__)
+
 
 def requeue_slurm_job(job_id: str) -> str | None:
     """``scontrol requeue JOB_ID`` from inside the job (rank 0); None when SLURM accepted it, else why not
@@ -40,8 +42,7 @@ def requeue_slurm_job(job_id: str) -> str | None:
         hint = (" (requeues are disabled for this job: JobRequeue=0 without --requeue, or --no-requeue)"
                 if "disabled" in said.lower() else "")
         return f"`scontrol requeue {job_id}` failed: {said}{hint}; `last` is saved: `elfes resume RUN_DIR` continues the run"
-    print(f"elfes: requeued SLURM job {job_id} (scontrol requeue); SLURM ends this attempt and starts the job again",
-          flush=True)
+    log.info(f"elfes: requeued SLURM job {job_id} (scontrol requeue); SLURM ends this attempt and starts the job again")
     return None
 
 
@@ -55,12 +56,12 @@ def exclude_from_slurm_job(job_id: str, hosts: tuple[str, ...]) -> None:
         said = completed.error
     else:
         if completed.code == 0:
-            print(f"elfes: SLURM job {job_id} leaves out {', '.join(hosts)} when it starts again (ExcNodeList; "
-                  "`elfes resume RUN_DIR --include-nodes` allows them again)", flush=True)
+            log.info(f"elfes: SLURM job {job_id} leaves out {', '.join(hosts)} when it starts again (ExcNodeList; "
+                  "`elfes resume RUN_DIR --include-nodes` allows them again)")
             return
         said = completed.said or f"exit code {completed.code}"
-    print(f"elfes: warning: `{completed.command}` failed ({said}); the requeued job may start on those nodes again",
-          file=sys.stderr, flush=True)
+    log.warning(f"elfes: warning: `{completed.command}` failed ({said}); the requeued job may start on those nodes "
+                "again")
 
 
 def cancel_slurm_job(job_id: str) -> None:
@@ -73,12 +74,10 @@ def cancel_slurm_job(job_id: str) -> None:
     """
     completed = cancel(job_id, in_job=True)
     if completed.error is not None:
-        print(f"elfes: `scancel {job_id}` could not run ({completed.error}); the job ends when its tasks exit",
-              flush=True)
+        log.info(f"elfes: `scancel {job_id}` could not run ({completed.error}); the job ends when its tasks exit")
         return
     said = completed.said
-    print(f"elfes: cancelled SLURM job {job_id} (scancel" + (f": {said}" if said else "") + "); it does not come back",
-          flush=True)
+    log.info(f"elfes: cancelled SLURM job {job_id} (scancel" + (f": {said}" if said else "") + "); it does not come back")
 
 
 def end_failed_slurm_job(job_id: str) -> None:
@@ -88,12 +87,12 @@ def end_failed_slurm_job(job_id: str) -> None:
     SLURM ends them all now (SIGTERM, SIGKILL KillWait later) and the job is not requeued."""
     completed = cancel(job_id, in_job=True)
     if completed.error is not None:
-        print(f"elfes: warning: `scancel {job_id}` could not run ({completed.error}); the job's other tasks run on "
-              "until they fail or reach the time limit: `scancel` it", file=sys.stderr, flush=True)
+        log.warning(f"elfes: warning: `scancel {job_id}` could not run ({completed.error}); the job's other tasks run on "
+              "until they fail or reach the time limit: `scancel` it")
         return
     said = completed.said
-    print(f"elfes: ended SLURM job {job_id} (scancel" + (f": {said}" if said else "") + ") so that its other tasks "
-          "do not wait for the failed rank: the failure is not retried", flush=True)
+    log.info(f"elfes: ended SLURM job {job_id} (scancel" + (f": {said}" if said else "") + ") so that its other tasks "
+          "do not wait for the failed rank: the failure is not retried")
 
 
 def resubmit_local(paths: RunPaths, task: Any) -> None:
@@ -111,8 +110,8 @@ def resubmit_local(paths: RunPaths, task: Any) -> None:
             run_state.update_state(paths, lambda s: run_state.mark_submission_failed(s, error=message))
             raise
         record_job(paths, job_id)
-    print(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
-          f"resubmitted the run as local job {job_id}", flush=True)
+    log.info(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
+             f"resubmitted the run as local job {job_id}")
 
 
 def wait_for_slurm_to_end_the_job() -> None:
@@ -123,7 +122,7 @@ def wait_for_slurm_to_end_the_job() -> None:
     FAILED); one that SLURM kills in PreemptMode=REQUEUE is. A cancelled attempt does not wait: it
     ``scancel``s the job (:func:`cancel_slurm_job`) and exits.
     """
-    print("elfes: `last` is saved; waiting for SLURM to end the job (a preempted job is requeued by SLURM; "
-          "`elfes cancel` keeps it from coming back)", flush=True)
+    log.info("elfes: `last` is saved; waiting for SLURM to end the job (a preempted job is requeued by SLURM; "
+             "`elfes cancel` keeps it from coming back)")
     while True:
         time.sleep(60)

@@ -35,6 +35,7 @@ there the attempt runs into its time limit as before. Torch-free.
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import signal
 import sys
@@ -52,6 +53,8 @@ SLOW_PHASES = frozenset({"checkpointing"})  # of elfes.engine.heartbeat.PHASES
 GRACE_S = 10.0  # how long a firing watchdog waits for a beat (and the other ranks' stacks) before the hang stands
 POLL_S = 1.0
 PEER_EXIT_S = 5.0  # how long the deciding rank of a local job waits for its peers to leave before killing them
+
+log = logging.getLogger(__name__)
 
 
 class HangWatchdog:
@@ -134,9 +137,10 @@ class HangWatchdog:
         phase, step = heartbeat.phase, heartbeat.step
         seen = (f"no progress on this rank for {quiet_s:.0f} s" if quiet_s is not None else
                 f"rank {peer.rank} reported a hang")
-        print(f"elfes: hang: {seen} (requeue.hang_timeout_s = {self.timeout_s:g}; {phase}"
-              + (f", last update boundary: step {step}" if step is not None else ", before the first update boundary")
-              + f"). The Python stacks of every thread of rank {self.rank} follow.", file=sys.stderr, flush=True)
+        log.error(f"elfes: hang: {seen} (requeue.hang_timeout_s = {self.timeout_s:g}; {phase}"
+                  + (f", last update boundary: step {step}" if step is not None
+                     else ", before the first update boundary")
+                  + f"). The Python stacks of every thread of rank {self.rank} follow.")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         report = self._report(peer_lost=quiet_s is None)
@@ -155,7 +159,7 @@ class HangWatchdog:
             else:
                 break
             withdraw_report(self.paths, self.attempt, report)
-            print(f"elfes: hang: stood down, {why} during the grace; watching on", file=sys.stderr, flush=True)
+            log.warning(f"elfes: hang: stood down, {why} during the grace; watching on")
             return False
         self.on_hang(self._report(peer_lost=quiet_s is None))  # the heartbeat as it is now
         return True
@@ -176,4 +180,4 @@ def end_stuck_peers(paths: RunPaths, *, attempt: int, rank: int) -> None:
             os.kill(int(record["pid"]), signal.SIGKILL)
         except ProcessLookupError:
             continue
-        print(f"elfes: rank {record.get('rank')} did not end after the hang: killed (SIGKILL)", file=sys.stderr, flush=True)
+        log.warning(f"elfes: rank {record.get('rank')} did not end after the hang: killed (SIGKILL)")

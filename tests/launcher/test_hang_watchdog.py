@@ -17,6 +17,7 @@ from local_runs import write_spec
 from elfes.engine import Heartbeat
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.job.failures import FailureReport, read_reports, withdraw_report, write_report
+from elfes.launcher.job.job_log import job_logging
 from elfes.launcher.job.watchdog import SLOW_FACTOR, HangWatchdog
 from elfes.launcher.rundir.paths import RunPaths
 
@@ -53,7 +54,7 @@ def watching(folder: Path, heartbeat: Heartbeat, *, timeout_s: float, startup_ti
     """Rank 0's watchdog over ``heartbeat`` while the block runs; its log (stacks included) in ``Watched.log``."""
     folder.mkdir(parents=True, exist_ok=True)
     watched = Watched(folder)
-    with open(watched.log, "w") as stream:
+    with open(watched.log, "w") as stream, job_logging():  # the runtime's logging, as in a job's task
         saved, sys.stderr = sys.stderr, stream  # faulthandler writes to the file's descriptor
         try:
             with HangWatchdog(heartbeat, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s,

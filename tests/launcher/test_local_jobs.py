@@ -9,6 +9,7 @@ the exported model) to an uninterrupted run of the same spec.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -64,7 +65,11 @@ def test_preempted_twice_resumes_bitwise(runs: Runs, references: Callable[[int],
     assert {e["world_size"] for e in starts} == {tasks}  # one gloo group of all the tasks, every attempt
     for attempt in (1, 2, 3):
         for rank in range(tasks):
-            assert f"elfes: attempt {attempt} " in RunPaths(run_dir).rank_log(attempt, rank, "out").read_text()
+            log = RunPaths(run_dir).rank_log(attempt, rank, "out").read_text()
+            assert f"elfes: attempt {attempt} " in log
+            # the runtime's lines carry a time and a level (launcher/job/job_log.py)
+            stamped = rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}} INFO elfes: attempt {attempt} "
+            assert re.search(stamped, log, re.M), log
     assert wait_ended(reference, "finished").attempts[-1].step == PLANNED_STEPS // tasks
     assert_runs_bitwise_equal(run_dir, reference)
 

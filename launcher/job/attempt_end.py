@@ -1,0 +1,83 @@
+"""How a task leaves its attempt: :func:`finish_attempt` records an attempt's end (rank 0) and acts on it (every
+rank alike), and :func:`exit_code` is the one place that says with which code a task leaves without returning.
+
+The ways out of an attempt, every rank alike:
+
+- finished, stopped or cancelled: the task returns a small dict (submitit writes it as the job's result);
+  under SLURM a stopped task first waits until SLURM ends it, so that a preempted job is requeued by
+  SLURM, while a cancelled attempt has rank 0 ``scancel`` the job, so that it never comes back;
+- requeued (the requeue signal while requeues are left), or a failure that is retried: ``SystemExit`` with
+  :func:`exit_code` (a rank that returned would write a success result for an attempt being relaunched);
+- a hang that stands: ``os._exit`` with :func:`exit_code`, from the watchdog's thread (the main thread is stuck);
+- a failure not retried: the error is re-raised, and submitit records it.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..rundir import state as run_state
+from ..rundir.task_files import cancel_requested, remove_pid_file
+from .attempt_context import AttemptContext
+from .outcome import Decision
+from .requeue import (
+    LOCAL_MAX_STARTS,
+    LOCAL_REQUEUE_EXIT_CODE,
+    cancel_slurm_job,
+    requeue_slurm_job,
+    resubmit_local,
+    wait_for_slurm_to_end_the_job,
+)
+from .signals import TERMINATING_SIGNALS
+
+log = logging.getLogger(__name__)
+
+
+def exit_code(executor: str, *, relaunched: bool) -> int:
+    """The exit status of a task that leaves its attempt without returning. Relaunched (requeued, or a failure
+    retried): :data:`LOCAL_REQUEUE_EXIT_CODE` locally, on which submitit's controller starts the job again,
+    and 0 under SLURM, where ``scontrol requeue`` already did (a nonzero exit would end the requeued job
+    "failed"). Not relaunched (a hang that stands and is not retried): 1."""
+    if not relaunched:
+        return 1
+    return LOCAL_REQUEUE_EXIT_CODE if executor == "local" else 0
+
+
+def finish_attempt(context: AttemptContext, decision: Decision, *, step: int | None, task: Any) -> dict[str, Any]:
+    """Record the outcome (rank 0) and act on it (every rank alike). ``task``: the job's ``JobRuntime``, which
+    rank 0 resubmits where a local requeue is past submitit's start limit."""
+    start = context.start
+    slurm = start.executor == "slurm"
+    if decision.requeue and slurm and context.is_main:
+        if cancel_requested(context.paths, context.state_at_start):
+            # `elfes cancel` came while the job stopped for a requeue: the cancel wins (a requeued job
+            # would come back, and scontrol requeue also requeues a job that scancel is ending).
+            decision = Decision("cancelled", signal=decision.signal)
+        elif (refused := requeue_slurm_job(start.job_id)) is not None:
+            decision = Decision("stopped", signal=decision.signal, error=refused)
+    resubmit = decision.requeue and start.executor == "local" and start.restart + 1 >= LOCAL_MAX_STARTS
+    if context.is_main:
+        run_state.update_state(context.paths, lambda s: run_state.end_attempt(
+            s, token=context.token, outcome=decision.outcome, signal=decision.signal, step=step,
+            error=decision.error))
+        if resubmit:
+            resubmit_local(context.paths, task)
+    log.info(f"elfes: attempt {context.attempt_number} ended {decision.outcome}"
+             + (f" ({decision.signal})" if decision.signal else "") + (f" at step {step}" if step is not None else "")
+             + (f": {decision.error}" if decision.error else ""))
+    remove_pid_file(context.paths, start.rank)
+    if decision.requeue:
+        raise SystemExit(exit_code(start.executor, relaunched=True))
+    if slurm and decision.outcome == "cancelled":
+        # Cancelled for good: rank 0 scancels the job (it may have come back through a requeue that beat
+        # the cancel) and every rank exits, which frees the allocation now; an exit is never requeued.
+        if context.is_main:
+            cancel_slurm_job(start.job_id)
+    elif slurm and decision.signal in TERMINATING_SIGNALS:
+        # A job that exits during a preemption's grace time is not requeued; one that SLURM kills
+        # is (PreemptMode=REQUEUE). So wait to be ended.
+        wait_for_slurm_to_end_the_job()
+    return {"outcome": decision.outcome, "attempt": context.attempt_number, "step": step}
