@@ -32,18 +32,18 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..job.runtime import JobRuntime
-from ..rundir import state as run_state
-from ..rundir.code_record import job_spec
-from ..rundir.paths import RunPaths, SweepPaths
-from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
-from ..slurm import SlurmError, partition_nodes, user_jobs
-from ..spec import JobSpec, load_spec
-from ..spec.sweep import SweepPlan
-from ..submit import arrays, executors
-from ..submit.handover import RunDirUndo, record_ahead, record_job, signals_deferred, submission_lock
-from ..submit.placement import placement_problem
-from .submission import close_lost_job, excluded_nodes, settle_interrupted_handover
+from ...job.runtime import JobRuntime
+from ...rundir import state as run_state
+from ...rundir.code_record import job_spec
+from ...rundir.paths import RunPaths, SweepPaths
+from ...rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
+from ...slurm import SlurmError, partition_nodes, user_jobs
+from ...spec import JobSpec, load_spec
+from ...spec.sweep import SweepPlan
+from ...submit import arrays, executors
+from ...submit.handover import RunDirUndo, record_ahead, record_job, signals_deferred, submission_lock
+from ...submit.placement import placement_problem
+from ..submission import close_lost_job, excluded_nodes, settle_interrupted_handover
 
 
 def _options_key(spec: JobSpec) -> str:
@@ -281,7 +281,7 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
 def array_findings(spec_file: str, config: dict[str, str]) -> list[tuple[str, str, str | None]]:
     """``elfes doctor`` of a sweep spec: each array's ``--array`` line, cut at ``MaxArraySize`` (level, what it
     says, what to change)."""
-    from ..spec.sweep import plan_sweep
+    from ...spec.sweep import plan_sweep
 
     plan = plan_sweep(spec_file, check_files=False)
     limit = int(config["MaxArraySize"]) if config.get("MaxArraySize", "").isdigit() else None
