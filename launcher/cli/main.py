@@ -314,7 +314,7 @@ def _expected_error_code(error: Exception) -> int | None:
     any other (a bug: its traceback shows). The error classes are imported here, once an error came, so
     that a verb loads only the modules it uses (``elfes status`` of a sweep never loads the spec's models)."""
     from .. import spec
-    from ..commands.rehearsal_plan import RehearsalFailed
+    from ..commands.rehearsal.plan import RehearsalFailed
     from ..commands.signalling import ActionFailed
     from ..rundir import state
     from ..rundir.lookup import UsageError

@@ -1,5 +1,5 @@
 """``elfes rehearse``: its arguments, its live lines and its verdict table (printing only; the work is
-launcher/commands/rehearsal.py's)."""
+launcher/commands/rehearsal/pipeline.py's)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def rehearse(args: argparse.Namespace) -> int:
     """Rehearse the spec, or each ``--member`` of a sweep spec in turn (every one checked before any runs);
     the exit code is the first member's that is not exact."""
-    from ..commands.rehearsal import RehearsalOptions, prepare
+    from ..commands.rehearsal.pipeline import RehearsalOptions, prepare
 
     options = RehearsalOptions(
         interruptions=args.interruptions, kinds=tuple(kind.strip() for kind in args.kinds.split(",") if kind.strip()),

@@ -36,7 +36,7 @@ def any_sweep(folders: list[str]) -> bool:
 
 
 def submit(args: argparse.Namespace) -> int:
-    from ..commands import sweep
+    from ..commands.sweep import verbs as sweep
     from ..rundir.lookup import UsageError
 
     if args.follow:
@@ -73,7 +73,7 @@ def _refusals(result: Any) -> int:
 
 
 def resume(args: argparse.Namespace) -> int:
-    from ..commands import sweep
+    from ..commands.sweep import verbs as sweep
 
     result = sweep.resume(args.run_dir, executor=args.executor, sets=args.sets,
                           include_nodes=args.include_nodes)
@@ -99,7 +99,7 @@ def resume(args: argparse.Namespace) -> int:
 
 
 def cancel(args: argparse.Namespace) -> int:
-    from ..commands import sweep
+    from ..commands.sweep import verbs as sweep
 
     result = sweep.cancel_sweep(args.run_dir)
     for signalled in result.signalled:

@@ -336,7 +336,7 @@ def doctor(spec_file: str | os.PathLike[str] | None = None, *, test_job: bool = 
     if spec is not None:
         findings += _time_limit(spec, settings, config, times)
     if spec is not None and spec.sweep is not None:
-        from .sweep_slurm import array_findings
+        from .sweep.slurm import array_findings
 
         findings += [Finding("job array", *found) for found in array_findings(str(spec_file), config, sets)]
     if test_job:

@@ -1,6 +1,6 @@
 """The verbs that hand a run to an executor: ``elfes submit``, ``elfes resume``, and a local job's
 requeue past submitit's start limit. Each records what it does in ``state.json`` (launcher/rundir/state.py)
-under the run directory's submission lock, as one transaction (launcher/submit/handover.py): the
+under the run directory's submission lock, as one transaction (launcher/submit/transaction.py): the
 submission is written ahead, a refused one leaves the run directory byte for byte as it was, Ctrl-C
 waits for the hand-over to be recorded, and a hand-over a SIGKILL cut short is settled by the next.
 
@@ -13,34 +13,20 @@ Torch-free: ``submit`` and ``resume`` run on a login node.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from elfes.files import write_text_atomically
-
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
-from ..rundir.code_record import job_spec, load_code_record
-from ..rundir.liveness import cancel_requested, effective_state, liveness
-from ..rundir.lookup import UsageError, recorded_spec, run_paths
-from ..rundir.lost_cause import describe_lost
+from ..rundir.code_record import load_code_record
+from ..rundir.lookup import UsageError, run_paths
 from ..rundir.paths import RunPaths
-from ..spec import JobSpec, SpecError, read_spec_data, validate_spec_data
+from ..spec import JobSpec, read_spec_data, validate_spec_data
 from ..spec.overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
 from ..submit import executors
-from ..submit.code_plan import CodePlan, carry_out, plan_resume, plan_submit, prune_older
-from ..submit.continuation import CHANGEABLE_FIELDS, budget_raised, extend_hint, refused_changes
-from ..submit.handover import (
-    Interrupted,
-    RunDirUndo,
-    interrupted_handover,
-    record_ahead,
-    record_job,
-    reserve_room_for_record_job,
-    signals_deferred,
-    submission_lock,
-)
+from ..submit.code_plan import CodePlan, plan_resume, plan_submit
+from ..submit.transaction import HandedOver, changes, hand_over_run, read_recorded_spec
 
 
 @dataclass(frozen=True)
@@ -58,156 +44,22 @@ class Submitted:
     warnings: tuple[str, ...] = ()  # of the code: files left out as secrets, other code continuing the checkpoints
 
 
-def _recorded(paths: RunPaths) -> JobSpec | None:
-    try:
-        return recorded_spec(paths)
-    except SpecError as error:
-        raise UsageError(f"{paths.spec} (the spec recorded in the run directory) cannot be read: {error}") from None
-
-
-def _changes(spec: JobSpec, source: str, paths: RunPaths) -> tuple[str, ...] | None:
-    """The fields in which ``spec`` changes the run recorded in ``paths`` (None: no run recorded yet);
-    UsageError naming the fields that may not change in a run that has checkpoints."""
-    recorded = _recorded(paths)
-    if recorded is None:
-        return None
-    refused = refused_changes(recorded, spec, paths)
-    if refused:
-        raise UsageError(
-            f"{source}: run directory {paths.run_dir} holds a different job (fields that may not change when a run "
-            f"continues from its checkpoints: {', '.join(refused)}); they change what the run computes. Keep them "
-            f"as recorded in {paths.spec} to continue that run (these may change: {', '.join(CHANGEABLE_FIELDS)}), "
-            "or start a fresh run in another run_dir (e.g. --set run_dir=NEW_FOLDER)")
-    return tuple(recorded.differences(spec))
-
-
-def close_lost_job(paths: RunPaths) -> run_state.RunState | None:
-    """Record a job that is gone without an outcome as lost (submitter side, before a new submission).
-    Refuses (StateError) while a SLURM job of a stopped run is still queued or alive."""
-    state = run_state.load_state(paths)
-    live = liveness(paths, state)
-    if state is not None and state.executor == "slurm" and state.status in run_state.ENDED and live.alive:
-        # A SIGTERM stop saves `last` and waits for SLURM to end the job, which may requeue it (preemption).
-        reason = f" ({live.queue_reason})" if live.queue_reason else ""
-        raise run_state.StateError(
-            f"{paths.run_dir}: SLURM job {state.job_id} of this run is still {live.queue_state}{reason} (a stopped job "
-            "waits for SLURM to end it, and a preempted one comes back by itself); wait until `elfes status` no "
-            f"longer shows it in the queue, or `scancel {state.job_id}` first")
-    if state is not None and state.status in run_state.ENDED and live.command:
-        raise run_state.StateError(
-            f"{paths.run_dir}: processes {list(live.command)} of this run's command are still running after its "
-            f"attempt ended {state.status} (a wrapper's trainer, whose task is gone); a second trainer would write "
-            f"the same run: `elfes cancel {paths.run_dir}` ends them, then submit or resume again")
-    if effective_state(paths, state, live) is state:
-        return state
-    return run_state.update_state(
-        paths, lambda s: run_state.mark_lost(s, cancelled=cancel_requested(paths, s), error=describe_lost(paths, s))
-        if s is not None else s
-    )
-
-
-def settle_interrupted_handover(paths: RunPaths, changed: tuple[str, ...]) -> run_state.RunState | None:
-    """A run left "submitted" by a submitter killed mid-hand-over: adopt the job it started (returned
-    as a "pending" state), refuse while it may still be starting one, or record it abandoned (None)."""
-    state = run_state.load_state(paths)
-    if state is None or state.status != "submitted":
-        return None
-    found = interrupted_handover(paths, state)
-    earlier = state.submissions[-1] if state.submissions else None
-    what = (f"an earlier submission ({earlier.kind} at {earlier.at}, pid {earlier.pid} on {earlier.host}) was "
-            "interrupted before it recorded its job" if earlier else "an earlier submission was interrupted")
-    if found.busy:
-        raise run_state.StateError(f"{paths.run_dir}: {what}, and {found.busy}; wait for it to finish, then try "
-                                   f"again (`elfes status {paths.run_dir}` shows the run)")
-    if found.job_id is not None:
-        if changed:
-            raise run_state.StateError(
-                f"{paths.run_dir}: {what}; its {state.executor} job {found.job_id} runs with the recorded spec, so "
-                f"{', '.join(changed)} cannot change now; wait for it to end or `elfes cancel {paths.run_dir}`")
-        return run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=found.job_id))
-    run_state.update_state(paths, lambda s: run_state.mark_submission_abandoned(
-        s, error="interrupted before the executor took the job (the submitter was killed); no job of it was found"))
-    return None
-
-
-def _finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) -> str | None:
-    """Why submitting ``spec`` is refused if the run is finished when the submission is recorded (its job
-    may finish while this submitter decides); None when it raises the budget."""
-    if recorded is None or budget_raised(recorded, spec):
-        return None
-    return (f"{paths.run_dir}: the run is finished; submitting it again would train nothing. To train further, "
-            f"raise its budget: {extend_hint(paths, recorded)}")
-
-
-def excluded_nodes(spec: JobSpec, paths: RunPaths, executor: str) -> tuple[str, ...]:
-    """The nodes the run's next SLURM job leaves out (``--exclude``): those recorded after failures there, while
-    ``requeue.exclude_failed_nodes`` is on."""
-    if executor != "slurm" or not spec.requeue.exclude_failed_nodes:
-        return ()
-    state = run_state.load_state(paths)
-    return state.excluded_hosts if state is not None else ()
+def _describe(spec: JobSpec, paths: RunPaths, executor: str) -> Callable[[HandedOver], str]:
+    """What a stop signal that arrived during the hand-over says was handed over first."""
+    return lambda done: (f"{spec.name} was handed over first: {done.state.executor if done.adopted else executor} job "
+                         f"{done.state.job_id} runs (elfes status {paths.run_dir}; elfes cancel stops it)")
 
 
 def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan,
                  include_nodes: bool = False) -> Submitted:
-    """Everything a submission writes, under the lock, with stop signals deferred; undone when refused.
-    ``include_nodes``: the nodes the run excluded after failures are allowed again first."""
-    with signals_deferred() as arrived:
-        undo = RunDirUndo(paths)
-        handed_over = False
-        try:
-            paths.run_dir.mkdir(parents=True, exist_ok=True)
-            with submission_lock(paths):
-                undo.take()
-                changed = _changes(spec, source, paths)
-                adopted = settle_interrupted_handover(paths, changed or ())
-                if adopted is not None:
-                    handed_over = True
-                    return _finish(arrived, Submitted(paths.run_dir, spec.name, adopted.executor, adopted.job_id,
-                                                      adopted.status, True, adopted=True))
-                close_lost_job(paths)
-                if include_nodes:
-                    run_state.update_state(paths, lambda s: run_state.include_nodes(s) if s is not None else s)
-                # Recorded before anything else is written: a refusal (a run that is, or just became, finished)
-                # leaves the folder as it was, and from here on undo knows the run's files are this submission's.
-                record_ahead(spec, paths, executor, kind, refuse_finished=_finished_refusal(paths, _recorded(paths), spec))
-                if changed is None or changed:
-                    write_text_atomically(paths.spec, spec.to_yaml())
-                paths.cancel_marker.unlink(missing_ok=True)
-                record = carry_out(code, paths, undo)
-                reserved = reserve_room_for_record_job(paths)
-                try:
-                    job_id = executors.submit(job_spec(spec, paths), paths, executor, JobRuntime(str(paths.run_dir)),
-                                              exclude=excluded_nodes(spec, paths, executor))
-                except BaseException:
-                    reserved.unlink(missing_ok=True)
-                    raise
-                handed_over = True
-                state = record_job(paths, job_id)
-                prune_older(paths, record)
-        except OSError as error:
-            if not handed_over:
-                undo.restore()
-            raise SpecError(f"{source}: run_dir = {str(paths.run_dir)!r}: cannot be written ({error.strerror or error}); "
-                            "give a folder this user can write") from None
-        except BaseException as error:
-            if not handed_over:
-                undo.restore()
-                if arrived and isinstance(error, executors.SubmissionError):
-                    raise Interrupted(arrived[0], f"the submission failed ({error}); the run directory is as it "
-                                      "was") from None
-            raise
-    return _finish(arrived, Submitted(paths.run_dir, spec.name, executor, state.job_id, state.status,
-                                      changed is not None, changed=changed or (),
-                                      code=record.describe() if record is not None and code.note is None else code.note,
-                                      warnings=code.warnings))
-
-
-def _finish(arrived: list[int], result: Submitted) -> Submitted:
-    if arrived:
-        raise Interrupted(arrived[0], f"{result.name} was handed over first: {result.executor} job {result.job_id} "
-                                      f"runs (elfes status {result.run_dir}; elfes cancel stops it)")
-    return result
+    """The hand-over (launcher/submit/transaction.py), its outcome as the verbs report it."""
+    done = hand_over_run(spec, paths, executor, kind, source, code, JobRuntime(str(paths.run_dir)),
+                         include_nodes=include_nodes, describe=_describe(spec, paths, executor))
+    if done.adopted:
+        return Submitted(paths.run_dir, spec.name, done.state.executor, done.state.job_id, done.state.status, True,
+                         adopted=True)
+    return Submitted(paths.run_dir, spec.name, executor, done.state.job_id, done.state.status,
+                     done.changed is not None, changed=done.changed or (), code=done.code, warnings=code.warnings)
 
 
 def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run: bool = False,
@@ -228,7 +80,8 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     chosen = executors.choose_executor(executor)
     executors.check_executor(spec, chosen)
     paths = RunPaths(spec.run_dir)
-    changed = _changes(spec, described, paths) if paths.run_dir.is_dir() else None  # before anything is written
+    # Before anything is written.
+    changed = changes(spec, described, paths, read_recorded_spec(paths)) if paths.run_dir.is_dir() else None
     if code == "recorded" and load_code_record(paths) is not None:
         plan = CodePlan(keep=True)
     else:
@@ -266,6 +119,6 @@ def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets
         raise UsageError(f"{run_dir}: no state.json (the job was never submitted); use `elfes submit`")
     chosen = executors.choose_executor(executor) if executor is not None else state.executor
     executors.check_executor(spec, chosen)
-    _changes(spec, described, paths)  # refused fields: before anything is written
+    changes(spec, described, paths, read_recorded_spec(paths))  # refused fields: before anything is written
     return _transaction(spec, paths, chosen, "resume", described, plan_resume(spec, paths, described, code),
                         include_nodes=include_nodes)

@@ -11,13 +11,9 @@ import logging
 import time
 from typing import Any
 
-from ..rundir import state as run_state
-from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths
 from ..slurm import cancel, exclude_nodes, requeue
-from ..spec import load_spec_with
-from ..submit import executors
-from ..submit.handover import record_ahead, record_job, submission_lock
+from ..submit.transaction import resubmit_run
 
 # submitit's local controller relaunches all tasks when any exits with this code
 # (submitit.local.local.LOCAL_REQUEUE_RETURN_CODE).
@@ -100,16 +96,7 @@ def resubmit_local(paths: RunPaths, task: Any) -> None:
     start counts as a requeue) into the same run directory: ``task`` (the job's ``JobRuntime``) in a new
     detached controller; our rank variables are dropped. Rank 0, after recording "requeued". A refusal is
     recorded (the job is ending) and raised."""
-    spec = load_spec_with(paths.spec, check_files=False)
-    with submission_lock(paths):
-        record_ahead(spec, paths, "local", "requeue")
-        try:
-            job_id = executors.submit(job_spec(spec, paths), paths, "local", task)  # the run's code snapshot
-        except (executors.SubmissionError, executors.ExecutorError) as error:
-            message = str(error)
-            run_state.update_state(paths, lambda s: run_state.mark_submission_failed(s, error=message))
-            raise
-        record_job(paths, job_id)
+    job_id = resubmit_run(paths, task)
     log.info(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
              f"resubmitted the run as local job {job_id}")
 

@@ -32,7 +32,6 @@ from ..rundir import state as run_state
 from ..rundir.liveness import local_processes
 from ..rundir.paths import RunPaths, SweepPaths
 from ..slurm import SlurmError, cancel, user_jobs
-from ..spec import JobSpec
 
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # A submitter on another login node gets this long to record its job (sbatch gives up well before).
@@ -270,20 +269,9 @@ def submission_lock(paths: RunPaths) -> AbstractContextManager[None]:
     return exclusive_lock(paths.submit_lock)
 
 
-def record_ahead(spec: JobSpec, paths: RunPaths, executor: str, kind: str, *, submitit_folder: Path | None = None,
-                 array_task: int | None = None, refuse_finished: str | None = None) -> None:
-    """Record a submission of ``kind`` before the executor is asked, naming this submitter (and, for a sweep
-    member, the sweep's submitit folder and the member's task in the array)."""
-    run_state.update_state(paths, lambda s: run_state.record_submission(
-        s, executor=executor, kind=kind, max_requeues=spec.requeue.max_requeues,
-        host=socket.gethostname(), pid=os.getpid(),
-        submitit_folder=str(submitit_folder) if submitit_folder is not None else None, array_task=array_task,
-        refuse_finished=refuse_finished))
-
-
 def reserve_room_for_record_job(paths: RunPaths) -> Path:
-    """Before the hand-over: take the room :func:`record_job` needs, in the very temporary file its write of
-    ``state.json`` reuses, so that a full disk refuses the submission while it can still be undone (once the
+    """Before the hand-over: take the room recording its job needs (launcher/submit/transaction.py), in the
+    very temporary file its write of ``state.json`` reuses, so that a full disk refuses the submission while it can still be undone (once the
     executor took the job, a state.json left "submitted" would name no job). The caller removes the file
     when the hand-over fails."""
     from elfes.files import temporary_name
@@ -295,8 +283,3 @@ def reserve_room_for_record_job(paths: RunPaths) -> Path:
         file.flush()
         os.fsync(file.fileno())
     return reserved
-
-
-def record_job(paths: RunPaths, job_id: str) -> run_state.RunState:
-    """The executor took the latest submission as ``job_id``."""
-    return run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))

@@ -205,7 +205,7 @@ def _sweep_of_failed_members(tmp_path: Path, excluded: dict[str, tuple[str, ...]
 def _handed_over(monkeypatch, sweep, record, *, nodes, include_nodes=False):
     """``elfes resume SWEEP_DIR``'s hand-over of every member, up to sbatch: what each array would leave out
     (sbatch and sinfo answer from here)."""
-    from elfes.launcher.commands import sweep_slurm
+    from elfes.launcher.commands.sweep import slurm as sweep_slurm
 
     submitted = []
 

@@ -151,18 +151,24 @@ def test_the_line_that_extends_a_finished_run_raises_its_recorded_budget_not_the
 
 def test_a_run_that_finishes_while_a_submission_decides_is_refused_and_left_as_it_was(tmp_path: Path, capsys,
                                                                                       monkeypatch):
-    import dataclasses
+    import contextlib
 
-    from elfes.launcher.commands import submission
+    from elfes.launcher.rundir import state as run_state
+    from elfes.launcher.submit import transaction
 
-    paths = make_run(tmp_path, outcome="finished")
-    recorded = {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()}
-    closed = submission.close_lost_job
+    paths = make_run(tmp_path, outcome=None)  # running when the submitter decides to submit
+    taken = transaction.submission_lock
+    recorded = {}
 
-    def read_while_running(run_paths):  # what the submitter saw a moment before the job recorded its end
-        return dataclasses.replace(closed(run_paths), status="running")
+    @contextlib.contextmanager
+    def finish_while_waiting(run_paths):  # the job records its end while the submitter waits for the lock
+        run_state.update_state(run_paths, lambda s: run_state.end_attempt(
+            s, token=f"{GONE_JOB_ID}:0", outcome="finished", signal=None, step=10, error=None))
+        recorded.update({path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()})
+        with taken(run_paths):
+            yield
 
-    monkeypatch.setattr(submission, "close_lost_job", read_while_running)
+    monkeypatch.setattr(transaction, "submission_lock", finish_while_waiting)
     assert main(["submit", str(tmp_path / "demo.yaml"), "--executor", "local", "--set", "resources.timeout_min=20"]) == 3
     assert "the run is finished; submitting it again would train nothing" in capsys.readouterr().err
     assert {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()} == recorded

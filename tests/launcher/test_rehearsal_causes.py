@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from elfes.launcher.commands.rehearsal_causes import likely_causes, reproducibility_advice
-from elfes.launcher.commands.rehearsal_compare import Comparison, MetricDivergence, TensorDifference
+from elfes.launcher.commands.rehearsal.causes import likely_causes, reproducibility_advice
+from elfes.launcher.commands.rehearsal.compare import Comparison, MetricDivergence, TensorDifference
 from elfes.launcher.spec.models import JobSpec
 
 SPEC = JobSpec.model_validate({

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from elfes.launcher.cli.main import main as elfes
-from elfes.launcher.commands.rehearsal import KINDS, candidate_steps, plan_interruptions
+from elfes.launcher.commands.rehearsal.pipeline import KINDS, candidate_steps, plan_interruptions
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # 256 samples, batches of 16, accumulation 2: 8 updates an epoch on one rank, a train record each.
@@ -65,7 +65,7 @@ def test_interruptions_are_spread_over_the_run_and_every_kind_occurs():
 def test_run_ids_and_clock_measurements_are_not_compared_but_every_tensor_and_count_is():
     import torch
 
-    from elfes.launcher.commands.rehearsal_compare import named_leaves
+    from elfes.launcher.commands.rehearsal.compare import named_leaves
 
     payload = {"run_id": "a1", "model": {"w": torch.ones(2)}, "ranks": [{"log_interval": {"seconds": 0.25,
                "samples": 64, "wait_s": 1.5}}], "state": {"step": 7}}
@@ -73,7 +73,7 @@ def test_run_ids_and_clock_measurements_are_not_compared_but_every_tensor_and_co
 
 
 def test_an_interruption_that_saved_the_last_update_does_not_count_as_landed():
-    from elfes.launcher.commands.rehearsal import Interruption, after_the_last_update
+    from elfes.launcher.commands.rehearsal.pipeline import Interruption, after_the_last_update
 
     mid_run = Interruption("requeue", 9, 10, "0.50 of an update after step 10", 1, saved_step=11)
     at_the_end = Interruption("stop", 14, 15, "0.39 of an update after step 15", 2, saved_step=16)
@@ -89,7 +89,7 @@ def test_a_relaunched_attempt_is_followed_from_where_it_resumes_not_from_where_t
     is reported at the step the run really is at (it was sent at once, and reported at step 8)."""
     from run_fixtures import make_run
 
-    from elfes.launcher.commands.rehearsal_runs import Follower
+    from elfes.launcher.commands.rehearsal.runs import Follower
     from elfes.launcher.rundir import state as run_state
 
     paths = make_run(tmp_path, outcome=None, step=4)
@@ -199,7 +199,7 @@ SWITCHABLE = "tests.launcher.rehearsal_jobs:switchable"
 def test_nan_equals_nan_in_the_same_position_by_bit_pattern_and_nowhere_else():
     import torch
 
-    from elfes.launcher.commands.rehearsal_compare import _leaf_difference
+    from elfes.launcher.commands.rehearsal.compare import _leaf_difference
 
     nan = float("nan")
     assert _leaf_difference(torch.tensor([1.0, nan]), torch.tensor([1.0, nan])) is None
@@ -212,7 +212,7 @@ def test_nan_equals_nan_in_the_same_position_by_bit_pattern_and_nowhere_else():
 
 
 def test_an_export_torch_cannot_read_is_compared_byte_for_byte(tmp_path):
-    from elfes.launcher.commands.rehearsal_compare import _compare_file
+    from elfes.launcher.commands.rehearsal.compare import _compare_file
 
     (tmp_path / "a.pt").write_text("weights in a format of its own")
     (tmp_path / "b.pt").write_text("weights in a format of its own")
@@ -298,7 +298,7 @@ def test_an_interruption_that_lands_after_the_last_update_is_retried_at_an_earli
 
 
 def test_the_verdict_line_names_what_landed_and_what_never_did():
-    from elfes.launcher.commands.rehearsal_report import verdict_line
+    from elfes.launcher.commands.rehearsal.report import verdict_line
 
     assert verdict_line("exact", ["requeue", "stop", "kill"], {"requeue": 1, "stop": 1, "kill": 1}) == (
         "exact (requeue, stop, kill: 3 of 3 landed)")

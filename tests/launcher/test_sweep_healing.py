@@ -45,7 +45,7 @@ def command_sweep(folder: Path, name: str = "heal", *, members: int = 2) -> Path
 def created_without_scheduler(spec: Path) -> SweepPaths:
     """The sweep folder as `elfes submit` leaves it when killed right after writing sweep.json: every member
     queued, no scheduler started."""
-    from elfes.launcher.commands.sweep import _code_plan, _create
+    from elfes.launcher.commands.sweep.verbs import _code_plan, _create
 
     plan = plan_sweep(spec)
     plan.sweep_dir.mkdir(parents=True)
@@ -74,7 +74,7 @@ def leftovers() -> Iterator[list[SweepPaths]]:
             continue
         pid = (record.scheduler or {}).get("pid")
         try:
-            if pid and b"sweep_local" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if pid and b"commands.sweep.local" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 os.kill(int(pid), signal.SIGKILL)
         except OSError:
             pass
@@ -128,7 +128,7 @@ def _json_status(paths: SweepPaths, capsys) -> str:
 def test_a_damaged_member_record_is_shown_unreadable_and_the_scheduler_goes_on_past_it(
     tmp_path: Path, capsys, leftovers: list[SweepPaths]
 ) -> None:
-    from elfes.launcher.commands.sweep_local import run_scheduler
+    from elfes.launcher.commands.sweep.local import run_scheduler
 
     paths = created_without_scheduler(command_sweep(tmp_path))
     leftovers.append(paths)
@@ -251,7 +251,7 @@ def test_a_slurm_sweep_member_whose_hand_over_was_cut_short_is_called_stalled(tm
     a wait stops at once (it waited forever)."""
     import socket
 
-    from elfes.launcher.commands.sweep import _code_plan, _create
+    from elfes.launcher.commands.sweep.verbs import _code_plan, _create
 
     plan = plan_sweep(command_sweep(tmp_path))
     plan.sweep_dir.mkdir(parents=True)
@@ -357,7 +357,7 @@ def test_cancelling_a_slurm_sweep_reaches_the_later_arrays_first(tmp_path: Path,
     one). Unit level: which order would make SLURM start a dependent is a race the cluster cannot show on demand."""
     from types import SimpleNamespace
 
-    from elfes.launcher.commands import sweep as sweep_commands
+    from elfes.launcher.commands.sweep import verbs as sweep_commands
     from elfes.launcher.rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, save_sweep
 
     paths = SweepPaths(tmp_path / "sweep")

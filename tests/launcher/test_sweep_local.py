@@ -61,7 +61,7 @@ class Sweeps:
             scheduler = record.scheduler or {}
             try:
                 cmdline = Path(f"/proc/{scheduler.get('pid')}/cmdline").read_bytes()
-                if b"sweep_local" in cmdline:
+                if b"commands.sweep.local" in cmdline:
                     os.kill(int(scheduler["pid"]), signal.SIGKILL)
             except (OSError, ValueError, TypeError):
                 pass

@@ -8,7 +8,7 @@ import json
 from cluster import SlurmCluster
 from slurm_runs import elfes, write_spec
 
-from elfes.launcher.commands.rehearsal import candidate_steps, plan_interruptions
+from elfes.launcher.commands.rehearsal.pipeline import candidate_steps, plan_interruptions
 
 LOGGED_STEPS = candidate_steps(16)  # the steps a rehearsal of the straight run (16 updates) aims at
 

@@ -38,16 +38,16 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
-from ..rundir import state as run_state
-from ..rundir.paths import RunPaths, SweepPaths
-from ..rundir.sweep_record import SweepRecord, change_sweep, load_sweep, sweep_lock, take_scheduler_lock, update_sweep
-from ..rundir.sweep_status import ProcessTable, member_is_live
+from ...rundir import state as run_state
+from ...rundir.paths import RunPaths, SweepPaths
+from ...rundir.sweep_record import SweepRecord, change_sweep, load_sweep, sweep_lock, take_scheduler_lock, update_sweep
+from ...rundir.sweep_status import ProcessTable, member_is_live
 
 POLL_S = 0.5
 
 
 def start_scheduler(paths: SweepPaths) -> int:
-    """Start ``python -m elfes.launcher.commands.sweep_local SWEEP_DIR`` detached (double fork, own session, streams
+    """Start ``python -m elfes.launcher.commands.sweep.local SWEEP_DIR`` detached (double fork, own session, streams
     on ``scheduler.log``); returns its pid, or 0 when a scheduler is alive already. The scheduler lock is taken
     before the fork and handed down to the scheduler, so that from the moment this returns every look at
     the sweep finds a live scheduler (none is called stalled while the new one is still starting)."""
@@ -76,7 +76,7 @@ def start_scheduler(paths: SweepPaths) -> int:
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):
                     signal.signal(signum, signal.SIG_DFL)
                 os.chdir(paths.sweep_dir)
-                os.execv(sys.executable, [sys.executable, "-m", "elfes.launcher.commands.sweep_local",
+                os.execv(sys.executable, [sys.executable, "-m", "elfes.launcher.commands.sweep.local",
                                           str(paths.sweep_dir), str(lock)])
             os.write(writer, str(grandchild).encode())
         finally:
@@ -101,7 +101,7 @@ def _handed_over_since(paths: RunPaths, queued_at: str) -> bool:
 
 def _hand_over(paths: RunPaths) -> None:
     """Submit (never started) or resume (ended, not finished) one member, through the usual transaction."""
-    from .submission import resume, submit
+    from ..submission import resume, submit
 
     if run_state.load_state(paths) is None:
         result = submit(paths.spec, executor="local", code="recorded")  # the sweep's snapshot, taken at its submission

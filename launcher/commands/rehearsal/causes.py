@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..spec import JobSpec
-from .rehearsal_compare import Comparison
+from ...spec import JobSpec
+from .compare import Comparison
 
 # Top-level checkpoint entries, as the engine names them, and what each holds.
 _PARTS = {

@@ -20,7 +20,7 @@ from typing import Any
 
 from elfes.records import read_events
 
-from ..rundir.paths import RunPaths
+from ...rundir.paths import RunPaths
 
 # Train metrics that measure the machine, not the model: they differ between identical runs.
 TIMING_METRICS = frozenset({"samples_per_second"})

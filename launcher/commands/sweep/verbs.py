@@ -6,8 +6,8 @@ Every member is validated before anything is created; then the sweep's one code 
 (``SWEEP_DIR/code/1/``, which every member's ``code.json`` names), each member's run directory is created
 with its own ``job.yaml`` (overrides applied, no ``sweep``), ``sweep.json`` is written, and the members
 are handed over: on SLURM as chained job arrays, one per distinct set of sbatch options and at most
-``MaxArraySize`` members each (launcher/commands/sweep_slurm.py), locally through the sweep's scheduler, at
-most ``max_parallel`` at once (launcher/commands/sweep_local.py). A submission refused before any member
+``MaxArraySize`` members each (launcher/commands/sweep/slurm.py), locally through the sweep's scheduler, at
+most ``max_parallel`` at once (launcher/commands/sweep/local.py). A submission refused before any member
 was handed over removes what it created; once an array is queued the sweep stays, and the members left
 out are recorded for ``elfes resume SWEEP_DIR``. A local sweep whose members wait with no scheduler alive
 is stalled: every verb says so, and ``elfes resume SWEEP_DIR`` starts one. A member is an ordinary run
@@ -25,11 +25,11 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
-from ..rundir import state as run_state
-from ..rundir.code_record import new_code_record, save_code_record
-from ..rundir.lookup import UsageError, is_left_by_interrupted_creation
-from ..rundir.paths import RunPaths, SweepPaths
-from ..rundir.sweep_record import (
+from ...rundir import state as run_state
+from ...rundir.code_record import new_code_record, save_code_record
+from ...rundir.lookup import UsageError, is_left_by_interrupted_creation
+from ...rundir.paths import RunPaths, SweepPaths
+from ...rundir.sweep_record import (
     MemberRecord,
     SweepRecord,
     change_sweep,
@@ -39,15 +39,15 @@ from ..rundir.sweep_record import (
     stall,
     sweep_lock,
 )
-from ..rundir.sweep_status import NOT_STARTED, UNREADABLE, WAITING, sweep_status
-from ..spec import SpecError
-from ..spec.sweep import SweepPlan, plan_sweep
-from ..submit import executors
-from ..submit.code_plan import CodePlan, plan_submit
-from ..submit.handover import Interrupted
-from ..submit.snapshot import take
-from .signalling import Signalled, cancel
-from .sweep_local import start_scheduler
+from ...rundir.sweep_status import NOT_STARTED, UNREADABLE, WAITING, sweep_status
+from ...spec import SpecError
+from ...spec.sweep import SweepPlan, plan_sweep
+from ...submit import executors
+from ...submit.code_plan import CodePlan, plan_submit
+from ...submit.handover import Interrupted
+from ...submit.snapshot import take
+from ..signalling import Signalled, cancel
+from .local import start_scheduler
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def _check_folder(plan: SweepPlan) -> None:
 
 def _dry_run(plan: SweepPlan, executor: str) -> str:
     if executor == "slurm":
-        from ..submit.cluster_checks import max_array_size
-        from .sweep_slurm import array_scripts
+        from ...submit.cluster_checks import max_array_size
+        from .slurm import array_scripts
 
         return array_scripts(plan, max_array_size())
     lines = [f"# local sweep {plan.base.name}: {len(plan.members)} member(s), at most {plan.max_parallel} at once, "
@@ -158,7 +158,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     _check_folder(plan)
     limit = None
     if chosen == "slurm":
-        from ..submit.cluster_checks import max_array_size
+        from ...submit.cluster_checks import max_array_size
 
         limit = max_array_size()  # before anything is created: the arrays are cut to it
     existed = plan.sweep_dir.exists()
@@ -167,7 +167,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
         record = _create(plan, chosen, code)
         if chosen == "slurm":
-            from .sweep_slurm import submit_array
+            from .slurm import submit_array
 
             with sweep_lock(SweepPaths(plan.sweep_dir)):
                 submitted = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit",
@@ -235,7 +235,7 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             else:
                 skipped[member.name] = now_status  # live, or already waiting for a slot
         if not due and record.executor == "slurm":
-            from .sweep_slurm import record_adopted_arrays
+            from .slurm import record_adopted_arrays
 
             record_adopted_arrays(paths, record)
         if not due:
@@ -246,8 +246,8 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
                                   scheduler_started=healed)
         submitted = None
         if chosen == "slurm":
-            from ..submit.cluster_checks import max_array_size
-            from .sweep_slurm import record_adopted_arrays, submit_array
+            from ...submit.cluster_checks import max_array_size
+            from .slurm import record_adopted_arrays, submit_array
 
             submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size(),
                                      include_nodes=include_nodes)

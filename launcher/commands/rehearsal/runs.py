@@ -18,15 +18,15 @@ import yaml
 
 from elfes.files import write_text_atomically
 
-from ..rundir import state as run_state
-from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
-from ..rundir.paths import RunPaths
-from ..rundir.provenance import Provenance, changes_between
-from ..slurm import Answer, cancel
-from ..spec import JobSpec
-from .logs import EventTail
-from .rehearsal_plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
-from .submission import submit
+from ...rundir import state as run_state
+from ...rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
+from ...rundir.paths import RunPaths
+from ...rundir.provenance import Provenance, changes_between
+from ...slurm import Answer, cancel
+from ...spec import JobSpec
+from ..logs import EventTail
+from ..submission import submit
+from .plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
 
 RUN_NAMES = ("straight-1", "interrupted", "straight-2")
 # show(run name, step, total or None): called on every look at a run; the caller decides what to draw.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .rehearsal_compare import Comparison
+from .compare import Comparison
 
 VERDICTS = ("exact", "not resumable", "not reproducible")
 

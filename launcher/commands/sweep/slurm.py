@@ -32,18 +32,18 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..job.runtime import JobRuntime
-from ..rundir import state as run_state
-from ..rundir.code_record import job_spec
-from ..rundir.paths import RunPaths, SweepPaths
-from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
-from ..slurm import SlurmError, partition_nodes, user_jobs
-from ..spec import JobSpec, load_spec
-from ..spec.sweep import SweepPlan
-from ..submit import arrays, executors
-from ..submit.handover import RunDirUndo, record_ahead, record_job, signals_deferred, submission_lock
-from ..submit.placement import placement_problem
-from .submission import close_lost_job, excluded_nodes, settle_interrupted_handover
+from ...job.runtime import JobRuntime
+from ...rundir import state as run_state
+from ...rundir.code_record import job_spec
+from ...rundir.paths import RunPaths, SweepPaths
+from ...rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
+from ...slurm import SlurmError, partition_nodes, user_jobs
+from ...spec import JobSpec, load_spec
+from ...spec.sweep import SweepPlan
+from ...submit import arrays, executors
+from ...submit.handover import signals_deferred
+from ...submit.placement import placement_problem
+from ...submit.transaction import HandOver, excluded_nodes, held
 
 
 def _options_key(spec: JobSpec) -> str:
@@ -103,35 +103,32 @@ class ArraysSubmitted:
     notes: tuple[str, ...] = ()  # e.g. an array that could not leave its members' excluded nodes out
 
 
-def _settle(member: RunPaths) -> str | None:
+def _settle(member: HandOver) -> str | None:
     """Under the member's submission lock: why it is left out of this hand-over (a job an interrupted
     hand-over started, now adopted; or one that may still be starting), or None when it is due. A job that
     is gone without an outcome is recorded lost first, as a single run's submission does."""
     try:
-        adopted = settle_interrupted_handover(member, ())
+        adopted = member.settle(())
     except run_state.StateError as error:
         return str(error)
-    if adopted is not None:
-        return f"adopted SLURM job {adopted.job_id}, which an interrupted hand-over had started"
-    try:
-        state = close_lost_job(member)
-    except run_state.StateError as error:
-        return str(error)
+    if adopted:
+        return f"adopted SLURM job {member.state.job_id}, which an interrupted hand-over had started"
+    state = member.state
     if state is not None and state.status not in run_state.ENDED:
         return f"{state.status} (job {state.job_id})"  # handed over meanwhile, e.g. by `elfes resume` of the member
     return None
 
 
-def array_exclusions(members: Sequence[tuple[RunPaths, JobSpec]]) -> tuple[str, ...]:
+def array_exclusions(members: Sequence[tuple[HandOver, JobSpec]]) -> tuple[str, ...]:
     """The nodes an array of ``members`` (run directory, spec) leaves out (``--exclude``): those each member that
     excludes the nodes of its failures (``requeue.exclude_failed_nodes``) recorded in its ``state.json``."""
     hosts: dict[str, None] = {}
     for member, spec in members:
-        hosts.update(dict.fromkeys(excluded_nodes(spec, member, "slurm")))
+        hosts.update(dict.fromkeys(excluded_nodes(spec, member.state, "slurm")))
     return tuple(hosts)
 
 
-def _placeable(members: Sequence[tuple[RunPaths, JobSpec]], excluded: tuple[str, ...],
+def _placeable(members: Sequence[tuple[HandOver, JobSpec]], excluded: tuple[str, ...],
                nodes: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:
     """``excluded``, and None; or, where leaving them out would leave the partition (``nodes``, sinfo's; None:
     unknown) too few nodes for the array, nothing and why: the members' exclusions are cleared, as a single run's
@@ -140,12 +137,12 @@ def _placeable(members: Sequence[tuple[RunPaths, JobSpec]], excluded: tuple[str,
     spec = members[0][1]
     problem = nodes and placement_problem(
         needed=spec.resources.nodes, partition=spec.slurm.partition, nodes=nodes, excluded=excluded,
-        job=f"the job array of {', '.join(member.run_dir.name for member, _ in members)}",
+        job=f"the job array of {', '.join(member.paths.run_dir.name for member, _ in members)}",
         placed="it may run on every node")
     if not problem:
         return excluded, None
     for member, _ in members:
-        run_state.update_state(member, lambda s: run_state.include_nodes(s) if s is not None else s)
+        member.include_nodes()
     return (), problem
 
 
@@ -218,12 +215,12 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
     array_ids: list[str] = []
     error_text = None
     member_paths = {member.name: RunPaths(Path(member.run_dir)) for member in members}
-    with signals_deferred() as arrived, ExitStack() as held:
-        undo = {}
+    with signals_deferred() as arrived, ExitStack() as locks:
+        runs: dict[str, HandOver] = {}
         for member in members:
-            held.enter_context(submission_lock(member_paths[member.name]))
-            undo[member.name] = RunDirUndo(member_paths[member.name])  # its snapshot, taken under the lock
-            why = _settle(member_paths[member.name])
+            # Under its submission lock and state lock, its undo taken there, state.json read once.
+            runs[member.name] = locks.enter_context(held(member_paths[member.name]))
+            why = _settle(runs[member.name])
             if why is not None:
                 left[member.name] = why
         # Each member's spec as its job sees it: workdir is the sweep's code snapshot (the member's code.json).
@@ -235,37 +232,37 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
             if error_text is not None:  # an earlier array was refused: this one would have waited for it
                 refused.update((name, f"not handed over: {error_text}") for name, _ in group)
                 continue
-            group_paths = [member_paths[name] for name, _ in group]
+            group_runs = [runs[name] for name, _ in group]
             try:
                 if include_nodes:
-                    for member in group_paths:
-                        run_state.update_state(member, lambda s: run_state.include_nodes(s) if s is not None else s)
-                pairs = [(member, spec) for member, (_, spec) in zip(group_paths, group)]
+                    for run in group_runs:
+                        run.include_nodes()
+                pairs = [(run, spec) for run, (_, spec) in zip(group_runs, group)]
                 exclude = array_exclusions(pairs)
                 if exclude:
                     exclude, note = _placeable(pairs, exclude, partition_nodes(group[0][1].slurm.partition))
                     notes += [note] if note else []
-                for task, (member, (_, spec)) in enumerate(zip(group_paths, group)):
-                    launch = "submit" if run_state.load_state(member) is None else "resume"
-                    member.cancel_marker.unlink(missing_ok=True)
-                    record_ahead(spec, member, "slurm", launch, submitit_folder=paths.submitit,
-                                 array_task=task if len(group) > 1 else None)
-                job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(member.run_dir)) for member in group_paths],
+                for task, (run, (_, spec)) in enumerate(zip(group_runs, group)):
+                    launch = "submit" if run.state is None else "resume"
+                    run.paths.cancel_marker.unlink(missing_ok=True)
+                    run.record_ahead(spec, "slurm", launch, submitit_folder=paths.submitit,
+                                     array_task=task if len(group) > 1 else None)
+                job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(run.paths.run_dir)) for run in group_runs],
                                               paths, record.max_parallel, after=after, exclude=exclude)
             except executors.SubmissionError as error:
-                for name, _ in group:
-                    undo[name].restore()
+                for run in group_runs:
+                    run.restore()
                 if not array_ids:
                     raise
                 error_text = str(error)
                 refused.update((name, error_text) for name, _ in group)
                 continue
             except BaseException:
-                for name, _ in group:
-                    undo[name].restore()
+                for run in group_runs:
+                    run.restore()
                 raise
-            for member, job_id in zip(group_paths, job_ids):
-                record_job(member, job_id)
+            for run, job_id in zip(group_runs, job_ids):
+                run.record_job(job_id)
             array_id = job_ids[0].partition("_")[0]
             array_ids.append(array_id)
             after = [array_id]
@@ -282,7 +279,7 @@ def array_findings(spec_file: str, config: dict[str, str], sets: Sequence[str] =
                    ) -> list[tuple[str, str, str | None]]:
     """``elfes doctor`` of a sweep spec (``--set`` texts ``sets`` applied): each array's ``--array`` line, cut at
     ``MaxArraySize`` (level, what it says, what to change)."""
-    from ..spec.sweep import plan_sweep
+    from ...spec.sweep import plan_sweep
 
     plan = plan_sweep(spec_file, sets=sets, check_files=False)
     limit = int(config["MaxArraySize"]) if config.get("MaxArraySize", "").isdigit() else None

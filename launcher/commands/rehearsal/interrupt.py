@@ -11,15 +11,15 @@ import time
 
 from elfes.files import is_temporary
 
-from ..rundir import state as run_state
-from ..rundir.liveness import liveness, recorded_tasks
-from ..rundir.paths import RunPaths
-from ..slurm import cancel, signal_job
-from .rehearsal_plan import PlannedInterruption, RunLength, pointer_step
-from .rehearsal_report import Interruption, after_the_last_update
-from .rehearsal_runs import Follower, ScratchRuns, kill_local_job, signal_tasks, slurm
-from .signalling import ActionFailed, preempt
-from .submission import resume
+from ...rundir import state as run_state
+from ...rundir.liveness import liveness, recorded_tasks
+from ...rundir.paths import RunPaths
+from ...slurm import cancel, signal_job
+from ..signalling import ActionFailed, preempt
+from ..submission import resume
+from .plan import PlannedInterruption, RunLength, pointer_step
+from .report import Interruption, after_the_last_update
+from .runs import Follower, ScratchRuns, kill_local_job, signal_tasks, slurm
 
 
 class InterruptedRun:

@@ -15,9 +15,8 @@ which an interruption missed (it came after the last update) is run again with e
 >>> report.summary  # doctest: +SKIP
 'exact (requeue, stop, kill: 3 of 3 landed)'
 
-The modules: planning the moments (rehearsal_plan), running (rehearsal_runs, rehearsal_interrupt),
-comparing (rehearsal_compare, torch inside its functions), reporting (rehearsal_report, rehearsal_causes).
-This one orchestrates and is torch-free.
+The modules: planning the moments (plan.py), running (runs.py, interrupt.py), comparing (compare.py, torch
+inside its functions), reporting (report.py, causes.py). This one orchestrates and is torch-free.
 """
 
 from __future__ import annotations
@@ -35,19 +34,19 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
-from ..rundir import state as run_state
-from ..rundir.liveness import liveness
-from ..rundir.lookup import UsageError
-from ..rundir.paths import RunPaths
-from ..spec import JobSpec
-from ..spec.overrides import load_spec_with
-from ..spec.sweep import plan_sweep, wants_sweep
-from ..submit import executors
-from ..submit.handover import Interrupted
-from .rehearsal_causes import likely_causes, reproducibility_advice
-from .rehearsal_compare import Comparison, compare_runs, generator_note, unused_generators
-from .rehearsal_interrupt import InterruptedRun
-from .rehearsal_plan import (
+from ...rundir import state as run_state
+from ...rundir.liveness import liveness
+from ...rundir.lookup import UsageError
+from ...rundir.paths import RunPaths
+from ...spec import JobSpec
+from ...spec.overrides import load_spec_with
+from ...spec.sweep import plan_sweep, wants_sweep
+from ...submit import executors
+from ...submit.handover import Interrupted
+from .causes import likely_causes, reproducibility_advice
+from .compare import Comparison, compare_runs, generator_note, unused_generators
+from .interrupt import InterruptedRun
+from .plan import (
     PlannedInterruption,
     RehearsalFailed,
     RunLength,
@@ -56,8 +55,8 @@ from .rehearsal_plan import (
     plan_interruptions,
     read_events_if_any,
 )
-from .rehearsal_report import VERDICTS, Interruption, Report, after_the_last_update
-from .rehearsal_runs import RUN_NAMES, ScratchRuns, Show
+from .report import VERDICTS, Interruption, Report, after_the_last_update
+from .runs import RUN_NAMES, ScratchRuns, Show
 
 KINDS = ("requeue", "stop", "kill")
 REPORT_FILE = "report.json"

@@ -15,8 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..rundir import state as run_state
-from ..rundir.paths import RunPaths
+from ...rundir import state as run_state
+from ...rundir.paths import RunPaths
 
 # The slack kept after the latest planned moment: a follower on a loaded machine sees a step late.
 SLACK_FRACTION = 0.25

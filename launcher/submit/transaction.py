@@ -1,0 +1,306 @@
+"""One hand-over of a run to an executor, for every caller: ``elfes submit`` and ``elfes resume`` of a run, a
+sweep's members (one at a time by the local scheduler, many in one SLURM job array) and a local job's
+resubmission past submitit's start limit.
+
+A hand-over holds the run directory's submission lock and its state lock to the end (nothing else writes
+``state.json`` meanwhile: a job of the run records its attempt once the hand-over is recorded), reads
+``state.json`` and the recorded ``job.yaml`` once (:class:`HandOver`), decides with functions of what it
+read, writes its submission ahead, lets the caller ask the executor, then records the job or undoes every
+change (launcher/submit/handover.py's :class:`RunDirUndo`). The order is the methods' order:
+:meth:`HandOver.settle`, :meth:`HandOver.record_ahead`, then :meth:`HandOver.record_job` or
+:meth:`HandOver.restore`. :func:`hand_over_run` is all of it for one run. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elfes.files import exclusive_lock, write_text_atomically
+
+from ..rundir import state as run_state
+from ..rundir.code_record import job_spec
+from ..rundir.liveness import cancel_requested, effective_state, liveness
+from ..rundir.lookup import UsageError, recorded_spec
+from ..rundir.lost_cause import describe_lost
+from ..rundir.paths import RunPaths
+from ..spec import JobSpec, SpecError
+from . import executors
+from .code_plan import CodePlan, carry_out, prune_older
+from .continuation import CHANGEABLE_FIELDS, budget_raised, extend_hint, refused_changes
+from .handover import (
+    Interrupted,
+    RunDirUndo,
+    interrupted_handover,
+    reserve_room_for_record_job,
+    signals_deferred,
+    submission_lock,
+)
+
+
+def read_recorded_spec(paths: RunPaths) -> JobSpec | None:
+    """The spec recorded in the run directory (None before the first submission); UsageError when it cannot be read."""
+    try:
+        return recorded_spec(paths)
+    except SpecError as error:
+        raise UsageError(f"{paths.spec} (the spec recorded in the run directory) cannot be read: {error}") from None
+
+
+def changes(spec: JobSpec, source: str, paths: RunPaths, recorded: JobSpec | None) -> tuple[str, ...] | None:
+    """The fields in which ``spec`` changes the ``recorded`` run (None: no run recorded yet); UsageError naming
+    the fields that may not change in a run that has checkpoints."""
+    if recorded is None:
+        return None
+    refused = refused_changes(recorded, spec, paths)
+    if refused:
+        raise UsageError(
+            f"{source}: run directory {paths.run_dir} holds a different job (fields that may not change when a run "
+            f"continues from its checkpoints: {', '.join(refused)}); they change what the run computes. Keep them "
+            f"as recorded in {paths.spec} to continue that run (these may change: {', '.join(CHANGEABLE_FIELDS)}), "
+            "or start a fresh run in another run_dir (e.g. --set run_dir=NEW_FOLDER)")
+    return tuple(recorded.differences(spec))
+
+
+def finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) -> str | None:
+    """Why submitting ``spec`` is refused if the run is finished when the submission is recorded; None when it
+    raises the budget."""
+    if recorded is None or budget_raised(recorded, spec):
+        return None
+    return (f"{paths.run_dir}: the run is finished; submitting it again would train nothing. To train further, "
+            f"raise its budget: {extend_hint(paths, recorded)}")
+
+
+def excluded_nodes(spec: JobSpec, state: run_state.RunState | None, executor: str) -> tuple[str, ...]:
+    """The nodes the run's next SLURM job leaves out (``--exclude``): those recorded after failures there, while
+    ``requeue.exclude_failed_nodes`` is on."""
+    if executor != "slurm" or not spec.requeue.exclude_failed_nodes:
+        return ()
+    return state.excluded_hosts if state is not None else ()
+
+
+def lost_job_closed(paths: RunPaths, state: run_state.RunState | None) -> run_state.RunState | None:
+    """``state`` with a job that is gone without an outcome recorded as lost. Refuses (StateError) while a SLURM
+    job of a stopped run is still queued or alive, or a command's processes outlive its attempt."""
+    live = liveness(paths, state)
+    if state is not None and state.executor == "slurm" and state.status in run_state.ENDED and live.alive:
+        # A SIGTERM stop saves `last` and waits for SLURM to end the job, which may requeue it (preemption).
+        reason = f" ({live.queue_reason})" if live.queue_reason else ""
+        raise run_state.StateError(
+            f"{paths.run_dir}: SLURM job {state.job_id} of this run is still {live.queue_state}{reason} (a stopped job "
+            "waits for SLURM to end it, and a preempted one comes back by itself); wait until `elfes status` no "
+            f"longer shows it in the queue, or `scancel {state.job_id}` first")
+    if state is not None and state.status in run_state.ENDED and live.command:
+        raise run_state.StateError(
+            f"{paths.run_dir}: processes {list(live.command)} of this run's command are still running after its "
+            f"attempt ended {state.status} (a wrapper's trainer, whose task is gone); a second trainer would write "
+            f"the same run: `elfes cancel {paths.run_dir}` ends them, then submit or resume again")
+    if state is None or effective_state(paths, state, live) is state:
+        return state
+    return run_state.mark_lost(state, cancelled=cancel_requested(paths, state), error=describe_lost(paths, state))
+
+
+def interrupted_handover_settled(paths: RunPaths, state: run_state.RunState | None,
+                                 changed: tuple[str, ...]) -> tuple[run_state.RunState | None, bool]:
+    """For a run left "submitted" by a submitter killed mid-hand-over: the state with the job it started adopted
+    ("pending", True), or recorded abandoned (False); refused (StateError) while it may still be starting one.
+    Any other state is returned as it is."""
+    if state is None or state.status != "submitted":
+        return state, False
+    found = interrupted_handover(paths, state)
+    earlier = state.submissions[-1] if state.submissions else None
+    what = (f"an earlier submission ({earlier.kind} at {earlier.at}, pid {earlier.pid} on {earlier.host}) was "
+            "interrupted before it recorded its job" if earlier else "an earlier submission was interrupted")
+    if found.busy:
+        raise run_state.StateError(f"{paths.run_dir}: {what}, and {found.busy}; wait for it to finish, then try "
+                                   f"again (`elfes status {paths.run_dir}` shows the run)")
+    if found.job_id is not None:
+        if changed:
+            raise run_state.StateError(
+                f"{paths.run_dir}: {what}; its {state.executor} job {found.job_id} runs with the recorded spec, so "
+                f"{', '.join(changed)} cannot change now; wait for it to end or `elfes cancel {paths.run_dir}`")
+        return run_state.mark_pending(state, job_id=found.job_id), True
+    return run_state.mark_submission_abandoned(
+        state, error="interrupted before the executor took the job (the submitter was killed); no job of it was found"), False
+
+
+class HandOver:
+    """One run's hand-over, open under its submission lock and state lock (:func:`held`): ``state`` and
+    ``recorded`` are what the run directory holds, read once and kept as this hand-over writes. ``undo``:
+    what restores the run directory when the executor refuses (None: a local resubmission, whose refusal is
+    recorded instead)."""
+
+    def __init__(self, paths: RunPaths, undo: RunDirUndo | None) -> None:
+        self.paths = paths
+        self.undo = undo
+        self._state: run_state.RunState | None = None
+        self._state_read = False
+        self._recorded: JobSpec | None = None
+        self._recorded_read = False
+
+    @property
+    def state(self) -> run_state.RunState | None:
+        """The run's state: ``state.json`` as read once (at first use), then as this hand-over wrote it."""
+        if not self._state_read:
+            self._state, self._state_read = run_state.load_state(self.paths), True
+        return self._state
+
+    @property
+    def recorded(self) -> JobSpec | None:
+        """The spec recorded in the run directory when the hand-over began (``job.yaml``, read at first use)."""
+        if not self._recorded_read:
+            self._recorded, self._recorded_read = read_recorded_spec(self.paths), True
+        return self._recorded
+
+    def write(self, change: Callable[[run_state.RunState | None], run_state.RunState | None]) -> run_state.RunState | None:
+        """Apply the transition ``change`` to the state and publish it (nothing is written when it is unchanged)."""
+        before = self.state
+        after = change(before)
+        if after is not before and after is not None:
+            run_state.save_state(self.paths, after)
+        self._state = after
+        return after
+
+    def settle(self, changed: tuple[str, ...]) -> bool:
+        """Settle what earlier hand-overs left: True when a job an interrupted one started is adopted (the run
+        is handed over already); else a job gone without an outcome is recorded lost."""
+        settled, adopted = interrupted_handover_settled(self.paths, self.state, changed)
+        self.write(lambda state: settled)
+        if adopted:
+            return True
+        closed = lost_job_closed(self.paths, self.state)
+        self.write(lambda state: closed)
+        return False
+
+    def include_nodes(self) -> None:
+        """``--include-nodes``: the nodes the run excluded after failures may run it again."""
+        self.write(lambda s: run_state.include_nodes(s) if s is not None else s)
+
+    def record_ahead(self, spec: JobSpec, executor: str, kind: str, *, submitit_folder: Path | None = None,
+                     array_task: int | None = None, refuse_finished: str | None = None) -> None:
+        """Record a submission of ``kind`` before the executor is asked, naming this submitter (and, for a sweep
+        member, the sweep's submitit folder and the member's task in the array)."""
+        self.write(lambda s: run_state.record_submission(
+            s, executor=executor, kind=kind, max_requeues=spec.requeue.max_requeues,
+            host=socket.gethostname(), pid=os.getpid(),
+            submitit_folder=str(submitit_folder) if submitit_folder is not None else None, array_task=array_task,
+            refuse_finished=refuse_finished))
+
+    def record_job(self, job_id: str) -> run_state.RunState:
+        """The executor took the latest submission as ``job_id``."""
+        state = self.write(lambda s: run_state.mark_pending(s, job_id=job_id))
+        assert state is not None  # recorded ahead
+        return state
+
+    def restore(self) -> None:
+        """The executor refused: the run directory as it was before this hand-over (its undo)."""
+        assert self.undo is not None
+        self.undo.restore()
+
+    def record_refusal(self, error: str) -> None:
+        """The executor refused a submission that has no undo (a local resubmission): the run is failed."""
+        self.write(lambda s: run_state.mark_submission_failed(s, error=error))
+
+
+@contextmanager
+def held(paths: RunPaths, undo: RunDirUndo | None = None, *, undoable: bool = True) -> Iterator[HandOver]:
+    """The run directory under its submission lock and state lock, read once. ``undo``: taken before the run
+    directory was created; else taken here under the submission lock (``undoable``: False for none)."""
+    with submission_lock(paths):
+        if undo is None and undoable:
+            undo = RunDirUndo(paths)
+        with exclusive_lock(paths.state_lock):
+            if undo is not None:
+                undo.take()  # another submission may have written while this one waited for the lock
+            yield HandOver(paths, undo)
+
+
+@dataclass(frozen=True)
+class HandedOver:
+    """What :func:`hand_over_run` did: the run's state after it, and what it changed of the recorded spec."""
+
+    state: run_state.RunState
+    changed: tuple[str, ...] | None  # None: no run was recorded yet
+    adopted: bool = False  # a job an interrupted hand-over started was adopted; none was started now
+    code: str | None = None  # the code the job runs (CodeRecord.describe()), when a record was carried out
+
+
+def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan, task: Any,
+                  *, include_nodes: bool = False, describe: Callable[[HandedOver], str]) -> HandedOver:
+    """Hand one run over (``kind``: "submit" or "resume"), under the lock, with stop signals deferred; every
+    change undone when refused. ``task``: the job's callable. ``include_nodes``: the nodes the run excluded after
+    failures are allowed again first. ``describe``: what a stop signal that arrived meanwhile says was handed over
+    (:class:`Interrupted`, raised once the hand-over is recorded)."""
+    with signals_deferred() as arrived:
+        undo = RunDirUndo(paths)
+        handed_over = False
+        try:
+            paths.run_dir.mkdir(parents=True, exist_ok=True)
+            with held(paths, undo) as run:
+                changed = changes(spec, source, paths, run.recorded)
+                if run.settle(changed or ()):
+                    handed_over = True
+                    assert run.state is not None
+                    result = HandedOver(run.state, changed, adopted=True)
+                    return _finish(arrived, result, describe)
+                if include_nodes:
+                    run.include_nodes()
+                # Recorded before anything else is written: a refusal (a finished run) leaves the folder as it
+                # was, and from here on undo knows the run's files are this submission's.
+                run.record_ahead(spec, executor, kind, refuse_finished=finished_refusal(paths, run.recorded, spec))
+                if changed is None or changed:
+                    write_text_atomically(paths.spec, spec.to_yaml())
+                paths.cancel_marker.unlink(missing_ok=True)
+                record = carry_out(code, paths, undo)
+                reserved = reserve_room_for_record_job(paths)
+                try:
+                    job_id = executors.submit(job_spec(spec, paths), paths, executor, task,
+                                              exclude=excluded_nodes(spec, run.state, executor))
+                except BaseException:
+                    reserved.unlink(missing_ok=True)
+                    raise
+                handed_over = True
+                state = run.record_job(job_id)
+                prune_older(paths, record)
+        except OSError as error:
+            if not handed_over:
+                undo.restore()
+            raise SpecError(f"{source}: run_dir = {str(paths.run_dir)!r}: cannot be written ({error.strerror or error}); "
+                            "give a folder this user can write") from None
+        except BaseException as error:
+            if not handed_over:
+                undo.restore()
+                if arrived and isinstance(error, executors.SubmissionError):
+                    raise Interrupted(arrived[0], f"the submission failed ({error}); the run directory is as it "
+                                      "was") from None
+            raise
+    described = record.describe() if record is not None and code.note is None else code.note
+    return _finish(arrived, HandedOver(state, changed, code=described), describe)
+
+
+def _finish(arrived: list[int], result: HandedOver, describe: Callable[[HandedOver], str]) -> HandedOver:
+    if arrived:
+        raise Interrupted(arrived[0], describe(result))
+    return result
+
+
+def resubmit_run(paths: RunPaths, task: Any) -> str:
+    """Past submitit's local start limit, hand the run over again as a "requeue" submission on the local
+    executor (rank 0 of the job, after recording "requeued"); returns the new job id. A refusal is recorded
+    (the run is failed) and raised; nothing is undone."""
+    from ..spec import load_spec_with
+
+    spec = load_spec_with(paths.spec, check_files=False)
+    with held(paths, undoable=False) as run:
+        run.record_ahead(spec, "local", "requeue")
+        try:
+            job_id = executors.submit(job_spec(spec, paths), paths, "local", task)  # the run's code snapshot
+        except (executors.SubmissionError, executors.ExecutorError) as error:
+            run.record_refusal(str(error))
+            raise
+        run.record_job(job_id)
+    return job_id
