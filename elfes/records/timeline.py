@@ -11,7 +11,7 @@
 - **markers**: each attempt's start (``start``, ``resume`` or ``requeue``), each stop with its signal,
   each kill (an attempt that recorded no end yet was followed by another) and each failure.
 
-Metric names are those of the TensorBoard mirror (:mod:`elfes.tensorboard`): ``train/<metric>`` for the
+Metric names are those of the TensorBoard mirror (:mod:`elfes.records.tensorboard`): ``train/<metric>`` for the
 metrics of ``train`` events (``train/loss``, ``train/lr/decay``) and ``eval/<loader>/<metric>`` for
 evaluations (``eval/validation/loss``). Values recorded as null (non-finite) are left out.
 

@@ -14,7 +14,7 @@ from .schema import event_json_line, events_path, validate_event
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from elfes.tensorboard import TensorBoardMirror
+    from elfes.records.tensorboard import TensorBoardMirror
 
     from .console import ConsoleDisplay
 
@@ -33,7 +33,7 @@ class RunLogger:
     event becomes one timestamped plain line without escape codes.
 
     ``tensorboard=True`` also mirrors the scalars to ``run_dir/tensorboard/`` (see
-    :mod:`elfes.tensorboard`; needs the ``tensorboard`` package and imports torch); the default, None,
+    :mod:`elfes.records.tensorboard`; needs the ``tensorboard`` package and imports torch); the default, None,
     takes ``ELFES_TENSORBOARD`` from the environment (``1`` or ``0``; unset is off), so a job spec's
     ``env:`` turns it on without code changes. Without it this class imports no torch.
 
@@ -58,7 +58,7 @@ class RunLogger:
         self._tensorboard: TensorBoardMirror | None = None
         if tensorboard_enabled(tensorboard):
             # Imported here: the mirror imports torch, and only runs that ask for it pay for that.
-            from elfes.tensorboard import TensorBoardMirror, check_tensorboard_installed
+            from elfes.records.tensorboard import TensorBoardMirror, check_tensorboard_installed
 
             check_tensorboard_installed()  # on every process, so that every rank refuses alike
             if is_main_process:

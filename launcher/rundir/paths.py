@@ -118,7 +118,7 @@ class RunPaths:
     @property
     def tensorboard(self) -> Path:
         """The engine's TensorBoard mirror (``RunLogger(tensorboard=True)`` or ``ELFES_TENSORBOARD=1``;
-        ``elfes.tensorboard.TENSORBOARD_DIR_NAME``): ``tensorboard --logdir`` it."""
+        ``elfes.records.tensorboard.TENSORBOARD_DIR_NAME``): ``tensorboard --logdir`` it."""
         return self.run_dir / "tensorboard"
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import EVENTS_FILE_NAME
-from elfes.tensorboard import TENSORBOARD_DIR_NAME, tensorboard_dir
+from elfes.records.tensorboard import TENSORBOARD_DIR_NAME, tensorboard_dir
 
 
 def test_run_paths_agree_with_the_engines_file_names(tmp_path):
