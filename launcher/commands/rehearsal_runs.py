@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from elfes.contract import Pointer
 from elfes.files import write_text_atomically
 
 from ..rundir import state as run_state
@@ -134,7 +135,7 @@ class ScratchRuns:
         run_dir = self.submit(name)
         state = self.wait_until_ended(run_dir, name, Follower(RunPaths(run_dir), length))
         step = state.last_attempt.step if state.last_attempt else None
-        step = step if step is not None else pointer_step(RunPaths(run_dir), "final")  # a command without records
+        step = step if step is not None else pointer_step(RunPaths(run_dir), Pointer.FINAL)  # a command without records
         self.say(f"{name}: finished at step {step if step is not None else '?'}")
         return run_dir
 

@@ -9,10 +9,7 @@ import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .signals import TERMINATING_SIGNALS
-
-# A stop reason the trainer sets on a normal end (the monitor stopped improving).
-FINISHING_REASONS = ("early_stopping",)
+from elfes.contract import FINISHING_REASONS, TERMINATING_SIGNALS
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from elfes.contract import TERMINATING_SIGNALS
 
 from ..rundir import state as run_state
 from ..rundir.code_record import job_spec, load_code_record
@@ -91,8 +93,11 @@ from .requeue import (
     wait_for_slurm_to_end_the_job,
 )
 from .resume_point import resume_point
-from .signals import TERMINATING_SIGNALS, SignalFlags, requeue_signal, stop_signals
+from .signals import SignalFlags, requeue_signal, stop_signals
 from .watchdog import HangWatchdog, end_stuck_peers
+
+if TYPE_CHECKING:  # the engine (torch) is imported in the job only, once the signals are caught
+    from elfes.engine import Heartbeat, StopRequest
 
 # -- the entrypoint's argument -------------------------------------------------------------------------------
 
@@ -115,7 +120,7 @@ class Job:
     # RUN_DIR/checkpoints/last, or the run's newest complete checkpoint when `last` is missing or dangling;
     # None before the run published one (launcher/job/resume_point.py)
     resume_from: Path | None
-    stop: Any  # an elfes.engine.StopRequest, already catching SIGINT, SIGTERM and the requeue signal
+    stop: StopRequest  # already catching SIGINT, SIGTERM and the requeue signal
     attempt: int  # starts of this run, from 1, counting on across requeues and `elfes resume`
     rank: int
     local_rank: int
@@ -185,7 +190,7 @@ class _Attempt:
         self.previous = run_state.previous_attempt(self.before, self.token)
         self.spec: JobSpec | None = None  # until run() reads it; a failure may come before that
         self.max_failures = 0  # until the spec is read: a failure before that is not retried
-        self.heartbeat: Any = None  # the engine's Heartbeat of an entrypoint job (its StopRequest's)
+        self.heartbeat: Heartbeat | None = None  # the engine's Heartbeat of an entrypoint job (its StopRequest's)
         self.failing = threading.Lock()  # one failure path per task (the main thread's or the watchdog's)
         self.decider = False  # this rank ended the attempt as failed (and carries a retry out)
         self.final_failure: str | None = None  # why a failure now cannot pass on a retry
