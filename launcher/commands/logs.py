@@ -41,7 +41,7 @@ def _readable_state(paths: RunPaths) -> tuple[run_state.RunState | None, str | N
     why state.json cannot be read: the logs are shown either way."""
     try:
         state = run_state.load_state(paths)
-    except run_state.StateError as error:
+    except run_state.RunDamaged as error:
         return None, str(error)
     if state is not None and state.last_attempt is not None and not state.last_attempt.ended:
         state = effective_state(paths, state, liveness(paths, state))

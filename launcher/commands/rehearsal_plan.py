@@ -16,6 +16,7 @@ from typing import Any
 
 from elfes.contract import CheckpointName, Pointer, SaveReason
 
+from ..errors import EXIT_RUN_FAILED, ElfesError
 from ..rundir import state as run_state
 from ..rundir.paths import RunPaths
 
@@ -24,8 +25,10 @@ SLACK_FRACTION = 0.25
 MIN_SLACK_UPDATES = 2
 
 
-class RehearsalFailed(RuntimeError):
+class RehearsalFailed(ElfesError, RuntimeError):
     """A run of the rehearsal did not finish (it failed, or a phase timed out): no verdict."""
+
+    exit_code = EXIT_RUN_FAILED
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
+from ..errors import EXIT_NOT_NOW, ElfesError
 from ..job.command import FORWARD_HOLD_S
 from ..rundir import state as run_state
 from ..rundir.command_group import dispositions, group_members, signal_group
@@ -32,8 +33,10 @@ from ..submit.scripts import requeue_signal
 DEFAULT_KILL_WAIT_S = Resources().kill_wait_s
 
 
-class ActionFailed(RuntimeError):
+class ActionFailed(ElfesError, RuntimeError):
     """The verb cannot be carried out now (no live task to signal, SLURM command failed, ...)."""
+
+    exit_code = EXIT_NOT_NOW
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ def _stop_recorded(paths: RunPaths, attempt: int | None) -> bool:
     """Whether the run recorded a stop since its attempt ``attempt``: "stopping", that attempt ended, or a later one."""
     try:
         state = run_state.load_state(paths)
-    except run_state.StateError:
+    except run_state.RunDamaged:
         return False
     if state is None or state.last_attempt is None:
         return False

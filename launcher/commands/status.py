@@ -97,7 +97,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes.append(f"{paths.spec} cannot be read")
     try:
         recorded = run_state.load_state(paths)
-    except run_state.StateError as error:
+    except run_state.RunDamaged as error:
         return _unreadable(paths, name, str(error), notes)
     live = run_liveness(paths, recorded, processes, queue)
     state = effective_state(paths, recorded, live)
@@ -121,7 +121,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes.extend(environment_changes(state))
     try:
         code = load_code_record(paths)
-    except run_state.StateError as error:
+    except run_state.RunDamaged as error:
         code = None
         notes.append(str(error))
     ran_on = next((attempt.provenance.describe() for attempt in reversed(state.attempts)

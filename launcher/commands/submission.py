@@ -82,18 +82,18 @@ def _changes(spec: JobSpec, source: str, paths: RunPaths) -> tuple[str, ...] | N
 
 def close_lost_job(paths: RunPaths) -> run_state.RunState | None:
     """Record a job that is gone without an outcome as lost (submitter side, before a new submission).
-    Refuses (StateError) while a SLURM job of a stopped run is still queued or alive."""
+    Refuses (NotNow) while a SLURM job of a stopped run is still queued or alive."""
     state = run_state.load_state(paths)
     live = liveness(paths, state)
     if state is not None and state.executor == "slurm" and state.status in run_state.ENDED and live.alive:
         # A SIGTERM stop saves `last` and waits for SLURM to end the job, which may requeue it (preemption).
         reason = f" ({live.queue_reason})" if live.queue_reason else ""
-        raise run_state.StateError(
+        raise run_state.NotNow(
             f"{paths.run_dir}: SLURM job {state.job_id} of this run is still {live.queue_state}{reason} (a stopped job "
             "waits for SLURM to end it, and a preempted one comes back by itself); wait until `elfes status` no "
             f"longer shows it in the queue, or `scancel {state.job_id}` first")
     if state is not None and state.status in run_state.ENDED and live.command:
-        raise run_state.StateError(
+        raise run_state.NotNow(
             f"{paths.run_dir}: processes {list(live.command)} of this run's command are still running after its "
             f"attempt ended {state.status} (a wrapper's trainer, whose task is gone); a second trainer would write "
             f"the same run: `elfes cancel {paths.run_dir}` ends them, then submit or resume again")
@@ -116,11 +116,11 @@ def settle_interrupted_handover(paths: RunPaths, changed: tuple[str, ...]) -> ru
     what = (f"an earlier submission ({earlier.kind} at {earlier.at}, pid {earlier.pid} on {earlier.host}) was "
             "interrupted before it recorded its job" if earlier else "an earlier submission was interrupted")
     if found.busy:
-        raise run_state.StateError(f"{paths.run_dir}: {what}, and {found.busy}; wait for it to finish, then try "
+        raise run_state.NotNow(f"{paths.run_dir}: {what}, and {found.busy}; wait for it to finish, then try "
                                    f"again (`elfes status {paths.run_dir}` shows the run)")
     if found.job_id is not None:
         if changed:
-            raise run_state.StateError(
+            raise run_state.NotNow(
                 f"{paths.run_dir}: {what}; its {state.executor} job {found.job_id} runs with the recorded spec, so "
                 f"{', '.join(changed)} cannot change now; wait for it to end or `elfes cancel {paths.run_dir}`")
         return run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=found.job_id))
@@ -216,7 +216,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     ``dry_run``: return the sbatch script or local command instead, touching nothing. Into a run
     directory that already holds a run, the spec continues it from ``last`` when it differs only in
     fields that may change (UsageError naming the others); a run without checkpoints takes any spec.
-    A finished run is refused (StateError) unless the spec raises its budget. ``code``: "current" takes a fresh
+    A finished run is refused (NotNow) unless the spec raises its budget. ``code``: "current" takes a fresh
     code snapshot of the spec's workdir; "recorded" keeps the one the run directory's ``code.json`` names (a sweep
     member handed over by the sweep's scheduler runs the sweep's snapshot).
     """

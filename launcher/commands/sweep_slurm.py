@@ -109,13 +109,13 @@ def _settle(member: RunPaths) -> str | None:
     is gone without an outcome is recorded lost first, as a single run's submission does."""
     try:
         adopted = settle_interrupted_handover(member, ())
-    except run_state.StateError as error:
+    except (run_state.RunDamaged, run_state.NotNow) as error:
         return str(error)
     if adopted is not None:
         return f"adopted SLURM job {adopted.job_id}, which an interrupted hand-over had started"
     try:
         state = close_lost_job(member)
-    except run_state.StateError as error:
+    except (run_state.RunDamaged, run_state.NotNow) as error:
         return str(error)
     if state is not None and state.status not in run_state.ENDED:
         return f"{state.status} (job {state.job_id})"  # handed over meanwhile, e.g. by `elfes resume` of the member
@@ -182,7 +182,7 @@ def record_adopted_arrays(paths: SweepPaths, record: SweepRecord) -> SweepRecord
     for member in record.members:
         try:
             state = run_state.load_state(RunPaths(Path(member.run_dir)))
-        except run_state.StateError:
+        except run_state.RunDamaged:
             continue
         submission = state.submissions[-1] if state is not None and state.submissions else None
         if submission is None or submission.job_id is None or submission.submitit_folder != str(paths.submitit):

@@ -321,7 +321,7 @@ class _Attempt:
             provenance = collect(code=load_code_record(self.paths), local_rank=self.start.local_rank)
             state = run_state.update_state(self.paths, lambda s: run_state.record_provenance(
                 s, token=self.token, provenance=provenance))
-        except (OSError, run_state.StateError) as error:
+        except (OSError, run_state.RunDamaged, run_state.NotNow) as error:
             print(f"elfes: warning: the provenance of attempt {self.attempt} was not recorded: {error}",
                   file=sys.stderr, flush=True)
             return
@@ -386,7 +386,7 @@ class _Attempt:
 
             def end(state: run_state.RunState | None) -> run_state.RunState:
                 if state is None:
-                    raise run_state.StateError("state.json is missing")
+                    raise run_state.RunDamaged("state.json is missing")
                 state = run_state.begin_attempt(  # a no-op once rank 0 recorded the start (the usual case)
                     state, token=self.token, job_id=self.start.job_id, launch=self.launch, hosts=self.start.hosts,
                     world_size=self.start.world_size)

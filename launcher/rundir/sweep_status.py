@@ -77,7 +77,7 @@ def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
     """Whether the member holds a slot: handed over and not ended (a vanished local job does not)."""
     try:
         state = run_state.load_state(paths)
-    except run_state.StateError:
+    except run_state.RunDamaged:
         return False
     if state is None or state.status in run_state.ENDED:
         return False
@@ -114,7 +114,7 @@ def member_status(member: MemberRecord, queued: set[str], processes: ProcessTabl
     try:
         recorded = run_state.load_state(paths)
         error = None
-    except run_state.StateError as problem:
+    except run_state.RunDamaged as problem:
         recorded, error = None, str(problem)
     state = recorded
     if needs_liveness(recorded):
@@ -188,7 +188,7 @@ def _cut_short(paths: SweepPaths, members: list[MemberStatus], processes: Proces
             continue
         try:
             state = run_state.load_state(RunPaths(Path(member.run_dir)))
-        except run_state.StateError:
+        except run_state.RunDamaged:
             continue
         if state is None or _submitter_alive(state) or _may_start(RunPaths(Path(member.run_dir)), state, processes):
             continue
