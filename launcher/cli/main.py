@@ -164,10 +164,12 @@ def _wait(args: argparse.Namespace) -> int:
 def _run_wait_code(until: Any, waited: Any) -> int:
     """A run's exit code for ``status --wait``: reached, OK (at the end: as the run ended); short of it,
     not-now when the time ran out or the run finished first, else as the run ended (failed or stopped)."""
-    ended_code = {"finished": EXIT_OK, "failed": EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
+    from ..rundir.state_records import RunStatus
+
+    ended_code = {RunStatus.FINISHED: EXIT_OK, RunStatus.FAILED: EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
     if waited.reached:
         return ended_code if until.kind == "ended" else EXIT_OK
-    return EXIT_NOT_NOW if waited.timed_out or waited.status == "finished" else ended_code
+    return EXIT_NOT_NOW if waited.timed_out or waited.status == RunStatus.FINISHED else ended_code
 
 
 def _logs(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from elfes.files import write_text_atomically
 from ..errors import EXIT_NOT_NOW, ElfesError
 from ..job.command import FORWARD_HOLD_S
 from ..rundir import state as run_state
+from ..rundir.state import RunStatus
 from ..rundir.command_group import dispositions, group_members, signal_group
 from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
 from ..rundir.lookup import UsageError, recorded_spec, run_paths
@@ -104,7 +105,7 @@ def _stop_recorded(paths: RunPaths, attempt: int | None) -> bool:
     if state is None or state.last_attempt is None:
         return False
     last = state.last_attempt
-    return state.status == "stopping" or last.number != attempt or last.ended
+    return state.status == RunStatus.STOPPING or last.number != attempt or last.ended
 
 
 def _signal_pids(records: list[dict[str, Any]], signum: int) -> list[str]:
@@ -123,7 +124,7 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
     paths = run_paths(run_dir)
     state = _live_state(paths)
     signum = requeue_signal()
-    if state.status not in ("running", "stopping"):
+    if state.status not in (RunStatus.RUNNING, RunStatus.STOPPING):
         raise ActionFailed(f"{run_dir}: the run is {state.status}, not running; preempt a running job "
                            "(`elfes status` shows when it runs)")
     if state.executor == "slurm":

@@ -21,6 +21,7 @@ from elfes.files import write_text_atomically
 
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
+from ..rundir.state import Launch, RunStatus
 from ..rundir.liveness import cancel_requested, effective_state, liveness
 from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.lost_cause import describe_lost
@@ -109,7 +110,7 @@ def settle_interrupted_handover(paths: RunPaths, changed: tuple[str, ...]) -> ru
     """A run left "submitted" by a submitter killed mid-hand-over: adopt the job it started (returned
     as a "pending" state), refuse while it may still be starting one, or record it abandoned (None)."""
     state = run_state.load_state(paths)
-    if state is None or state.status != "submitted":
+    if state is None or state.status != RunStatus.SUBMITTED:
         return None
     found = interrupted_handover(paths, state)
     earlier = state.submissions[-1] if state.submissions else None
@@ -235,7 +236,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
         job = spec.model_copy(update={"workdir": plan.job_folder(paths, spec)})
         return Submitted(paths.run_dir, spec.name, chosen, None, None, changed is not None,
                          executors.dry_run(job, paths, chosen), changed=changed or ())
-    return _transaction(spec, paths, chosen, "submit", described, plan)
+    return _transaction(spec, paths, chosen, Launch.SUBMIT, described, plan)
 
 
 def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets: Sequence[str] = (),
@@ -265,5 +266,5 @@ def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets
     chosen = executors.choose_executor(executor) if executor is not None else state.executor
     executors.check_executor(spec, chosen)
     _changes(spec, described, paths)  # refused fields: before anything is written
-    return _transaction(spec, paths, chosen, "resume", described, plan_resume(spec, paths, described, code),
+    return _transaction(spec, paths, chosen, Launch.RESUME, described, plan_resume(spec, paths, described, code),
                         include_nodes=include_nodes)

@@ -26,6 +26,7 @@ from typing import Any
 from elfes.files import write_text_atomically
 
 from ..rundir import state as run_state
+from ..rundir.state import Launch, RunStatus
 from ..rundir.code_record import new_code_record, save_code_record
 from ..rundir.lookup import UsageError, is_left_by_interrupted_creation
 from ..rundir.paths import RunPaths, SweepPaths
@@ -169,7 +170,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
             from .sweep_slurm import submit_array
 
             with sweep_lock(SweepPaths(plan.sweep_dir)):
-                submitted = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit",
+                submitted = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind=Launch.SUBMIT,
                                          limit=limit)
             job_ids = submitted.array_ids
         else:
@@ -224,11 +225,11 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
         due, skipped = [], {}
         for member in record.members:
             now_status = status[member.name].status
-            if now_status in ("finished",):
-                skipped[member.name] = "finished"
+            if now_status == RunStatus.FINISHED:
+                skipped[member.name] = RunStatus.FINISHED
             elif now_status == UNREADABLE:
                 skipped[member.name] = f"{UNREADABLE}: {status[member.name].error}"
-            elif now_status in run_state.ENDED or now_status in (NOT_STARTED, "submitted"):
+            elif now_status in run_state.ENDED or now_status in (NOT_STARTED, RunStatus.SUBMITTED):
                 due.append(member)  # "submitted": a hand-over cut short; settled (its job adopted) under the lock
             else:
                 skipped[member.name] = now_status  # live, or already waiting for a slot
@@ -247,7 +248,7 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             from ..submit.cluster_checks import max_array_size
             from .sweep_slurm import record_adopted_arrays, submit_array
 
-            submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size(),
+            submitted = submit_array(paths, record, due, kind=Launch.RESUME, limit=max_array_size(),
                                      include_nodes=include_nodes)
             change_sweep(paths, lambda r: replace(r, executor="slurm"))
             record_adopted_arrays(paths, load_sweep(paths))
@@ -300,7 +301,7 @@ def cancel_sweep(sweep_dir: str | os.PathLike[str]) -> SweepCancelled:
         signalled = []
         for member in cancel_order(sweep_status(paths.sweep_dir, record).members, record.jobs):
             # A SLURM member that stopped on SIGTERM waits for SLURM to end it (and may come back): cancel it too.
-            waits = member.executor == "slurm" and member.status == "stopped"
+            waits = member.executor == "slurm" and member.status == RunStatus.STOPPED
             if member.status not in (*run_state.ENDED, WAITING, NOT_STARTED) or waits:
                 signalled.append(cancel(member.run_dir))
     return SweepCancelled(paths.sweep_dir, signalled, tuple(entry["name"] for entry in record.queue))

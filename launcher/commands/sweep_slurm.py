@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
+from ..rundir.state import Launch
 from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
@@ -190,7 +191,7 @@ def record_adopted_arrays(paths: SweepPaths, record: SweepRecord) -> SweepRecord
         array_id = submission.job_id.partition("_")[0]
         if array_id not in recorded:
             found.setdefault(array_id, []).append(member.name)
-            kinds[array_id] = submission.kind if submission.kind in ("submit", "resume") else "resume"
+            kinds[array_id] = submission.kind if submission.kind in (Launch.SUBMIT, Launch.RESUME) else Launch.RESUME
     if not found:
         return record
     at = run_state.now()
@@ -246,7 +247,7 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                     exclude, note = _placeable(pairs, exclude, partition_nodes(group[0][1].slurm.partition))
                     notes += [note] if note else []
                 for task, (member, (_, spec)) in enumerate(zip(group_paths, group)):
-                    launch = "submit" if run_state.load_state(member) is None else "resume"
+                    launch = Launch.SUBMIT if run_state.load_state(member) is None else Launch.RESUME
                     member.cancel_marker.unlink(missing_ok=True)
                     record_ahead(spec, member, "slurm", launch, submitit_folder=paths.submitit,
                                  array_task=task if len(group) > 1 else None)

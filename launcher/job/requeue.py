@@ -103,7 +103,7 @@ def resubmit_local(paths: RunPaths, task: Any) -> None:
     recorded (the job is ending) and raised."""
     spec = load_spec_with(paths.spec, check_files=False)
     with submission_lock(paths):
-        record_ahead(spec, paths, "local", "requeue")
+        record_ahead(spec, paths, "local", run_state.Launch.REQUEUE)
         try:
             job_id = executors.submit(job_spec(spec, paths), paths, "local", task)  # the run's code snapshot
         except (executors.SubmissionError, executors.ExecutorError) as error:

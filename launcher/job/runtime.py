@@ -184,7 +184,8 @@ class _Attempt:
         self.command_note: str | None = None  # a command job's note on how its stop ended (launcher/job/command.py)
         self.rendezvous: RendezvousPort | None = None  # rank 0 holds the port until the task exits
         self.attempt = run_state.attempt_number(self.before, self.token)
-        self.launch = "requeue" if self.start.restart > 0 else run_state.latest_submission_kind(self.before)
+        self.launch = (run_state.Launch.REQUEUE if self.start.restart > 0
+                       else run_state.latest_submission_kind(self.before))
         self.requeues_used = run_state.requeues_used_by(self.before, self.token, self.launch)
         self.failures_used = run_state.failures_used_by(self.before, self.token, self.launch)
         self.previous = run_state.previous_attempt(self.before, self.token)
@@ -219,7 +220,7 @@ class _Attempt:
             self._prepare_process()
             if self.requeues_used > self.max_requeues:
                 # SLURM requeued the job by itself (preemption, node failure) past the cap: do not train.
-                decision = Decision("stopped", error=(
+                decision = Decision(run_state.Outcome.STOPPED, error=(
                     f"requeue limit exceeded: this start is requeue {self.requeues_used} of requeue.max_requeues="
                     f"{self.max_requeues} (SLURM requeued the job itself); `elfes resume RUN_DIR` continues from last"))
                 return self._finish(decision, step=None)
@@ -407,7 +408,7 @@ class _Attempt:
                     ranks={rank: record["host"] for rank, record in records.items()}))
                 decided.append(failure)
                 self.decider = True
-                state = run_state.end_attempt(state, token=self.token, outcome="failed",
+                state = run_state.end_attempt(state, token=self.token, outcome=run_state.Outcome.FAILED,
                                               error=failure_error(failure, cause), failure=failure)
                 return with_exclusions(state, failure, attempt=self.attempt, previous=self.previous,
                                        excluding=excludes_nodes(self.start.executor, self.spec),
@@ -476,9 +477,9 @@ class _Attempt:
             if cancel_requested(self.paths, self.before):
                 # `elfes cancel` came while the job stopped for a requeue: the cancel wins (a requeued job
                 # would come back, and scontrol requeue also requeues a job that scancel is ending).
-                decision = Decision("cancelled", signal=decision.signal)
+                decision = Decision(run_state.Outcome.CANCELLED, signal=decision.signal)
             elif (refused := requeue_slurm_job(self.start.job_id)) is not None:
-                decision = Decision("stopped", signal=decision.signal, error=refused)
+                decision = Decision(run_state.Outcome.STOPPED, signal=decision.signal, error=refused)
         resubmit = (decision.requeue and self.start.executor == "local"
                     and self.start.restart + 1 >= LOCAL_MAX_STARTS)
         if self.is_main:
@@ -495,7 +496,7 @@ class _Attempt:
             # Every rank leaves through SystemExit: a rank that returned would write a success result
             # for an attempt that is being relaunched.
             raise SystemExit(LOCAL_REQUEUE_EXIT_CODE if self.start.executor == "local" else 0)
-        if slurm and decision.outcome == "cancelled":
+        if slurm and decision.outcome == run_state.Outcome.CANCELLED:
             # Cancelled for good: rank 0 scancels the job (it may have come back through a requeue that beat
             # the cancel) and every rank exits, which frees the allocation now; an exit is never requeued.
             if self.is_main:

@@ -20,6 +20,7 @@ from ..slurm import SlurmQueue
 from . import state as run_state
 from .liveness import effective_state
 from .paths import RunPaths, SweepPaths
+from .state_records import RunStatus
 from .status_reading import ProcessTable, needs_liveness, run_liveness, summary_from_ends
 from .sweep_record import MemberRecord, SweepRecord, load_sweep, stall
 
@@ -83,7 +84,7 @@ def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
         return False
     if state.executor != "local":
         return True
-    if state.status == "submitted":  # a hand-over under way, or one cut short (submitter killed) that started nothing
+    if state.status == RunStatus.SUBMITTED:  # a hand-over under way, or one cut short (submitter killed) that started nothing
         return processes.alive(paths) or _submitter_alive(state)
     return processes.alive(paths)
 
@@ -184,7 +185,7 @@ def _cut_short(paths: SweepPaths, members: list[MemberStatus], processes: Proces
     the job) and nothing but a resume settles it: its state stays "submitted" for good. None otherwise.
     ``members``: those not queued for the local scheduler (which settles a queued one)."""
     for member in members:
-        if member.status != "submitted":
+        if member.status != RunStatus.SUBMITTED:
             continue
         try:
             state = run_state.load_state(RunPaths(Path(member.run_dir)))

@@ -112,7 +112,7 @@ class RunDirUndo:
             return True
         latest = state.submissions[-1] if state.submissions else None
         return (latest is not None and latest.pid == os.getpid() and latest.host in (None, socket.gethostname())
-                and state.status == "submitted")
+                and state.status == run_state.RunStatus.SUBMITTED)
 
     def restore(self) -> None:
         from elfes.files import write_bytes_atomically
