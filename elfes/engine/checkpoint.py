@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -23,35 +22,17 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
 
 from .collectives import every_rank_value
 
 FORMAT = "elfes-checkpoint"
 VERSION = 2
-POINTERS = ("last", "best", "final")
 Weights = Literal["raw", "ema"]
-
-_NAME = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
-
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used, with the reason and what to do instead."""
-
-
-@dataclass(frozen=True, order=True)
-class CheckpointName:
-    step: int
-    batches: int
-
-    @property
-    def filename(self) -> str:
-        return f"step-{self.step:08d}-batches-{self.batches:010d}.pt"
-
-    @classmethod
-    def parse(cls, filename: str) -> CheckpointName | None:
-        match = _NAME.match(filename)
-        return cls(int(match[1]), int(match[2])) if match else None
 
 
 class CheckpointDirectory:
@@ -320,7 +301,7 @@ def resume_source(path: Path) -> tuple[Path, str | None]:
     every checkpoint there belongs to one run.
     """
     path = Path(path)
-    if path.exists() or path.name != "last":
+    if path.exists() or path.name != Pointer.LAST:
         return path, None
     directory = CheckpointDirectory(path.parent)
     newest = directory.newest_complete()

@@ -11,6 +11,8 @@ from accelerate.data_loader import prepare_data_loader
 from torch import nn
 from torch.utils.data import DataLoader
 
+from elfes.contract import Phase
+
 from .data import iterate_sparing_workers
 from .heartbeat import Heartbeat
 from .loss import loss_path
@@ -87,10 +89,10 @@ class Evaluator:
     def _evaluate_loader(self, module: nn.Module, loader: DataLoader, heartbeat: Heartbeat | None) -> dict[str, float]:
         accumulator = MetricAccumulator()
         if heartbeat is not None:  # the loader's workers start, its first batch may initialise lazily
-            heartbeat.beat_first("evaluating")
+            heartbeat.beat_first(Phase.EVALUATING)
         for index, batch in enumerate(iterate_sparing_workers(loader)):
             if heartbeat is not None and index > 0:  # the first batch's compute is still the first's
-                heartbeat.beat("evaluating")
+                heartbeat.beat(Phase.EVALUATING)
             counts = self.loss.batch_counts(batch)
             with torch.set_grad_enabled(self.requires_grad):
                 output = self.step(module, batch)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import time
 
-PHASES = ("starting", "training", "boundary", "evaluating", "checkpointing", "ended")
+from elfes.contract import PHASES, Phase
+
+__all__ = ["PHASES", "Heartbeat"]
 
 
 class Heartbeat:
@@ -34,20 +36,20 @@ class Heartbeat:
     """
 
     def __init__(self) -> None:
-        self.phase = "starting"
+        self.phase: Phase = Phase.STARTING
         self.step: int | None = None
         self.start_step: int | None = None
         self.updates = 0
         self.first = False
         self.at = time.monotonic()
 
-    def beat(self, phase: str) -> None:
+    def beat(self, phase: Phase) -> None:
         """A sign of progress in ``phase`` (the training thread; e.g. once per evaluation batch)."""
         self.phase = phase
         self.first = False
         self.at = time.monotonic()
 
-    def beat_first(self, phase: str) -> None:
+    def beat_first(self, phase: Phase) -> None:
         """A beat before a first of its kind in ``phase`` (the first window of an epoch, an evaluation
         loader's first batch), which may be several times slower than the rest of its kind."""
         self.phase = phase
@@ -59,18 +61,17 @@ class Heartbeat:
         if self.start_step is None:
             self.start_step = step
         self.step = step
-        self.beat("starting" if self.updates == 0 else "training")
+        self.beat(Phase.STARTING if self.updates == 0 else Phase.TRAINING)
 
     def reached(self, step: int) -> None:
         """An update boundary: ``step`` updates are done."""
         self.step = step
         self.updates += 1
-        self.phase = "boundary"
-        self.at = time.monotonic()
+        self.beat(Phase.BOUNDARY)
 
     def failing_step(self) -> int | None:
         """The step a failure now is counted at: the update being computed while training (the last
         boundary's step + 1), else the last boundary's step."""
         if self.step is None:
             return None
-        return self.step + 1 if self.phase == "training" else self.step
+        return self.step + 1 if self.phase == Phase.TRAINING else self.step

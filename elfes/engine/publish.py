@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from elfes.contract import Pointer
+
 from .checkpoint import PendingCheckpoint
 
 
@@ -26,11 +28,11 @@ def publish(pending: PendingCheckpoint, *, best: bool, final: bool, keep: int | 
     path, size = pending.write()
     if pending.main:
         directory = pending.directory
-        directory.point("last", path)
+        directory.point(Pointer.LAST, path)
         if best:
-            directory.point("best", path)
+            directory.point(Pointer.BEST, path)
         if final:
-            directory.point("final", path)
+            directory.point(Pointer.FINAL, path)
         directory.apply_retention(keep, protect=protect)
     return path, size
 

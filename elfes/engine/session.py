@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
+from elfes.contract import EARLY_STOPPING, Phase, Pointer, SaveReason
 from elfes.files import check_writable_directory
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError
@@ -159,10 +160,10 @@ class TrainingSession:
             return
         best = self._best_file()
         if best is not None and best.exists():
-            self.directory.point("best", best)
-        last = self.directory.pointer("last")
+            self.directory.point(Pointer.BEST, best)
+        last = self.directory.pointer(Pointer.LAST)
         if not last.exists() and restored.parent == self.directory.path.resolve():
-            self.directory.point("last", restored)
+            self.directory.point(Pointer.LAST, restored)
 
     def _best_file(self) -> Path | None:
         name = self.progress.best_checkpoint
@@ -194,7 +195,7 @@ class TrainingSession:
         monitor = self.config.monitor
         exhausted = bool(monitor and monitor.patience and self.state.evaluations_without_improvement >= monitor.patience)
         if exhausted:
-            self.state.stop_reason = "early_stopping"
+            self.state.stop_reason = EARLY_STOPPING
         return exhausted
 
     def position(self) -> list[int]:
@@ -258,9 +259,9 @@ class TrainingSession:
         if evaluate:
             early_stop, improved = self._evaluate_and_monitor(checkpoint_due=checkpoint)
         if early_stop:
-            self.state.stop_reason = "early_stopping"
+            self.state.stop_reason = EARLY_STOPPING
         if self.directory is not None and (checkpoint or improved):
-            self.save(reason="interval" if checkpoint else "best", best=bool(improved))
+            self.save(reason=SaveReason.INTERVAL if checkpoint else SaveReason.BEST, best=bool(improved))
         return early_stop
 
     def finish_deferred_boundary(self) -> bool:
@@ -280,7 +281,7 @@ class TrainingSession:
         if evaluate:
             self.progress.deferred_boundary = {"evaluate": True, "checkpoint": checkpoint}
         if self.directory is not None:
-            self.save(reason="stop")
+            self.save(reason=SaveReason.STOP)
         self.log("stopped", reason=reason, signal=signal_name, state=self.state.state_dict(), **self.clock.totals())
         return self.state
 
@@ -295,7 +296,7 @@ class TrainingSession:
             self.progress.before_final_evaluation = snapshot_monitor(self.state, self.progress, self.scheduler, self.optimizer)
             _, improved = self._evaluate_and_monitor(checkpoint_due=False)
         if self.directory is not None:
-            self.save(reason="final", best=bool(improved), final=True)
+            self.save(reason=SaveReason.FINAL, best=bool(improved), final=True)
         self.log("finished", state=self.state.state_dict(), **self.clock.totals())
         return self.state
 
@@ -323,7 +324,7 @@ class TrainingSession:
             value = monitored_value(results, monitor)
             if value is None:
                 if checkpoint_due and self.directory is not None:
-                    self.save(reason="interval")  # keep the work of this boundary before refusing
+                    self.save(reason=SaveReason.INTERVAL)  # keep the work of this boundary before refusing
                 raise ValueError(missing_metric_message(results, monitor))
             improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler)
         self.log(
@@ -348,7 +349,7 @@ class TrainingSession:
         restore_monitor(snapshot, self.state, self.progress, self.scheduler, self.optimizer)
         best = self._best_file()
         if self.accelerator.is_main_process and best is not None and best.exists():
-            self.directory.point("best", best)
+            self.directory.point(Pointer.BEST, best)
 
     # ----------------------------------------------------------------------------------------
     # Checkpoints
@@ -358,10 +359,10 @@ class TrainingSession:
         ``async_checkpoints`` (the loop waits only for the previous write and the snapshot), else now."""
         state, directory = self.state, self.directory
         started = time.perf_counter()
-        self.stop.heartbeat.beat("checkpointing")
+        self.stop.heartbeat.beat(Phase.CHECKPOINTING)
         waited = self.collect_write(wait=True)
         name = CheckpointName(state.step, state.batches)
-        asynchronous = self.config.async_checkpoints and reason in ("interval", "best")
+        asynchronous = self.config.async_checkpoints and reason in (SaveReason.INTERVAL, SaveReason.BEST)
         snapshot = self.host_buffers.snapshot() if asynchronous else None
         pending = self.checkpointer.snapshot(
             directory, name, reuse=self._already_published(name), run_id=self.progress.run_id, copy=snapshot
@@ -385,7 +386,7 @@ class TrainingSession:
             blocked = time.perf_counter() - started
             self.log("checkpoint", **record, bytes=size, duration_s=time.perf_counter() - writing, blocked_s=blocked)
         self.clock.checkpoint_s += blocked
-        self.stop.heartbeat.beat("boundary")
+        self.stop.heartbeat.beat(Phase.BOUNDARY)
 
     def collect_write(self, *, wait: bool) -> float:
         """Record the background write once it has ended (waiting for it when ``wait``), or raise its

@@ -8,11 +8,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from elfes.contract import TERMINATING_SIGNALS
+
 from .heartbeat import Heartbeat
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# Signals whose stop is final: when ranks saw different signals, one of these decides the outcome.
-_TERMINATING = ("SIGINT", "SIGTERM")
 
 
 class StopRequest:
@@ -108,7 +108,7 @@ def decisive_reason(reasons: Iterable[tuple[str | None, str | None]]) -> tuple[s
     """The (reason, signal) all ranks adopt from each rank's own: a terminating signal (SIGTERM,
     SIGINT) wins over any other stop, such as a requeue signal; otherwise the first rank's."""
     requested = [(reason, name) for reason, name in reasons if reason is not None]
-    return next(((r, s) for r, s in requested if s in _TERMINATING), requested[0])
+    return next(((r, s) for r, s in requested if s in TERMINATING_SIGNALS), requested[0])
 
 
 def stop_signals_in_use() -> tuple[signal.Signals, ...]:

@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
+from elfes.contract import Phase
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError, ConfigurationTypeError
 
@@ -161,7 +162,7 @@ class Trainer:
                 run.warn(kind, message)
             run.stop.heartbeat.started(self.state.step)
             state = self._loop(run)  # its stop and final saves collect any write in flight
-            run.stop.heartbeat.beat("ended")
+            run.stop.heartbeat.beat(Phase.ENDED)
             return state
         except BaseException as error:
             try:  # never leave with a checkpoint write in flight
@@ -207,10 +208,10 @@ class Trainer:
                 while not (epoch_ended or early_stop or run.budget_spent()):
                     started = time.perf_counter()
                     if opening:  # a fresh iterator: its workers start, its first fetch; maybe a compilation
-                        run.stop.heartbeat.beat_first("training")
+                        run.stop.heartbeat.beat_first(Phase.TRAINING)
                         opening = False
                     else:
-                        run.stop.heartbeat.beat("training")
+                        run.stop.heartbeat.beat(Phase.TRAINING)
                     window, size = self._next_window(batches)
                     if window is None:  # a stream without __len__ ended at this boundary: so does its epoch
                         evaluate, checkpoint = run.end_stream_epoch()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_NOT_NOW = 3
-EXIT_RUN_FAILED = 4
-EXIT_RUN_STOPPED = 5
-EXIT_NOT_RESUMABLE = 6
-EXIT_NOT_REPRODUCIBLE = 7
-EXIT_INTERRUPTED = 130
+from ..errors import (  # the codes live with the errors that carry them
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_NOW,
+    EXIT_NOT_REPRODUCIBLE,
+    EXIT_NOT_RESUMABLE,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    EXIT_RUN_STOPPED,
+)
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_CODES", "EXIT_INTERRUPTED", "EXIT_NOT_NOW", "EXIT_NOT_REPRODUCIBLE",
+           "EXIT_NOT_RESUMABLE", "EXIT_OK", "EXIT_RUN_FAILED", "EXIT_RUN_STOPPED"]
 
 EXIT_CODES = f"""\
 exit codes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from ..rundir.state_records import RunStatus
 from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
 from .output import print_line, shell_quoted
 
@@ -39,7 +40,7 @@ def _state_lines(before: Any, after: Any) -> list[str]:
                          + (f": {attempt.error}" if attempt.error else ""))
     if before is None or before.status != after.status:
         last = after.last_attempt
-        retrying = after.status == "requeued" and last is not None and last.failure is not None and last.failure.retried
+        retrying = after.status == RunStatus.REQUEUED and last is not None and last.failure is not None and last.failure.retried
         lines.append(f"run {'failed (retrying)' if retrying else after.status}"
                      + (f" ({after.stopping_signal})" if after.stopping_signal else ""))
     return lines
@@ -73,9 +74,9 @@ def follow(run_dir: Any, *, from_start: bool) -> int:
         return EXIT_INTERRUPTED
     display.close()
     status = previous.status if previous is not None else "unknown"
-    if status == "finished":
+    if status == RunStatus.FINISHED:
         return EXIT_OK
     if previous is not None and previous.error:
         print_line(f"error: {previous.error}")
-    print_line(f"see: elfes logs {shell_quoted(run_dir)}" + ("" if status == "failed" else f"; continue: elfes resume {shell_quoted(run_dir)}"))
-    return EXIT_RUN_FAILED if status == "failed" else EXIT_RUN_STOPPED
+    print_line(f"see: elfes logs {shell_quoted(run_dir)}" + ("" if status == RunStatus.FAILED else f"; continue: elfes resume {shell_quoted(run_dir)}"))
+    return EXIT_RUN_FAILED if status == RunStatus.FAILED else EXIT_RUN_STOPPED

@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import ElfesError
 from . import sweep
 from .exit_codes import (
-    EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
     EXIT_NOT_NOW,
     EXIT_OK,
@@ -176,10 +176,12 @@ def _wait(args: argparse.Namespace) -> int:
 def _run_wait_code(until: Any, waited: Any) -> int:
     """A run's exit code for ``status --wait``: reached, OK (at the end: as the run ended); short of it,
     not-now when the time ran out or the run finished first, else as the run ended (failed or stopped)."""
-    ended_code = {"finished": EXIT_OK, "failed": EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
+    from ..rundir.state_records import RunStatus
+
+    ended_code = {RunStatus.FINISHED: EXIT_OK, RunStatus.FAILED: EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
     if waited.reached:
         return ended_code if until.kind == "ended" else EXIT_OK
-    return EXIT_NOT_NOW if waited.timed_out or waited.status == "finished" else ended_code
+    return EXIT_NOT_NOW if waited.timed_out or waited.status == RunStatus.FINISHED else ended_code
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -301,34 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK  # `elfes logs RUN | head`
-    except Exception as error:
-        code = _expected_error_code(error)
-        if code is None:
-            raise
+    except ElfesError as error:  # raised on purpose: its message, its exit code; any other error is a bug
         print_error(str(error))
-        return code
-
-
-def _expected_error_code(error: Exception) -> int | None:
-    """The exit code of an error a verb raises on purpose (bad input, not now, a failed rehearsal), None for
-    any other (a bug: its traceback shows). The error classes are imported here, once an error came, so
-    that a verb loads only the modules it uses (``elfes status`` of a sweep never loads the spec's models)."""
-    from .. import spec
-    from ..commands.rehearsal.plan import RehearsalFailed
-    from ..commands.signalling import ActionFailed
-    from ..rundir import state
-    from ..rundir.lookup import UsageError
-    from ..submit import executors, handover
-
-    if isinstance(error, handover.Interrupted):
-        return 128 + error.signum
-    if isinstance(error, (spec.SpecError, executors.ExecutorError, UsageError)):
-        return EXIT_BAD_INPUT
-    if isinstance(error, (executors.SubmissionError, ActionFailed, state.StateError)):
-        return EXIT_NOT_NOW
-    if isinstance(error, RehearsalFailed):
-        return EXIT_RUN_FAILED
-    return None
+        return error.exit_code
 
 
 def run() -> None:

@@ -42,7 +42,9 @@ def _short_checkpoint(result: Any) -> str:
 def _retrying(result: Any) -> bool:
     """Whether the run is requeued because its latest attempt failed and is retried."""
     failure = result.attempts[-1].get("failure") if result.attempts else None
-    return result.status == "requeued" and bool(failure and failure.get("retried"))
+    from ..rundir.state_records import RunStatus
+
+    return result.status == RunStatus.REQUEUED and bool(failure and failure.get("retried"))
 
 
 def _status(result: Any) -> str:
@@ -62,7 +64,9 @@ def _job(result: Any) -> str:
 
 def _requeues(result: Any) -> str:
     failures = getattr(result, "failures_used", 0)
-    since = getattr(result, "failures_counted_since", "submit")
+    from ..rundir.state_records import Launch
+
+    since = getattr(result, "failures_counted_since", Launch.SUBMIT)
     earlier = sum(1 for a in result.attempts if (a.get("failure") or {}).get("retried")) - failures
     return (f"{result.requeues_used} used, {_cell(result.requeues_left)} left"
             + (f"; {failures} failure{'s' if failures != 1 else ''} retried since the {since}" if failures or earlier

@@ -146,12 +146,13 @@ def _sweep_table(console: Any, result: Any) -> None:
     console.print(_counts_line(result.counts), markup=False)
     for name, problem in result.problems.items():
         console.print(f"{name}: not started: {problem}", markup=False)
+    from ..rundir.state_records import RunStatus
     from ..rundir.sweep_status import UNREADABLE
 
     for member in result.members:
         if member.status == UNREADABLE:
             console.print(f"{member.name}: {UNREADABLE}: {member.error}", markup=False)
-        elif member.error and member.status == "failed":
+        elif member.error and member.status == RunStatus.FAILED:
             console.print(f"{member.name}: error: {member.error}", markup=False)
     if result.stalled:
         console.print(f"sweep {result.name}: {result.stalled}", markup=False)
@@ -170,16 +171,19 @@ def _sweep_wait_code(until: Any, waited: Any) -> int:
     """A sweep's exit code for ``status --wait``: reached, OK (at the end: failed if a member failed, stopped
     if one stopped, was cancelled or not started); short of it, not-now when the time ran out, the sweep
     stalled or a member cannot be read, else failed or stopped as above (not-now when every member ended well)."""
+    from ..rundir.state_records import RunStatus
+    from ..rundir.sweep_status import NOT_STARTED
     from .exit_codes import EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
 
     counts = waited.counts
-    ended_code = (EXIT_RUN_FAILED if counts.get("failed") else
-                  EXIT_RUN_STOPPED if any(counts.get(word) for word in ("stopped", "cancelled", "not started"))
+    ended_code = (EXIT_RUN_FAILED if counts.get(RunStatus.FAILED) else
+                  EXIT_RUN_STOPPED if any(counts.get(word) for word in (RunStatus.STOPPED, RunStatus.CANCELLED,
+                                                                         NOT_STARTED))
                   else EXIT_OK)
     if waited.reached:
         return ended_code if until.kind == "ended" else EXIT_OK
     return EXIT_NOT_NOW if (waited.timed_out or waited.stalled or waited.unreadable) else (
-        EXIT_RUN_FAILED if counts.get("failed") else EXIT_NOT_NOW if ended_code == EXIT_OK else ended_code)
+        EXIT_RUN_FAILED if counts.get(RunStatus.FAILED) else EXIT_NOT_NOW if ended_code == EXIT_OK else ended_code)
 
 
 def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], int]) -> int:

@@ -19,6 +19,7 @@ from ..rundir import state as run_state
 from ..rundir.liveness import LivenessProbe, effective_state, liveness
 from ..rundir.lookup import UsageError, run_paths
 from ..rundir.paths import RunPaths
+from ..rundir.state import Outcome
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def _readable_state(paths: RunPaths) -> tuple[run_state.RunState | None, str | N
     why state.json cannot be read: the logs are shown either way."""
     try:
         state = run_state.load_state(paths)
-    except run_state.StateError as error:
+    except run_state.RunDamaged as error:
         return None, str(error)
     if state is not None and state.last_attempt is not None and not state.last_attempt.ended:
         state = effective_state(paths, state, liveness(paths, state))
@@ -78,7 +79,7 @@ def log_files(run_dir: str | os.PathLike[str], *, rank: int | None = None, attem
     if attempt is not None:
         files = [paths.rank_log(attempt, rank, stream) for stream in ("out", "err")]
         files = [file for file in files if file.is_file()]
-    if recorded is not None and recorded.outcome == "lost":
+    if recorded is not None and recorded.outcome == Outcome.LOST:
         # What the task printed where its rank logs could not take it (a full disk), or before they existed.
         files += [file for file in (paths.submitit_log(recorded.job_id, rank, stream) for stream in ("out", "err"))
                   if file.is_file() and file.stat().st_size and file not in files]

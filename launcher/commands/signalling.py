@@ -17,12 +17,14 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
+from ..errors import EXIT_NOT_NOW, ElfesError
 from ..job.command import FORWARD_HOLD_S
 from ..rundir import state as run_state
 from ..rundir.command_group import dispositions, group_members, signal_group
 from ..rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
 from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.paths import RunPaths
+from ..rundir.state import RunStatus
 from ..rundir.task_files import command_records
 from ..slurm import SIGNAL_ANSWER_S, signal_job
 from ..slurm import cancel as scancel
@@ -33,8 +35,10 @@ from ..submit.scripts import requeue_signal
 DEFAULT_KILL_WAIT_S = Resources().kill_wait_s
 
 
-class ActionFailed(RuntimeError):
+class ActionFailed(ElfesError, RuntimeError):
     """The verb cannot be carried out now (no live task to signal, SLURM command failed, ...)."""
+
+    exit_code = EXIT_NOT_NOW
 
 
 @dataclass(frozen=True)
@@ -97,12 +101,12 @@ def _stop_recorded(paths: RunPaths, attempt: int | None) -> bool:
     """Whether the run recorded a stop since its attempt ``attempt``: "stopping", that attempt ended, or a later one."""
     try:
         state = run_state.load_state(paths)
-    except run_state.StateError:
+    except run_state.RunDamaged:
         return False
     if state is None or state.last_attempt is None:
         return False
     last = state.last_attempt
-    return state.status == "stopping" or last.number != attempt or last.ended
+    return state.status == RunStatus.STOPPING or last.number != attempt or last.ended
 
 
 def _signal_pids(records: list[dict[str, Any]], signum: int) -> list[str]:
@@ -121,7 +125,7 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
     paths = run_paths(run_dir)
     state = _live_state(paths)
     signum = requeue_signal()
-    if state.status not in ("running", "stopping"):
+    if state.status not in (RunStatus.RUNNING, RunStatus.STOPPING):
         raise ActionFailed(f"{run_dir}: the run is {state.status}, not running; preempt a running job "
                            "(`elfes status` shows when it runs)")
     if state.executor == "slurm":

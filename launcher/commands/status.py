@@ -17,6 +17,7 @@ from ..rundir.liveness import effective_state
 from ..rundir.lookup import run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.provenance import environment_changes
+from ..rundir.state import Launch, RunStatus
 from ..rundir.status_reading import ProcessTable, recorded_name, run_liveness, summary_from_ends
 from ..slurm import SlurmQueue
 
@@ -55,7 +56,7 @@ class Status:
     # failed attempts retried (requeue.max_failures) since the latest hand-over by hand, `failures_counted_since`
     # ("submit" or "resume"); each attempt's `failure` says why
     failures_used: int = 0
-    failures_counted_since: str = "submit"
+    failures_counted_since: str = Launch.SUBMIT
     # nodes the run's SLURM jobs leave out after a rank died or hung there (state.json's excluded_nodes)
     excluded_nodes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -97,11 +98,11 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes.append(f"{paths.spec} cannot be read")
     try:
         recorded = run_state.load_state(paths)
-    except run_state.StateError as error:
+    except run_state.RunDamaged as error:
         return _unreadable(paths, name, str(error), notes)
     live = run_liveness(paths, recorded, processes, queue)
     state = effective_state(paths, recorded, live)
-    if state is not recorded and state is not None and state.status == "requeued":
+    if state is not recorded and state is not None and state.status == RunStatus.REQUEUED:
         attempt = state.last_attempt
         if attempt is not None and not attempt.ended:
             notes.append(f"SLURM requeued job {state.job_id} (restart {live.restarts}) while attempt {attempt.number} "
@@ -109,7 +110,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
                          "was killed); the job starts again by itself and resumes from `last`")
     elif state is not recorded and state is not None:
         notes.append(f"the job is gone without recording its end (was {recorded.status}); `elfes resume` continues it")
-    if state is not None and state.executor == "slurm" and state.status == "stopped" and live.alive:
+    if state is not None and state.executor == "slurm" and state.status == RunStatus.STOPPED and live.alive:
         notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
                      "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
     notes.extend(live.notes)  # a command job's task holding a stop signal says why
@@ -121,7 +122,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         notes.extend(environment_changes(state))
     try:
         code = load_code_record(paths)
-    except run_state.StateError as error:
+    except run_state.RunDamaged as error:
         code = None
         notes.append(str(error))
     ran_on = next((attempt.provenance.describe() for attempt in reversed(state.attempts)
@@ -155,7 +156,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         code=asdict(code) if code is not None else None,
         ran_on=ran_on,
         failures_used=state.failures_used if state is not None else 0,
-        failures_counted_since=state.failures_counted_since if state is not None else "submit",
+        failures_counted_since=state.failures_counted_since if state is not None else Launch.SUBMIT,
         excluded_nodes=[asdict(node) for node in state.excluded_nodes] if state is not None else [],
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..rundir import state as run_state
 from ..rundir.lookup import UsageError
+from ..rundir.state import RunStatus
 from .logs import watch
 
 UNTIL_FORMS = "training, step=N or ended"
@@ -64,7 +65,7 @@ class Waited:
             return (f"{self.run_dir}: still {self.status}{at}, not yet {self.until}, when --timeout-s ran out; "
                     f"wait longer, or see elfes logs {run}")
         return (f"{self.run_dir}: the run ended {self.status}{at} before {self.until}; "
-                f"see elfes logs {run}" + ("" if self.status == "finished" else f"; continue: elfes resume {run}"))
+                f"see elfes logs {run}" + ("" if self.status == RunStatus.FINISHED else f"; continue: elfes resume {run}"))
 
 
 class _Progress:
@@ -97,7 +98,7 @@ def _reached(until: Until, state: run_state.RunState | None, ended: bool, progre
     if until.kind == "step":
         return progress.step is not None and progress.step >= until.step
     attempt = state.last_attempt if state is not None else None
-    if state is None or state.status != "running" or attempt is None or attempt.ended:
+    if state is None or state.status != RunStatus.RUNNING or attempt is None or attempt.ended:
         return False
     started = _time(attempt.started_at)
     # The loop of this attempt logged its start (and its StopRequest catches signals from then on).
@@ -157,7 +158,7 @@ def _member_reached(until: Until, member: Any) -> bool | None:
         if member.step is not None and member.step >= until.step:
             return True
         return None if over else False
-    trained = member.step is not None or member.status in ("running", "stopping")
+    trained = member.step is not None or member.status in (RunStatus.RUNNING, RunStatus.STOPPING)
     return True if trained else (None if over else False)
 
 

@@ -22,6 +22,7 @@ from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
 from ..rundir.lookup import UsageError, run_paths
 from ..rundir.paths import RunPaths
+from ..rundir.state import Launch
 from ..spec import JobSpec, read_spec_data, validate_spec_data
 from ..spec.overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
 from ..submit import executors
@@ -70,7 +71,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     ``dry_run``: return the sbatch script or local command instead, touching nothing. Into a run
     directory that already holds a run, the spec continues it from ``last`` when it differs only in
     fields that may change (UsageError naming the others); a run without checkpoints takes any spec.
-    A finished run is refused (StateError) unless the spec raises its budget. ``code``: "current" takes a fresh
+    A finished run is refused (NotNow) unless the spec raises its budget. ``code``: "current" takes a fresh
     code snapshot of the spec's workdir; "recorded" keeps the one the run directory's ``code.json`` names (a sweep
     member handed over by the sweep's scheduler runs the sweep's snapshot).
     """
@@ -90,7 +91,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
         job = spec.model_copy(update={"workdir": plan.job_folder(paths, spec)})
         return Submitted(paths.run_dir, spec.name, chosen, None, None, changed is not None,
                          executors.dry_run(job, paths, chosen), changed=changed or (), warnings=plan.warnings)
-    return _transaction(spec, paths, chosen, "submit", described, plan)
+    return _transaction(spec, paths, chosen, Launch.SUBMIT, described, plan)
 
 
 def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets: Sequence[str] = (),
@@ -120,5 +121,5 @@ def resume(run_dir: str | os.PathLike[str], *, executor: str | None = None, sets
     chosen = executors.choose_executor(executor) if executor is not None else state.executor
     executors.check_executor(spec, chosen)
     changes(spec, described, paths, read_recorded_spec(paths))  # refused fields: before anything is written
-    return _transaction(spec, paths, chosen, "resume", described, plan_resume(spec, paths, described, code),
+    return _transaction(spec, paths, chosen, Launch.RESUME, described, plan_resume(spec, paths, described, code),
                         include_nodes=include_nodes)

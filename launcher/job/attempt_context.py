@@ -47,7 +47,7 @@ class AttemptContext:
         submissions = len(before.submissions) if before is not None else 0
         start = detect_start(paths, submissions)
         token = start.token(submissions)
-        launch = "requeue" if start.restart > 0 else run_state.latest_submission_kind(before)
+        launch = run_state.Launch.REQUEUE if start.restart > 0 else run_state.latest_submission_kind(before)
         spec, recorded_workdir, spec_error = None, None, None
         try:
             recorded = _load_spec(paths)
@@ -94,7 +94,7 @@ class AttemptContext:
     def begin(self, state: run_state.RunState | None) -> run_state.RunState:
         """``state`` with this attempt begun (a no-op once it is: recording the same token again changes nothing)."""
         if state is None:
-            raise run_state.StateError("state.json is missing")
+            raise run_state.RunDamaged("state.json is missing")
         return run_state.begin_attempt(state, token=self.token, job_id=self.start.job_id, launch=self.launch,
                                        hosts=self.start.hosts, world_size=self.start.world_size)
 

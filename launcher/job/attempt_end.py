@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from elfes.contract import TERMINATING_SIGNALS
+
 from ..rundir import state as run_state
 from ..rundir.task_files import cancel_requested, remove_pid_file
 from .attempt_context import AttemptContext
@@ -31,7 +33,6 @@ from .requeue import (
     resubmit_local,
     wait_for_slurm_to_end_the_job,
 )
-from .signals import TERMINATING_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,9 @@ def finish_attempt(context: AttemptContext, decision: Decision, *, step: int | N
         if cancel_requested(context.paths, context.state_at_start):
             # `elfes cancel` came while the job stopped for a requeue: the cancel wins (a requeued job
             # would come back, and scontrol requeue also requeues a job that scancel is ending).
-            decision = Decision("cancelled", signal=decision.signal)
+            decision = Decision(run_state.Outcome.CANCELLED, signal=decision.signal)
         elif (refused := requeue_slurm_job(start.job_id)) is not None:
-            decision = Decision("stopped", signal=decision.signal, error=refused)
+            decision = Decision(run_state.Outcome.STOPPED, signal=decision.signal, error=refused)
     resubmit = decision.requeue and start.executor == "local" and start.restart + 1 >= LOCAL_MAX_STARTS
     if context.is_main:
         run_state.update_state(context.paths, lambda s: run_state.end_attempt(
@@ -71,7 +72,7 @@ def finish_attempt(context: AttemptContext, decision: Decision, *, step: int | N
     remove_pid_file(context.paths, start.rank)
     if decision.requeue:
         raise SystemExit(exit_code(start.executor, relaunched=True))
-    if slurm and decision.outcome == "cancelled":
+    if slurm and decision.outcome == run_state.Outcome.CANCELLED:
         # Cancelled for good: rank 0 scancels the job (it may have come back through a requeue that beat
         # the cancel) and every rank exits, which frees the allocation now; an exit is never requeued.
         if context.is_main:

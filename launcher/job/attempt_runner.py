@@ -80,7 +80,7 @@ class AttemptRunner:
             export_distributed_environment(gpus_per_node=spec.resources.gpus_per_node, master_port=rendezvous.port)
             if context.requeues_used > context.max_requeues:
                 # SLURM requeued the job by itself (preemption, node failure) past the cap: do not train.
-                decision = Decision("stopped", error=(
+                decision = Decision(run_state.Outcome.STOPPED, error=(
                     f"requeue limit exceeded: this start is requeue {context.requeues_used} of "
                     f"requeue.max_requeues={context.max_requeues} (SLURM requeued the job itself); "
                     "`elfes resume RUN_DIR` continues from last"))
@@ -205,7 +205,7 @@ class AttemptRunner:
             provenance = collect(code=load_code_record(context.paths), local_rank=context.start.local_rank)
             state = run_state.update_state(context.paths, lambda s: run_state.record_provenance(
                 s, token=context.token, provenance=provenance))
-        except (OSError, run_state.StateError) as error:
+        except (OSError, run_state.RunDamaged, run_state.NotNow) as error:
             log.warning(f"elfes: warning: the provenance of attempt {context.attempt_number} was not recorded: {error}")
             return
         log.info(f"elfes: attempt {context.attempt_number} runs on {provenance.describe()}")

@@ -34,11 +34,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
+from elfes.contract import TERMINATING_SIGNALS
+
 from ..rundir.command_group import CommandGroup, child_subreaper, dispositions, group_members, signal_group
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import command_records, remove_command_record, write_command_record
 from .outcome import Delivery, command_stop_reason
-from .signals import TERMINATING_SIGNALS, SignalFlags, requeue_signal
+from .signals import SignalFlags, requeue_signal
 
 # A command job's group gets a stop signal once a member catches it (it may be importing torch, when
 # the default action would kill it), or after this long anyway.

@@ -149,7 +149,7 @@ class _FailedEnding:
         failure = dataclasses.replace(failure, nodes=failed_nodes(cause, reports, hosts=tuple(context.start.hosts),
                                                                   ranks=hosts))
         self.failure, self.decided_here = failure, True
-        state = run_state.end_attempt(state, token=context.token, outcome="failed",
+        state = run_state.end_attempt(state, token=context.token, outcome=run_state.Outcome.FAILED,
                                       error=failure_error(failure, cause), failure=failure)
         return with_exclusions(state, failure, attempt=number, previous=context.previous,
                                excluding=excludes_nodes(context.executor, context.spec), final=cause.final is not None)

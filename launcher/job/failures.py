@@ -34,7 +34,7 @@ from elfes.refusals import ConfigurationError
 
 from ..rundir.json_fields import FieldError, read_record
 from ..rundir.paths import RunPaths
-from ..rundir.state import Attempt, Failure
+from ..rundir.state import Attempt, Failure, Outcome
 
 # Why a refusal of the run's own settings is not retried (elfes/refusals.py: the engine's, by type).
 CONFIGURATION_REFUSED = ("the engine refused the run's configuration, which a retry would refuse again: fix it, then "
@@ -222,7 +222,7 @@ def decide_failure(
 def repeats(failure: Failure, previous: Attempt | None) -> bool:
     """Whether ``failure`` repeats the failure of ``previous`` (the attempt before): the same error at the same
     step, or a crash before the first update boundary in both."""
-    earlier = previous.failure if previous is not None and previous.outcome == "failed" else None
+    earlier = previous.failure if previous is not None and previous.outcome == Outcome.FAILED else None
     return earlier is not None and (failure.same_as(earlier) or not (failure.updated or earlier.updated))
 
 

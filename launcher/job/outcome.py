@@ -9,24 +9,22 @@ import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .signals import TERMINATING_SIGNALS
+from elfes.contract import FINISHING_REASONS, TERMINATING_SIGNALS
 
-# A stop reason the trainer sets on a normal end (the monitor stopped improving).
-FINISHING_REASONS = ("early_stopping",)
+from ..rundir.state import Outcome
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What an attempt's end means: its ``outcome`` (a ``state.OUTCOMES`` value), the signal behind it
-    and, when a requeue was refused, why."""
+    """What an attempt's end means: its ``outcome``, the signal behind it and, when a requeue was refused, why."""
 
-    outcome: str
+    outcome: Outcome
     signal: str | None = None
     error: str | None = None
 
     @property
     def requeue(self) -> bool:
-        return self.outcome == "requeued"
+        return self.outcome == Outcome.REQUEUED
 
 
 def decide(
@@ -44,17 +42,17 @@ def decide(
     stop: a requeue already agreed on goes ahead (the relaunch sees the marker and stops at once).
     """
     if stop_reason is None or stop_reason in FINISHING_REASONS:
-        return Decision("finished")
+        return Decision(Outcome.FINISHED)
     if stop_reason == requeue_signal_name:
         if requeues_used < max_requeues:
-            return Decision("requeued", signal=stop_reason)
+            return Decision(Outcome.REQUEUED, signal=stop_reason)
         return Decision(
-            "stopped", signal=stop_reason,
+            Outcome.STOPPED, signal=stop_reason,
             error=f"requeue limit reached ({requeues_used} of requeue.max_requeues={max_requeues} used); `last` is "
                   "saved: `elfes resume RUN_DIR` continues the run (raise requeue.max_requeues for more automatic requeues)",
         )
     name = stop_reason if stop_reason in TERMINATING_SIGNALS else None
-    return Decision("cancelled" if cancel_requested else "stopped", signal=name)
+    return Decision(Outcome.CANCELLED if cancel_requested else Outcome.STOPPED, signal=name)
 
 
 def stop_reason_from_exit_code(returncode: int, *, stop_signal_names: Iterable[str]) -> str | None:

@@ -17,9 +17,6 @@ from types import FrameType
 from ..rundir.command_group import signal_masks
 from ..submit.scripts import requeue_signal
 
-# The stop signals that never requeue by themselves (`elfes cancel`, `scancel`, plain preemption).
-TERMINATING_SIGNALS = ("SIGINT", "SIGTERM")
-
 
 def stop_signals() -> tuple[signal.Signals, ...]:
     """The signals the job turns into stops: SIGINT, SIGTERM and the requeue signal."""

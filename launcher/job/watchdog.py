@@ -42,14 +42,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+from elfes.contract import Phase
 
 from ..rundir.liveness import recorded_tasks
 from ..rundir.paths import RunPaths
 from .failures import FailureReport, read_reports, withdraw_report, write_report
 
+if TYPE_CHECKING:  # torch-free at run time: the heartbeat comes from the job's StopRequest
+    from elfes.engine import Heartbeat
+
 SLOW_FACTOR = 5  # times hang_timeout_s allowed for a first of its kind and a checkpoint write
-SLOW_PHASES = frozenset({"checkpointing"})  # of elfes.engine.heartbeat.PHASES
+SLOW_PHASES = frozenset({Phase.CHECKPOINTING})
 GRACE_S = 10.0  # how long a firing watchdog waits for a beat (and the other ranks' stacks) before the hang stands
 POLL_S = 1.0
 PEER_EXIT_S = 5.0  # how long the deciding rank of a local job waits for its peers to leave before killing them
@@ -58,14 +63,14 @@ log = logging.getLogger(__name__)
 
 
 class HangWatchdog:
-    """A daemon thread watching ``heartbeat`` (an ``elfes.engine.Heartbeat``) while the block runs.
+    """A daemon thread watching ``heartbeat`` (the job's ``StopRequest.heartbeat``) while the block runs.
 
     >>> with HangWatchdog(stop.heartbeat, timeout_s=600, startup_timeout_s=1800, paths=paths, attempt=1,  # doctest: +SKIP
     ...                   rank=0, host="node1", world_size=2, on_hang=runtime_hung):
     ...     main(job)
     """
 
-    def __init__(self, heartbeat: Any, *, timeout_s: float, startup_timeout_s: float | None, paths: RunPaths,
+    def __init__(self, heartbeat: Heartbeat, *, timeout_s: float, startup_timeout_s: float | None, paths: RunPaths,
                  attempt: int, rank: int, host: str, world_size: int, on_hang: Callable[[FailureReport], None],
                  poll_s: float = POLL_S, grace_s: float = GRACE_S) -> None:
         self.heartbeat = heartbeat
@@ -87,7 +92,7 @@ class HangWatchdog:
     def limit_s(self) -> float | None:
         """How long the heartbeat's present stretch may go without a beat; None: not watched."""
         heartbeat = self.heartbeat
-        if heartbeat.phase == "ended":
+        if heartbeat.phase == Phase.ENDED:
             return None  # train() returned: what follows is the job's own code
         if heartbeat.updates == 0:
             return self.startup_timeout_s
@@ -115,7 +120,7 @@ class HangWatchdog:
             beat_at = self.heartbeat.at  # a beat after this reading stands a firing for this stall down
             quiet_s = self.stalled_s()
             peer = None
-            if quiet_s is None and self.heartbeat.phase != "ended":
+            if quiet_s is None and self.heartbeat.phase != Phase.ENDED:
                 peer = next((r for r in self._stalls() if (r.rank, r.at) not in answered), None)
             if quiet_s is None and peer is None:
                 continue

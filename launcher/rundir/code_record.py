@@ -23,9 +23,10 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
+from ..errors import RunDamaged
 from .json_fields import read_record
 from .paths import RunPaths
-from .state import StateError, now
+from .state_records import now
 
 # How a snapshot came about: taken by `elfes submit` (or a sweep), kept by `elfes resume`, or taken afresh
 # by `elfes resume --code current`.
@@ -99,17 +100,17 @@ def new_code_record(folder: Path, selection: Any, kind: str, *, other_code_than:
 
 
 def load_code_record(paths: RunPaths) -> CodeRecord | None:
-    """The run's snapshot record, or None without ``code.json``. :class:`StateError` names a damaged file."""
+    """The run's snapshot record, or None without ``code.json``. :class:`RunDamaged` names a damaged file."""
     try:
         content = paths.code_record.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as error:
-        raise StateError(f"{paths.code_record} cannot be read ({error}); check it and its permissions") from None
+        raise RunDamaged(f"{paths.code_record} cannot be read ({error}); check it and its permissions") from None
     try:
         record = read_record(CodeRecord, json.loads(content), choices={"kind": KINDS})
     except ValueError as error:
-        raise StateError(f"{paths.code_record} cannot be read: {error}. It is written atomically, so it was edited "
+        raise RunDamaged(f"{paths.code_record} cannot be read: {error}. It is written atomically, so it was edited "
                          "outside elfes; `elfes resume --code current` takes a fresh snapshot") from None
     return record
 

@@ -3,7 +3,8 @@
 For files elfes writes and reads again (``state.json``): a file edited by hand or damaged on disk is
 refused with the field, its value and what it should be, never turned into a ``TypeError`` deep in a
 caller. Understands the annotations those dataclasses use: ``str``, ``int``, ``bool``, ``float``, ``X | None``,
-``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (taken as it is) and nested dataclasses. Torch-free.
+``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (taken as it is), ``str`` enums (read as their members) and nested
+dataclasses. Torch-free.
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ import functools
 import types
 import typing
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any, TypeVar
+
+from ..errors import EXIT_NOT_NOW, ElfesError
 
 Record = TypeVar("Record")
 
 
-class FieldError(ValueError):
-    """A field that does not fit its dataclass; the message names it (``attempts[1].step``)."""
+class FieldError(ElfesError, ValueError):
+    """A field that does not fit its dataclass; the message names it (``attempts[1].step``). A file elfes wrote
+    that holds one is damaged."""
+
+    exit_code = EXIT_NOT_NOW
 
 
 def _describe(value: Any) -> str:
@@ -87,6 +94,12 @@ def _read_value(hint: Any, value: Any, where: str, choices: Mapping[str, tuple[s
         return {key: _read_value(item_hint, item, f"{where}.{key}", choices) for key, item in value.items()}
     if dataclasses.is_dataclass(hint):
         return read_record(hint, value, where, choices)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        if not isinstance(value, str):
+            raise FieldError(f"{where} is {_describe(value)}, not a string")
+        if value not in hint._value2member_map_:
+            raise FieldError(f"{where} is {_describe(value)}, not one of {', '.join(hint)}")
+        return hint(value)
     if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
         raise FieldError(f"{where} is {_describe(value)}, not an integer")
     if hint is str and not isinstance(value, str):

@@ -20,6 +20,7 @@ from . import state as run_state
 from .command_group import ProcessStat, is_member, process_stat
 from .lost_cause import describe_lost
 from .paths import RunPaths
+from .state_records import RunStatus
 from .task_files import cancel_requested, command_records
 
 
@@ -137,7 +138,7 @@ def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liv
     requeued the job after its last attempt started (its restart count grew; pure)."""
     if slurm_requeued_since_last_attempt(state, live):
         return run_state.requeued_by_slurm(state)  # stopped on SIGTERM and waited, or its node failed
-    if state is None or state.status in run_state.ENDED or state.status == "submitted" or live.alive is not False:
+    if state is None or state.status in run_state.ENDED or state.status == RunStatus.SUBMITTED or live.alive is not False:
         return state
     return run_state.mark_lost(state, cancelled=cancel_requested(paths, state), error=describe_lost(paths, state))
 

@@ -14,14 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import EXIT_BAD_INPUT, ElfesError
 from .paths import RunPaths, SweepPaths
 
 if TYPE_CHECKING:
     from ..spec import JobSpec, Resources, Slurm
 
 
-class UsageError(ValueError):
+class UsageError(ElfesError, ValueError):
     """Bad input that is not a spec field: an unknown run directory, a template, a file in the way."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 def run_paths(run_dir: str | os.PathLike[str]) -> RunPaths:

@@ -55,7 +55,7 @@ def lost_causes(paths: RunPaths, state: run_state.RunState) -> list[str]:
     limit = time_limit_problem(paths, state) if attempt is not None else None
     if limit is not None:
         causes.append(limit)
-    elif state.status == "stopping" and state.stopping_signal:
+    elif state.status == run_state.RunStatus.STOPPING and state.stopping_signal:
         causes.append(f"it was stopping on {state.stopping_signal} (saving `last`) when it ended: {GENERIC}")
     return causes or [GENERIC]
 
@@ -126,7 +126,7 @@ def time_limit_problem(paths: RunPaths, state: run_state.RunState) -> str | None
     lived_s = _last_sign_of_life(paths, state) - datetime.fromisoformat(attempt.started_at).timestamp()
     if lived_s < limit_s - _LIMIT_SLACK_S:
         return None
-    stopping = state.stopping_signal if state.status == "stopping" else None
+    stopping = state.stopping_signal if state.status == run_state.RunStatus.STOPPING else None
     return (f"time limit (resources.timeout_min = {spec.resources.timeout_min}) reached "
             + ("while stopping" if stopping else "before it saved `last`")
             + "; raise signal_delay_s or the limit. It was killed at its time limit after "

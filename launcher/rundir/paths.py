@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from elfes.contract import Pointer
+
 Stream = Literal["out", "err"]
 
 
@@ -105,15 +107,15 @@ class RunPaths:
     @property
     def last(self) -> Path:
         """The ``last`` pointer (a symlink inside :attr:`checkpoints`); a resume starts from it."""
-        return self.checkpoints / "last"
+        return self.checkpoints / Pointer.LAST
 
     @property
     def best(self) -> Path:
-        return self.checkpoints / "best"
+        return self.checkpoints / Pointer.BEST
 
     @property
     def final(self) -> Path:
-        return self.checkpoints / "final"
+        return self.checkpoints / Pointer.FINAL
 
     @property
     def tensorboard(self) -> Path:

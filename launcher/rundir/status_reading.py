@@ -19,6 +19,7 @@ from ..slurm import SlurmQueue
 from . import state as run_state
 from .liveness import Liveness, liveness
 from .paths import RunPaths
+from .state_records import RunStatus
 from .task_files import command_records
 
 HEAD_BYTES = 64 * 1024  # the start event (name, budget) is at the top
@@ -85,8 +86,8 @@ def needs_liveness(state: run_state.RunState | None) -> bool:
     requeue of the job: ``squeue`` and ``sacct`` tell whether it is gone)."""
     if state is None or state.job_id is None:
         return False
-    return state.status not in run_state.ENDED or (state.executor == "slurm" and state.status in ("stopped",
-                                                                                                   "cancelled"))
+    return state.status not in run_state.ENDED or (state.executor == "slurm" and state.status in (RunStatus.STOPPED,
+                                                                                                   RunStatus.CANCELLED))
 
 
 def run_liveness(paths: RunPaths, state: run_state.RunState | None, processes: ProcessTable | None,

@@ -20,9 +20,10 @@ from typing import Any
 
 from elfes.files import exclusive_lock, write_text_atomically
 
+from ..errors import RunDamaged
 from .json_fields import FieldError, read_record
 from .paths import RunPaths, SweepPaths
-from .state import StateError, now
+from .state_records import now
 
 FORMAT_VERSION = 1
 _FIELD_CHOICES = {"executor": ("local", "slurm"), "kind": ("submit", "resume")}
@@ -104,11 +105,11 @@ def is_sweep_dir(folder: str | os.PathLike[str]) -> bool:
 
 
 def load_sweep(paths: SweepPaths) -> SweepRecord:
-    """The sweep recorded in ``paths``; StateError when it cannot be read."""
+    """The sweep recorded in ``paths``; RunDamaged when it cannot be read."""
     try:
         return SweepRecord.from_json(json.loads(paths.record.read_text(encoding="utf-8")))
     except (OSError, ValueError) as error:  # FieldError and JSON's errors are ValueErrors
-        raise StateError(f"{paths.record} cannot be read ({error}); elfes writes it atomically, so it was edited or "
+        raise RunDamaged(f"{paths.record} cannot be read ({error}); elfes writes it atomically, so it was edited or "
                          "damaged: restore it (each member's own run directory is intact: `elfes status "
                          "SWEEP_DIR/MEMBER` shows one)") from None
 

@@ -20,6 +20,7 @@ from ..slurm import SlurmQueue
 from . import state as run_state
 from .liveness import effective_state
 from .paths import RunPaths, SweepPaths
+from .state_records import RunStatus
 from .status_reading import ProcessTable, needs_liveness, run_liveness, summary_from_ends
 from .sweep_record import MemberRecord, SweepRecord, load_sweep, stall
 
@@ -77,13 +78,13 @@ def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
     """Whether the member holds a slot: handed over and not ended (a vanished local job does not)."""
     try:
         state = run_state.load_state(paths)
-    except run_state.StateError:
+    except run_state.RunDamaged:
         return False
     if state is None or state.status in run_state.ENDED:
         return False
     if state.executor != "local":
         return True
-    if state.status == "submitted":  # a hand-over under way, or one cut short (submitter killed) that started nothing
+    if state.status == RunStatus.SUBMITTED:  # a hand-over under way, or one cut short (submitter killed) that started nothing
         return processes.alive(paths) or _submitter_alive(state)
     return processes.alive(paths)
 
@@ -114,7 +115,7 @@ def member_status(member: MemberRecord, queued: set[str], processes: ProcessTabl
     try:
         recorded = run_state.load_state(paths)
         error = None
-    except run_state.StateError as problem:
+    except run_state.RunDamaged as problem:
         recorded, error = None, str(problem)
     state = recorded
     if needs_liveness(recorded):
@@ -184,11 +185,11 @@ def _cut_short(paths: SweepPaths, members: list[MemberStatus], processes: Proces
     the job) and nothing but a resume settles it: its state stays "submitted" for good. None otherwise.
     ``members``: those not queued for the local scheduler (which settles a queued one)."""
     for member in members:
-        if member.status != "submitted":
+        if member.status != RunStatus.SUBMITTED:
             continue
         try:
             state = run_state.load_state(RunPaths(Path(member.run_dir)))
-        except run_state.StateError:
+        except run_state.RunDamaged:
             continue
         if state is None or _submitter_alive(state) or _may_start(RunPaths(Path(member.run_dir)), state, processes):
             continue

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from ..errors import EXIT_NOT_NOW, ElfesError
+
 # A query or a control from a login node: squeue, sacct, sacctmgr, sinfo, scontrol, scancel.
 TOOL_TIMEOUT_S = 30
 # A command a job runs on itself (scontrol requeue/update, scancel, sinfo): its controller may be busy with
@@ -99,8 +101,10 @@ def run(tool: Tool, *arguments: str, timeout_s: float = TOOL_TIMEOUT_S, in_job: 
     return Answer(argv, completed.returncode, completed.stdout, completed.stderr)
 
 
-class SlurmError(RuntimeError):
+class SlurmError(ElfesError, RuntimeError):
     """A SLURM command that a caller needs did not answer: not on PATH, refused, or too slow (``answer``)."""
+
+    exit_code = EXIT_NOT_NOW
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer

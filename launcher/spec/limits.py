@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import EXIT_BAD_INPUT, ElfesError
+
 MAX_SPEC_BYTES = 1024 * 1024
 """A spec file, and the spec as recorded in the run directory: at most 1 MiB."""
 MAX_SPEC_DEPTH = 64
@@ -44,8 +46,10 @@ class Size:
     depth: int
 
 
-class CyclicSpec(ValueError):
+class CyclicSpec(ElfesError, ValueError):
     """A mapping or list (``part``) that contains itself (a YAML alias inside its own anchor)."""
+
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, part: Any) -> None:
         super().__init__("a mapping or list contains itself (an alias *name inside its own anchor &name)")

@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from ..errors import EXIT_BAD_INPUT, ElfesError
 from .file_checks import entrypoint_problem, run_dir_problem
 from .limits import control_character_problem
 from .resume_markers import FIXED, MAY_CHANGE, fixed_but
@@ -84,8 +85,10 @@ def _one_line(value: Any) -> Any:
     return value
 
 
-class SpecError(ValueError):
+class SpecError(ElfesError, ValueError):
     """A job spec that cannot be used: the message names the file, the field, the value and the fix."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class _Section(BaseModel):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..rundir.code_record import CodeRecord, fingerprint, load_code_record, new_code_record, save_code_record
 from ..rundir.paths import RunPaths
-from ..rundir.state import StateError
+from ..rundir.state import RunDamaged
 from ..spec import JobSpec
 from .continuation import has_checkpoints
 from .handover import RunDirUndo
@@ -89,7 +89,7 @@ def _other_code(paths: RunPaths | None, selection: Selection) -> str | None:
         return None
     try:
         record = load_code_record(paths)
-    except StateError:
+    except RunDamaged:
         return "code whose record cannot be read"
     if record is None:
         return "the workdir as it was (no code snapshot)"

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..errors import EXIT_BAD_INPUT, EXIT_NOT_NOW, ElfesError
 from ..rundir.paths import RunPaths
 from ..slurm import slurm_available, slurm_configured
 from ..spec.models import JobSpec
@@ -49,12 +50,16 @@ from .scripts import (
 
 EXECUTORS = ("auto", "slurm", "local")
 
-class ExecutorError(ValueError):
+class ExecutorError(ElfesError, ValueError):
     """The spec cannot run on the chosen executor (bad input: nothing was created)."""
 
+    exit_code = EXIT_BAD_INPUT
 
-class SubmissionError(RuntimeError):
+
+class SubmissionError(ElfesError, RuntimeError):
     """The executor refused or failed the submission (sbatch error, no SLURM here)."""
+
+    exit_code = EXIT_NOT_NOW
 
 
 def choose_executor(requested: str) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from elfes.files import exclusive_lock
 
+from ..errors import EXIT_INTERRUPTED, ElfesError
 from ..rundir import state as run_state
 from ..rundir.liveness import local_processes
 from ..rundir.paths import RunPaths, SweepPaths
@@ -38,11 +39,15 @@ DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 REMOTE_SUBMITTER_GRACE_S = 600.0
 
 
-class Interrupted(Exception):
-    """A stop signal arrived during a hand-over; it was completed (or undone) first. ``signum`` is the signal."""
+class Interrupted(ElfesError):
+    """A stop signal arrived during a hand-over; it was completed (or undone) first. ``signum`` is the signal;
+    the command exits 128 + its number."""
+
+    exit_code = EXIT_INTERRUPTED
 
     def __init__(self, signum: int, outcome: str) -> None:
         self.signum = signum
+        self.exit_code = 128 + signum
         self.outcome = outcome
         super().__init__(f"interrupted by {signal.Signals(signum).name}; {outcome}")
 
@@ -100,13 +105,13 @@ class RunDirUndo:
         """Whether ``state.json`` holds nothing since this process's own record of its submission."""
         try:
             state = run_state.load_state(self.paths)
-        except run_state.StateError:
+        except run_state.RunDamaged:
             return False
         if state is None:
             return True
         latest = state.submissions[-1] if state.submissions else None
         return (latest is not None and latest.pid == os.getpid() and latest.host in (None, socket.gethostname())
-                and state.status == "submitted")
+                and state.status == run_state.RunStatus.SUBMITTED)
 
     def restore(self) -> None:
         from elfes.files import write_bytes_atomically
@@ -188,7 +193,7 @@ def _recorded_arrays(folder: Path) -> set[str]:
 
     try:
         return {job.job_id for job in load_sweep(SweepPaths(folder.parent)).jobs}
-    except run_state.StateError:
+    except run_state.RunDamaged:
         return set()
 
 

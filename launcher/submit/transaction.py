@@ -84,18 +84,18 @@ def excluded_nodes(spec: JobSpec, state: run_state.RunState | None, executor: st
 
 
 def lost_job_closed(paths: RunPaths, state: run_state.RunState | None) -> run_state.RunState | None:
-    """``state`` with a job that is gone without an outcome recorded as lost. Refuses (StateError) while a SLURM
+    """``state`` with a job that is gone without an outcome recorded as lost. Refuses (NotNow) while a SLURM
     job of a stopped run is still queued or alive, or a command's processes outlive its attempt."""
     live = liveness(paths, state)
     if state is not None and state.executor == "slurm" and state.status in run_state.ENDED and live.alive:
         # A SIGTERM stop saves `last` and waits for SLURM to end the job, which may requeue it (preemption).
         reason = f" ({live.queue_reason})" if live.queue_reason else ""
-        raise run_state.StateError(
+        raise run_state.NotNow(
             f"{paths.run_dir}: SLURM job {state.job_id} of this run is still {live.queue_state}{reason} (a stopped job "
             "waits for SLURM to end it, and a preempted one comes back by itself); wait until `elfes status` no "
             f"longer shows it in the queue, or `scancel {state.job_id}` first")
     if state is not None and state.status in run_state.ENDED and live.command:
-        raise run_state.StateError(
+        raise run_state.NotNow(
             f"{paths.run_dir}: processes {list(live.command)} of this run's command are still running after its "
             f"attempt ended {state.status} (a wrapper's trainer, whose task is gone); a second trainer would write "
             f"the same run: `elfes cancel {paths.run_dir}` ends them, then submit or resume again")
@@ -107,20 +107,20 @@ def lost_job_closed(paths: RunPaths, state: run_state.RunState | None) -> run_st
 def interrupted_handover_settled(paths: RunPaths, state: run_state.RunState | None,
                                  changed: tuple[str, ...]) -> tuple[run_state.RunState | None, bool]:
     """For a run left "submitted" by a submitter killed mid-hand-over: the state with the job it started adopted
-    ("pending", True), or recorded abandoned (False); refused (StateError) while it may still be starting one.
+    ("pending", True), or recorded abandoned (False); refused (NotNow) while it may still be starting one.
     Any other state is returned as it is."""
-    if state is None or state.status != "submitted":
+    if state is None or state.status != run_state.RunStatus.SUBMITTED:
         return state, False
     found = interrupted_handover(paths, state)
     earlier = state.submissions[-1] if state.submissions else None
     what = (f"an earlier submission ({earlier.kind} at {earlier.at}, pid {earlier.pid} on {earlier.host}) was "
             "interrupted before it recorded its job" if earlier else "an earlier submission was interrupted")
     if found.busy:
-        raise run_state.StateError(f"{paths.run_dir}: {what}, and {found.busy}; wait for it to finish, then try "
+        raise run_state.NotNow(f"{paths.run_dir}: {what}, and {found.busy}; wait for it to finish, then try "
                                    f"again (`elfes status {paths.run_dir}` shows the run)")
     if found.job_id is not None:
         if changed:
-            raise run_state.StateError(
+            raise run_state.NotNow(
                 f"{paths.run_dir}: {what}; its {state.executor} job {found.job_id} runs with the recorded spec, so "
                 f"{', '.join(changed)} cannot change now; wait for it to end or `elfes cancel {paths.run_dir}`")
         return run_state.mark_pending(state, job_id=found.job_id), True
@@ -296,7 +296,7 @@ def resubmit_run(paths: RunPaths, task: Any) -> str:
 
     spec = load_spec_with(paths.spec, check_files=False)
     with held(paths, undoable=False) as run:
-        run.record_ahead(spec, "local", "requeue")
+        run.record_ahead(spec, "local", run_state.Launch.REQUEUE)
         try:
             job_id = executors.submit(job_spec(spec, paths), paths, "local", task)  # the run's code snapshot
         except (executors.SubmissionError, executors.ExecutorError) as error:

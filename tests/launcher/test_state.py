@@ -95,20 +95,20 @@ def test_a_job_gone_without_an_outcome_ends_failed_or_cancelled():
 
 def test_impossible_transitions_are_refused_saying_what_to_do():
     running = begin(submitted(), "41:0")
-    with pytest.raises(S.StateError, match="cannot record a submit while the run is running .*elfes cancel"):
+    with pytest.raises(S.NotNow, match="cannot record a submit while the run is running .*elfes cancel"):
         S.record_submission(running, executor="local", kind="submit", max_requeues=2)
-    with pytest.raises(S.StateError, match="only a stopped, cancelled, failed or finished run can be resumed"):
+    with pytest.raises(S.NotNow, match="only a stopped, cancelled, failed or finished run can be resumed"):
         S.record_submission(running, executor="local", kind="resume", max_requeues=2)
-    with pytest.raises(S.StateError, match="only a requeued run is resubmitted"):
+    with pytest.raises(S.NotNow, match="only a requeued run is resubmitted"):
         S.record_submission(running, executor="local", kind="requeue", max_requeues=2)
-    with pytest.raises(S.StateError, match="needs an existing run"):
+    with pytest.raises(S.NotNow, match="needs an existing run"):
         S.record_submission(None, executor="local", kind="resume", max_requeues=2)
-    with pytest.raises(S.StateError, match="outcome must be one of"):
+    with pytest.raises(S.NotNow, match="outcome must be one of"):
         S.end_attempt(running, token="41:0", outcome="done")
-    with pytest.raises(S.StateError, match="no attempt with token '9:0'"):
+    with pytest.raises(S.NotNow, match="no attempt with token '9:0'"):
         S.end_attempt(running, token="9:0", outcome="finished")
     ended = S.end_attempt(running, token="41:0", outcome="stopped", signal="SIGTERM", step=4)
-    with pytest.raises(S.StateError, match="attempt 1 already ended \\(stopped\\)"):
+    with pytest.raises(S.NotNow, match="attempt 1 already ended \\(stopped\\)"):
         S.end_attempt(ended, token="41:0", outcome="finished")
     resumed = S.record_submission(ended, executor="local", kind="resume", max_requeues=2)
     assert resumed.status == "submitted" and [s.kind for s in resumed.submissions] == ["submit", "resume"]
@@ -132,7 +132,7 @@ def test_state_json_round_trips_and_a_damaged_file_is_reported_by_name(tmp_path:
     assert (raw["status"], raw["requeues_used"], raw["requeues_left"], raw["version"]) == ("running", 0, 3, 1)
     assert S.update_state(paths, lambda s: s) == state  # unchanged: nothing rewritten
     paths.state.write_text("{not json")
-    with pytest.raises(S.StateError, match="state.json cannot be read"):
+    with pytest.raises(S.RunDamaged, match="state.json cannot be read"):
         S.load_state(paths)
 
 
@@ -158,7 +158,7 @@ def test_a_submission_recorded_after_its_run_finished_meanwhile_is_refused_with_
     # the state lock. The refusal is decided there, so no second job starts for a finished run.
     finished = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="finished", step=20)
     reason = "the run is finished; submitting it again would train nothing"
-    with pytest.raises(S.StateError, match=reason):
+    with pytest.raises(S.NotNow, match=reason):
         S.record_submission(finished, executor="local", kind="submit", max_requeues=2, refuse_finished=reason)
     again = S.record_submission(finished, executor="local", kind="submit", max_requeues=2)  # a raised budget
     assert again.status == "submitted" and len(again.submissions) == 2

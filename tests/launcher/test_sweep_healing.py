@@ -70,7 +70,7 @@ def leftovers() -> Iterator[list[SweepPaths]]:
     for paths in sweeps:
         try:
             record = load_sweep(paths)
-        except run_state.StateError:
+        except run_state.RunDamaged:
             continue
         pid = (record.scheduler or {}).get("pid")
         try:
@@ -149,7 +149,7 @@ def test_a_damaged_member_record_is_shown_unreadable_and_the_scheduler_goes_on_p
     capsys.readouterr()
     after = load_sweep(paths)
     assert not after.queue and list(after.problems) == [record.members[0].name]
-    assert "StateError" in after.problems[record.members[0].name]
+    assert "RunDamaged" in after.problems[record.members[0].name]
     assert run_state.load_state(good).submissions  # the good one was handed over
     assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", "1"]) == 3
     assert "unreadable" in capsys.readouterr().err
@@ -343,11 +343,11 @@ def test_a_member_whose_state_json_is_a_dangling_link_is_unreadable_and_the_advi
 def test_a_state_json_that_is_not_a_regular_file_is_unreadable_not_missing(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path / "run")
     paths.state.mkdir(parents=True)
-    with pytest.raises(run_state.StateError, match=r"cannot be read: it is a folder .*\(elfes submit "):
+    with pytest.raises(run_state.RunDamaged, match=r"cannot be read: it is a folder .*\(elfes submit "):
         run_state.load_state(paths)
     paths.state.rmdir()
     os.mkfifo(paths.state)  # reading it would block
-    with pytest.raises(run_state.StateError, match="it is not a regular file"):
+    with pytest.raises(run_state.RunDamaged, match="it is not a regular file"):
         run_state.load_state(paths)
 
 

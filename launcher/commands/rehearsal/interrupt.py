@@ -14,6 +14,7 @@ from elfes.files import is_temporary
 from ...rundir import state as run_state
 from ...rundir.liveness import liveness, recorded_tasks
 from ...rundir.paths import RunPaths
+from ...rundir.state import Outcome, RunStatus
 from ...slurm import cancel, signal_job
 from ..signalling import ActionFailed, preempt
 from ..submission import resume
@@ -85,9 +86,10 @@ class InterruptedRun:
             interruption.landed = False  # it ended between the last look and the signal
             return
         state = self.runs.wait(paths, lambda s: s.status in run_state.ENDED or (
-            len(s.attempts) > attempt and s.status in ("running", "stopping")), "the requeued run to start its next attempt")
+            len(s.attempts) > attempt and s.status in (RunStatus.RUNNING, RunStatus.STOPPING)),
+            "the requeued run to start its next attempt")
         self._judge(paths, state.attempts[attempt - 1], interruption)
-        if state.status == "stopped":  # no requeue left (requeue.max_requeues): continue by hand
+        if state.status == RunStatus.STOPPED:  # no requeue left (requeue.max_requeues): continue by hand
             self._resume_when_gone(paths)
 
     def _stop(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
@@ -99,7 +101,7 @@ class InterruptedRun:
         state = self.runs.wait(paths, lambda s: s.attempts[attempt - 1].ended and s.status in run_state.ENDED,
                                "the stopped run to save `last` and end")
         self._judge(paths, state.attempts[attempt - 1], interruption)
-        if state.executor == "slurm" and state.attempts[attempt - 1].outcome != "finished":
+        if state.executor == "slurm" and state.attempts[attempt - 1].outcome != Outcome.FINISHED:
             slurm(cancel(str(state.job_id)))  # it saved and waits for SLURM to end it
         self._resume_when_gone(paths)
 
@@ -114,7 +116,7 @@ class InterruptedRun:
     def _judge(self, paths: RunPaths, ended: run_state.Attempt, interruption: Interruption) -> None:
         """Landed: the attempt ended before finishing, with steps left to train from what it saved."""
         interruption.saved_step = ended.step if ended.step is not None else pointer_step(paths)
-        interruption.landed = ended.outcome != "finished" and (interruption.saved_step is None
+        interruption.landed = ended.outcome != Outcome.FINISHED and (interruption.saved_step is None
                                                                or interruption.saved_step < self.length.final_step)
 
     def _resume_when_gone(self, paths: RunPaths, interruption: Interruption | None = None) -> None:
@@ -122,9 +124,9 @@ class InterruptedRun:
                                raw=True)
         if interruption is not None:  # a kill: the next attempt continues from what `last` names
             interruption.saved_step = pointer_step(paths)
-            interruption.landed = state.status != "finished" and (interruption.saved_step is None or
+            interruption.landed = state.status != RunStatus.FINISHED and (interruption.saved_step is None or
                                                                  interruption.saved_step < self.length.final_step)
-        if state.status == "finished":  # it finished before the interruption reached it: nothing to resume
+        if state.status == RunStatus.FINISHED:  # it finished before the interruption reached it: nothing to resume
             return
         submitted = resume(paths.run_dir)
         self.say(f"interrupted: resumed as {submitted.executor} job {submitted.job_id}")
@@ -150,6 +152,6 @@ class InterruptedRun:
             if state.status in run_state.ENDED:
                 return True
             tasks = recorded_tasks(paths) if state.executor == "local" else [True]
-            return state.status == "running" and bool(tasks) and progress.step >= step
+            return state.status == RunStatus.RUNNING and bool(tasks) and progress.step >= step
         state = self.runs.wait(paths, ready, f"step {step}", follower=progress)
         return None if state.status in run_state.ENDED else len(state.attempts)

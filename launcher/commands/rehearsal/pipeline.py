@@ -134,7 +134,7 @@ def _check_reusable(folder: Path) -> None:
         paths = RunPaths(folder / name)
         state = run_state.load_state(paths)
         if state is not None and liveness(paths, state).alive:
-            raise run_state.StateError(f"{paths.run_dir}: a job of an earlier rehearsal is still alive; "
+            raise run_state.NotNow(f"{paths.run_dir}: a job of an earlier rehearsal is still alive; "
                                        f"`elfes cancel {paths.run_dir}` it first")
 
 

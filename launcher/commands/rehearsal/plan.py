@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from elfes.contract import CheckpointName, Pointer, SaveReason
+
+from ...errors import EXIT_RUN_FAILED, ElfesError
 from ...rundir import state as run_state
 from ...rundir.paths import RunPaths
 
 # The slack kept after the latest planned moment: a follower on a loaded machine sees a step late.
 SLACK_FRACTION = 0.25
 MIN_SLACK_UPDATES = 2
-# The engine's checkpoint file name (elfes.engine.checkpoint.CheckpointName), read here without torch.
-_CHECKPOINT_NAME = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
 
 
-class RehearsalFailed(RuntimeError):
+class RehearsalFailed(ElfesError, RuntimeError):
     """A run of the rehearsal did not finish (it failed, or a phase timed out): no verdict."""
+
+    exit_code = EXIT_RUN_FAILED
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def measure_length(run_dir: Path) -> RunLength:
         update_time = 0.05
     first = files[0] if files else None
     startup = (first[1] - started - first[0] * update_time) if first and started is not None else 0.0
-    written = [int(e["step"]) for e in events if e.get("event") == "checkpoint" and e.get("reason") in ("interval", "best")]
+    written = [int(e["step"]) for e in events if e.get("event") == "checkpoint" and e.get("reason") in (SaveReason.INTERVAL, SaveReason.BEST)]
     if not events:
         written = [step for step, _ in files if step < final]
     return RunLength(final, max(0.0, update_time), max(0.0, startup), tuple(written), records=bool(train))
@@ -119,22 +121,22 @@ def checkpoint_files(paths: RunPaths) -> list[tuple[int, float]]:
     except OSError:
         return []
     for entry in entries:
-        match = _CHECKPOINT_NAME.match(entry.name)
-        if match:
+        name = CheckpointName.parse(entry.name)
+        if name is not None:
             try:
-                found.append((int(match[1]), entry.stat().st_mtime))
+                found.append((name.step, entry.stat().st_mtime))
             except OSError:
                 continue  # removed by retention meanwhile
     return sorted(found)
 
 
-def pointer_step(paths: RunPaths, pointer: str = "last") -> int | None:
+def pointer_step(paths: RunPaths, pointer: Pointer = Pointer.LAST) -> int | None:
     """The step of the checkpoint a pointer (``last``) names, or None where there is none."""
     try:
-        match = _CHECKPOINT_NAME.match(Path((paths.checkpoints / pointer).readlink()).name)
+        name = CheckpointName.parse(Path((paths.checkpoints / pointer).readlink()).name)
     except OSError:
         return None
-    return int(match[1]) if match else None
+    return name.step if name is not None else None
 
 
 def timestamp(text: str) -> float:

@@ -16,12 +16,14 @@ from typing import Any
 
 import yaml
 
+from elfes.contract import Pointer
 from elfes.files import write_text_atomically
 
 from ...rundir import state as run_state
 from ...rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
 from ...rundir.paths import RunPaths
 from ...rundir.provenance import Provenance, changes_between
+from ...rundir.state import RunStatus
 from ...slurm import Answer, cancel
 from ...spec import JobSpec
 from ..logs import EventTail
@@ -76,7 +78,7 @@ class Follower:
         does it stands where `last` points, not at the step an earlier attempt reached (a kill loses steps)."""
         state = run_state.load_state(self.paths) if self.paths.state.is_file() else None
         attempt = state.last_attempt if state is not None else None
-        if attempt is None or attempt.ended or state.status not in ("running", "stopping"):
+        if attempt is None or attempt.ended or state.status not in (RunStatus.RUNNING, RunStatus.STOPPING):
             return False
         return self.began is None or self.began < timestamp(attempt.started_at)
 
@@ -134,7 +136,7 @@ class ScratchRuns:
         run_dir = self.submit(name)
         state = self.wait_until_ended(run_dir, name, Follower(RunPaths(run_dir), length))
         step = state.last_attempt.step if state.last_attempt else None
-        step = step if step is not None else pointer_step(RunPaths(run_dir), "final")  # a command without records
+        step = step if step is not None else pointer_step(RunPaths(run_dir), Pointer.FINAL)  # a command without records
         self.say(f"{name}: finished at step {step if step is not None else '?'}")
         return run_dir
 
@@ -149,7 +151,7 @@ class ScratchRuns:
             state = run_state.load_state(paths)
             if state is not None:
                 current = state if raw else effective_state(paths, state, liveness(paths, state))
-                if not raw and current.status == "failed":  # before the condition: a failure ends the rehearsal
+                if not raw and current.status == RunStatus.FAILED:  # before the condition: a failure ends the rehearsal
                     raise RehearsalFailed(failure(paths, current))
                 if condition(current):
                     return current
@@ -170,7 +172,7 @@ class ScratchRuns:
         self.runs[name]["provenance"] = [dataclasses.asdict(attempt.provenance) if attempt.provenance else None
                                          for attempt in state.attempts]
         self.provenance[name] = [(attempt.number, attempt.provenance) for attempt in state.attempts]
-        if state.status != "finished":
+        if state.status != RunStatus.FINISHED:
             raise RehearsalFailed(failure(paths, state))
         return state
 

@@ -36,6 +36,7 @@ from ...job.runtime import JobRuntime
 from ...rundir import state as run_state
 from ...rundir.code_record import job_spec
 from ...rundir.paths import RunPaths, SweepPaths
+from ...rundir.state import Launch
 from ...rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
 from ...slurm import SlurmError, partition_nodes, user_jobs
 from ...spec import JobSpec, load_spec
@@ -109,7 +110,7 @@ def _settle(member: HandOver) -> str | None:
     is gone without an outcome is recorded lost first, as a single run's submission does."""
     try:
         adopted = member.settle(())
-    except run_state.StateError as error:
+    except (run_state.RunDamaged, run_state.NotNow) as error:
         return str(error)
     if adopted:
         return f"adopted SLURM job {member.state.job_id}, which an interrupted hand-over had started"
@@ -179,7 +180,7 @@ def record_adopted_arrays(paths: SweepPaths, record: SweepRecord) -> SweepRecord
     for member in record.members:
         try:
             state = run_state.load_state(RunPaths(Path(member.run_dir)))
-        except run_state.StateError:
+        except run_state.RunDamaged:
             continue
         submission = state.submissions[-1] if state is not None and state.submissions else None
         if submission is None or submission.job_id is None or submission.submitit_folder != str(paths.submitit):
@@ -187,7 +188,7 @@ def record_adopted_arrays(paths: SweepPaths, record: SweepRecord) -> SweepRecord
         array_id = submission.job_id.partition("_")[0]
         if array_id not in recorded:
             found.setdefault(array_id, []).append(member.name)
-            kinds[array_id] = submission.kind if submission.kind in ("submit", "resume") else "resume"
+            kinds[array_id] = submission.kind if submission.kind in (Launch.SUBMIT, Launch.RESUME) else Launch.RESUME
     if not found:
         return record
     at = run_state.now()
@@ -243,7 +244,7 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                     exclude, note = _placeable(pairs, exclude, partition_nodes(group[0][1].slurm.partition))
                     notes += [note] if note else []
                 for task, (run, (_, spec)) in enumerate(zip(group_runs, group)):
-                    launch = "submit" if run.state is None else "resume"
+                    launch = Launch.SUBMIT if run.state is None else Launch.RESUME
                     run.paths.cancel_marker.unlink(missing_ok=True)
                     run.record_ahead(spec, "slurm", launch, submitit_folder=paths.submitit,
                                      array_task=task if len(group) > 1 else None)

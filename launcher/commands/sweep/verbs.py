@@ -29,6 +29,7 @@ from ...rundir import state as run_state
 from ...rundir.code_record import new_code_record, save_code_record
 from ...rundir.lookup import UsageError, is_left_by_interrupted_creation
 from ...rundir.paths import RunPaths, SweepPaths
+from ...rundir.state import Launch, RunStatus
 from ...rundir.sweep_record import (
     MemberRecord,
     SweepRecord,
@@ -170,7 +171,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
             from .slurm import submit_array
 
             with sweep_lock(SweepPaths(plan.sweep_dir)):
-                submitted = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind="submit",
+                submitted = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind=Launch.SUBMIT,
                                          limit=limit)
             job_ids = submitted.array_ids
         else:
@@ -226,11 +227,11 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
         due, skipped = [], {}
         for member in record.members:
             now_status = status[member.name].status
-            if now_status in ("finished",):
-                skipped[member.name] = "finished"
+            if now_status == RunStatus.FINISHED:
+                skipped[member.name] = RunStatus.FINISHED
             elif now_status == UNREADABLE:
                 skipped[member.name] = f"{UNREADABLE}: {status[member.name].error}"
-            elif now_status in run_state.ENDED or now_status in (NOT_STARTED, "submitted"):
+            elif now_status in run_state.ENDED or now_status in (NOT_STARTED, RunStatus.SUBMITTED):
                 due.append(member)  # "submitted": a hand-over cut short; settled (its job adopted) under the lock
             else:
                 skipped[member.name] = now_status  # live, or already waiting for a slot
@@ -249,7 +250,7 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             from ...submit.cluster_checks import max_array_size
             from .slurm import record_adopted_arrays, submit_array
 
-            submitted = submit_array(paths, record, due, kind="resume", limit=max_array_size(),
+            submitted = submit_array(paths, record, due, kind=Launch.RESUME, limit=max_array_size(),
                                      include_nodes=include_nodes)
             change_sweep(paths, lambda r: replace(r, executor="slurm"))
             record_adopted_arrays(paths, load_sweep(paths))
@@ -302,7 +303,7 @@ def cancel_sweep(sweep_dir: str | os.PathLike[str]) -> SweepCancelled:
         signalled = []
         for member in cancel_order(sweep_status(paths.sweep_dir, record).members, record.jobs):
             # A SLURM member that stopped on SIGTERM waits for SLURM to end it (and may come back): cancel it too.
-            waits = member.executor == "slurm" and member.status == "stopped"
+            waits = member.executor == "slurm" and member.status == RunStatus.STOPPED
             if member.status not in (*run_state.ENDED, WAITING, NOT_STARTED) or waits:
                 signalled.append(cancel(member.run_dir))
     return SweepCancelled(paths.sweep_dir, signalled, tuple(entry["name"] for entry in record.queue))

@@ -1,0 +1,112 @@
+"""The words the engine writes and the launcher reads: one home for each, both sides import it. Torch-free.
+
+- Checkpoint files and pointers: a checkpoint is ``step-<step>-batches-<batches>.pt`` (:class:`CheckpointName`)
+  in the ``checkpoint_dir``; :class:`Pointer` names its ``last``, ``best`` and ``final`` symlinks.
+- Heartbeat phases (:class:`Phase`): where a training process is, for the launcher's hang watchdog.
+- Stop reasons: a stop on a terminating signal (:data:`TERMINATING_SIGNALS`) is final; one of
+  :data:`FINISHING_REASONS` (the monitor stopped improving) ends the run finished, not stopped.
+- Why a checkpoint was written (:class:`SaveReason`, the ``reason`` of a ``checkpoint`` record).
+
+The launcher imports this module on login nodes, so it imports nothing heavy; the engine's live objects the
+launcher holds (``Heartbeat``, ``StopRequest``) it types under ``typing.TYPE_CHECKING`` only.
+
+>>> CheckpointName.parse("step-00000016-batches-0000000064.pt")
+CheckpointName(step=16, batches=64)
+>>> f"{Pointer.LAST}", Phase.ENDED == "ended"
+('last', True)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class StrEnum(str, Enum):
+    """A closed set of words that reads and prints as its words: ``str()``, f-strings, ``repr()`` and JSON
+    give the value (``"running"``), and a member equals (and hashes as) its string, so files and messages stay
+    plain text. Python 3.11's ``enum.StrEnum``, for 3.10 too."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, format_spec: str) -> str:
+        return self.value.__format__(format_spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------------
+
+CHECKPOINT_FILE = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointName:
+    """A published checkpoint file's name: the optimizer steps and the batches it was saved after."""
+
+    step: int
+    batches: int
+
+    @property
+    def filename(self) -> str:
+        return f"step-{self.step:08d}-batches-{self.batches:010d}.pt"
+
+    @classmethod
+    def parse(cls, filename: str) -> CheckpointName | None:
+        """The name of a checkpoint file, or None for any other file (a temporary, a pointer)."""
+        match = CHECKPOINT_FILE.match(filename)
+        return cls(int(match[1]), int(match[2])) if match else None
+
+
+class Pointer(StrEnum):
+    """The symlinks of a checkpoint folder: ``last`` (a resume starts there), ``best`` (the monitor's best),
+    ``final`` (the end of training)."""
+
+    LAST = "last"
+    BEST = "best"
+    FINAL = "final"
+
+
+POINTERS: tuple[Pointer, ...] = tuple(Pointer)
+
+
+class SaveReason(StrEnum):
+    """Why the engine wrote a checkpoint: every ``checkpoint_every`` updates, a new best, a stop, the end."""
+
+    INTERVAL = "interval"
+    BEST = "best"
+    STOP = "stop"
+    FINAL = "final"
+
+
+# -- heartbeat ------------------------------------------------------------------------------------------------
+
+
+class Phase(StrEnum):
+    """What a training process did at its last beat (``Heartbeat.phase``)."""
+
+    STARTING = "starting"  # before the first window of this process (restored or seeded)
+    TRAINING = "training"  # a window started
+    BOUNDARY = "boundary"  # an update boundary was reached
+    EVALUATING = "evaluating"  # an evaluation batch is done
+    CHECKPOINTING = "checkpointing"  # a checkpoint is being written
+    ENDED = "ended"  # train() returned
+
+
+PHASES: tuple[Phase, ...] = tuple(Phase)
+
+
+# -- stop reasons ---------------------------------------------------------------------------------------------
+
+# Stop signals whose stop is final (`elfes cancel`, `scancel`, plain preemption): they never requeue by
+# themselves, and when ranks saw different signals one of these decides the outcome.
+TERMINATING_SIGNALS: tuple[str, ...] = ("SIGINT", "SIGTERM")
+# The stop reason the trainer sets when the monitor stopped improving: the run ends finished.
+EARLY_STOPPING = "early_stopping"
+FINISHING_REASONS: tuple[str, ...] = (EARLY_STOPPING,)
