@@ -82,8 +82,14 @@ def _tail(file: Path) -> str:
         return ""
 
 
+_LOG_PREFIX = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ "  # "2026-12-05 14:03:07,512 ERROR "
+
+
 def _last_error_in(text: str, attempt: int) -> str | None:
-    failures = re.findall(rf"^elfes: attempt {attempt} failed on rank \d+: (.+)$", text, flags=re.MULTILINE)
+    # The runtime's line, after the time and level its logging puts first (launcher/job/job_log.py; none in logs
+    # written before it logged).
+    failures = re.findall(rf"^(?:{_LOG_PREFIX})?elfes: attempt {attempt} failed on rank \d+: (.+)$", text,
+                          flags=re.MULTILINE)
     if failures:
         return failures[-1].strip()
     start = text.rfind(_TRACEBACK)

@@ -12,7 +12,7 @@ from run_fixtures import make_run
 
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.lookup import recorded_limits
-from elfes.launcher.rundir.lost_cause import GENERIC, lost_causes
+from elfes.launcher.rundir.lost_cause import GENERIC, last_printed_error, lost_causes
 
 
 def _vanished_long_ago(tmp_path: Path, resources: dict):
@@ -42,3 +42,16 @@ def test_a_recorded_spec_whose_limits_cannot_be_read_names_no_limit_and_raises_n
     assert lost_causes(paths, state) == [GENERIC]
     paths.spec.unlink()
     assert recorded_limits(paths) is None and lost_causes(paths, state) == [GENERIC]
+
+
+def test_the_runtime_failure_line_is_found_with_and_without_its_time_and_level(tmp_path: Path):
+    """The rank log's "elfes: attempt N failed on rank R: ..." line names a vanished attempt's error, whether the
+    runtime's logging put a time and a level first (launcher/job/job_log.py) or not (logs written before it)."""
+    paths = make_run(tmp_path, outcome=None)
+    attempt = run_state.load_state(paths).last_attempt
+    log = paths.rank_log(attempt.number, 0, "err")
+    log.write_text(f"2026-12-05 14:03:07,512 ERROR elfes: attempt {attempt.number} failed on rank 0: OSError: "
+                   "[Errno 30] Read-only file system\n")
+    assert last_printed_error(paths, attempt).message == "OSError: [Errno 30] Read-only file system"
+    log.write_text(f"elfes: attempt {attempt.number} failed on rank 0: ValueError: bad batch\n")
+    assert last_printed_error(paths, attempt).message == "ValueError: bad batch"
