@@ -13,9 +13,12 @@ import functools
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-Record = TypeVar("Record")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Record = TypeVar("Record", bound="DataclassInstance")
 
 
 class FieldError(ValueError):
@@ -86,7 +89,8 @@ def _read_value(hint: Any, value: Any, where: str, choices: Mapping[str, tuple[s
         item_hint = typing.get_args(hint)[1]
         return {key: _read_value(item_hint, item, f"{where}.{key}", choices) for key, item in value.items()}
     if dataclasses.is_dataclass(hint):
-        return read_record(hint, value, where, choices)
+        # An annotation names a class, never an instance.
+        return read_record(cast("type[DataclassInstance]", hint), value, where, choices)
     if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
         raise FieldError(f"{where} is {_describe(value)}, not an integer")
     if hint is str and not isinstance(value, str):
