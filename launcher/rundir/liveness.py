@@ -13,7 +13,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..slurm import SlurmQueue, queue_entry
 from . import state as run_state
@@ -130,6 +130,14 @@ def slurm_requeued_since_last_attempt(state: run_state.RunState | None, live: Li
         return False
     restart = run_state.token_restart(attempt.token)
     return restart is not None and live.restarts > restart
+
+
+@overload
+def effective_state(paths: RunPaths, state: run_state.RunState, live: Liveness) -> run_state.RunState: ...
+
+
+@overload
+def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None: ...
 
 
 def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None:
