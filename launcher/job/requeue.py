@@ -108,7 +108,14 @@ def resubmit_local(paths: RunPaths, task: Any) -> None:
             job_id = executors.submit(job_spec(spec, paths), paths, "local", task)  # the run's code snapshot
         except (executors.SubmissionError, executors.ExecutorError) as error:
             message = str(error)
-            run_state.update_state(paths, lambda s: run_state.mark_submission_failed(s, error=message))
+
+            def failed(state: run_state.RunState | None) -> run_state.RunState:
+                if state is None:  # record_ahead found it a moment ago
+                    raise run_state.StateError(f"{paths.state} is gone: the refused requeue cannot be recorded; "
+                                               "submit the run again (elfes submit)")
+                return run_state.mark_submission_failed(state, error=message)
+
+            run_state.update_state(paths, failed)
             raise
         record_job(paths, job_id)
     print(f"elfes: submitit's local controller starts a job at most {LOCAL_MAX_STARTS} times; "
