@@ -1,7 +1,8 @@
 # From a bare machine with Python 3.10 or newer (and make), two commands:
 #
 #   make run    set up .venv, then run the example job: elfes submit examples/quickstart/job.yaml --follow
-#   make test   set up .venv, then run the tests:       python -m pytest -q (inside .venv)
+#   make test   set up .venv, then check and run the tests (inside .venv): python -m ruff check .,
+#               python -m mypy (strict on launcher/, pyproject.toml), then python -m pytest -q
 #
 # Setting up creates .venv when it is missing, installs torch into it first, then the project in
 # editable mode with its test extras (pip install -e ".[test]"); it is redone when pyproject.toml
@@ -31,6 +32,8 @@ run: setup
 	$(VENV)/bin/elfes submit examples/quickstart/job.yaml --follow
 
 test: setup
+	$(VENV)/bin/python -m ruff check .
+	$(VENV)/bin/python -m mypy
 	$(VENV)/bin/python -m pytest -q
 
 setup: $(VENV)/.installed

@@ -35,6 +35,8 @@ def test_run_and_test_create_the_venv_install_torch_first_then_run_the_readme_co
         torch = next(index for index, line in enumerate(lines) if '"torch==2.13.0"' in line)
         project = lines.index('.venv/bin/python -m pip install --quiet -e ".[test]"')
         assert venv < torch < project < lines.index(last) == len(lines) - 1
+        if target == "test":  # the checks first: a finding fails `make test` before the suite starts
+            assert lines[-3:] == [".venv/bin/python -m ruff check .", ".venv/bin/python -m mypy", last]
     assert not (checkout / ".venv").exists()
 
 

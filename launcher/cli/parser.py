@@ -63,7 +63,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _hanging(line: str) -> int:
-    return _ROW_HEAD.match(line).end()
+    head = _ROW_HEAD.match(line)  # every part of the pattern is optional: it matches any line
+    return head.end() if head is not None else 0
 
 
 def _continues(previous: str, line: str) -> bool:

@@ -34,9 +34,10 @@ def _best(result: Any) -> str:
 
 def _short_checkpoint(result: Any) -> str:
     """``checkpoints/step-...pt`` (relative to the run directory); the JSON has the full path."""
-    if not result.last_checkpoint:
+    checkpoint: str | None = result.last_checkpoint
+    if not checkpoint:
         return "-"
-    return result.last_checkpoint.removeprefix(result.run_dir.rstrip("/") + "/")
+    return checkpoint.removeprefix(result.run_dir.rstrip("/") + "/")
 
 
 def _retrying(result: Any) -> bool:
@@ -139,7 +140,7 @@ def _fits(console: Console, renderable: RenderableType) -> bool:
 def print_status(console: Console, results: Sequence[Any]) -> None:
     """The status of ``results`` (launcher.commands.status.Status), its notes and errors below it."""
     single = len(results) == 1 and bool(results[0].attempts)
-    tables: list[RenderableType] = [_runs_table(results)] + ([_attempts_table(results[0])] if single else [])
+    tables: list[Table] = [_runs_table(results)] + ([_attempts_table(results[0])] if single else [])
     if all(_fits(console, table) for table in tables):
         for table in tables:
             console.print(table)

@@ -286,7 +286,7 @@ def _time_limit(spec: JobSpec, settings: dict[str, str], config: dict[str, str],
         findings.append(Finding("time limit", "note", f"OverTimeLimit={over} min: SLURM kills jobs only that long "
                                 "after their limit"))
     needed = times.needed_s if times is not None else None
-    if times is None:
+    if times is None or needed is None:  # a SaveTimes always has a save, so its needed_s
         findings.append(Finding("save time", "note", "no save measured yet (no synchronous checkpoint, such as a stop's or the "
                                 "final one, in the run's events.jsonl): "
                                 "run the job once, then `elfes doctor` compares slurm.signal_delay_s with it"))

@@ -126,8 +126,8 @@ def _read_run(run_dir: Path, label: str | None = None) -> PlottedRun:
         raise UsageError(str(error)) from None
     state = run_state.load_state(paths)
     recorded = _recorded_attempts(builder.start_events, state.attempts if state is not None else ())
-    timeline = builder.build(launches=[attempt and attempt.launch for attempt in recorded],
-                             outcomes=[attempt and attempt.outcome for attempt in recorded],
+    timeline = builder.build(launches=[attempt.launch if attempt is not None else None for attempt in recorded],
+                             outcomes=[attempt.outcome if attempt is not None else None for attempt in recorded],
                              failures=[failure_label(attempt) for attempt in recorded])
     return PlottedRun(run_dir=run_dir, name=label or _run_name(paths), timeline=timeline)
 

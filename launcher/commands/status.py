@@ -102,13 +102,13 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         return _unreadable(paths, name, str(error), notes)
     live = run_liveness(paths, recorded, processes, queue)
     state = effective_state(paths, recorded, live)
-    if state is not recorded and state is not None and state.status == RunStatus.REQUEUED:
+    if state is not recorded and state is not None and recorded is not None and state.status == RunStatus.REQUEUED:
         attempt = state.last_attempt
         if attempt is not None and not attempt.ended:
             notes.append(f"SLURM requeued job {state.job_id} (restart {live.restarts}) while attempt {attempt.number} "
                          f"was {recorded.status}, without that attempt recording its end (its node failed, or it "
                          "was killed); the job starts again by itself and resumes from `last`")
-    elif state is not recorded and state is not None:
+    elif state is not recorded and state is not None and recorded is not None:
         notes.append(f"the job is gone without recording its end (was {recorded.status}); `elfes resume` continues it")
     if state is not None and state.executor == "slurm" and state.status == RunStatus.STOPPED and live.alive:
         notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "

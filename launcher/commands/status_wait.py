@@ -96,7 +96,7 @@ def _reached(until: Until, state: run_state.RunState | None, ended: bool, progre
     if until.kind == "ended":
         return ended
     if until.kind == "step":
-        return progress.step is not None and progress.step >= until.step
+        return progress.step is not None and until.step is not None and progress.step >= until.step
     attempt = state.last_attempt if state is not None else None
     if state is None or state.status != RunStatus.RUNNING or attempt is None or attempt.ended:
         return False

@@ -14,8 +14,8 @@ from ..rundir import state as run_state
 from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths
 from ..spec import JobSpec
+from ..submit.scripts import requeue_signal
 from .distributed_env import Start, detect_start
-from .signals import requeue_signal
 
 
 @dataclass(frozen=True)

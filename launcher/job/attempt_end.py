@@ -61,7 +61,7 @@ def finish_attempt(context: AttemptContext, decision: Decision, *, step: int | N
             decision = Decision(run_state.Outcome.STOPPED, signal=decision.signal, error=refused)
     resubmit = decision.requeue and start.executor == "local" and start.restart + 1 >= LOCAL_MAX_STARTS
     if context.is_main:
-        run_state.update_state(context.paths, lambda s: run_state.end_attempt(
+        run_state.update_recorded_state(context.paths, lambda s: run_state.end_attempt(
             s, token=context.token, outcome=decision.outcome, signal=decision.signal, step=step,
             error=decision.error))
         if resubmit:

@@ -122,6 +122,8 @@ class AttemptRunner:
         from elfes.engine import StopRequest  # torch: seconds; the flags cover this time
 
         context = self.context
+        if spec.entrypoint is None:  # the spec's validation makes a job either an entrypoint or a command
+            raise ValueError(f"{context.paths.spec}: neither entrypoint nor command is set; give one of them")
         main = load_entrypoint(spec.entrypoint)
         self._record_provenance()  # torch is imported now: its versions, threads and device are known
         try:
@@ -203,7 +205,7 @@ class AttemptRunner:
             return
         try:
             provenance = collect(code=load_code_record(context.paths), local_rank=context.start.local_rank)
-            state = run_state.update_state(context.paths, lambda s: run_state.record_provenance(
+            state = run_state.update_recorded_state(context.paths, lambda s: run_state.record_provenance(
                 s, token=context.token, provenance=provenance))
         except (OSError, run_state.RunDamaged, run_state.NotNow) as error:
             log.warning(f"elfes: warning: the provenance of attempt {context.attempt_number} was not recorded: {error}")
@@ -224,7 +226,10 @@ class AttemptRunner:
             while not done.wait(0.2):
                 name = probe()
                 if name is not None:
-                    run_state.update_state(self.context.paths, lambda s, name=name: run_state.mark_stopping(s, signal=name))
+                    def stopping(state: run_state.RunState, signal: str = name) -> run_state.RunState:
+                        return run_state.mark_stopping(state, signal=signal)
+
+                    run_state.update_recorded_state(self.context.paths, stopping)
                     return
 
         thread = threading.Thread(target=watch, name="elfes-stopping", daemon=True)

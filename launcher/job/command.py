@@ -36,11 +36,19 @@ from pathlib import Path
 
 from elfes.contract import TERMINATING_SIGNALS
 
-from ..rundir.command_group import CommandGroup, child_subreaper, dispositions, group_members, signal_group
+from ..rundir.command_group import (
+    CommandGroup,
+    Dispositions,
+    child_subreaper,
+    dispositions,
+    group_members,
+    signal_group,
+)
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import command_records, remove_command_record, write_command_record
+from ..submit.scripts import requeue_signal
 from .outcome import Delivery, command_stop_reason
-from .signals import SignalFlags, requeue_signal
+from .signals import SignalFlags
 
 # A command job's group gets a stop signal once a member catches it (it may be importing torch, when
 # the default action would kill it), or after this long anyway.
@@ -73,7 +81,7 @@ def run_command(
     rank: int,
     attempt: int,
     kill_wait_s: int,
-    watching: Callable[[Callable[[], str | None]], AbstractContextManager],
+    watching: Callable[[Callable[[], str | None]], AbstractContextManager[object]],
     cancelling: Callable[[], bool] = lambda: False,
 ) -> CommandEnd:
     """Run ``argv`` to the end of its whole process group, forwarding stop signals.
@@ -164,7 +172,7 @@ class _Forwarding:
         code = self.group.leader_code
         return code is not None and -code not in self.sent
 
-    def _deliver(self, requested: signal.Signals, view) -> bool:
+    def _deliver(self, requested: signal.Signals, view: Dispositions) -> bool:
         """Send ``requested`` (or its stand-in) to the group if it is time; True once it is handled."""
         if requested == signal.SIGINT and self.executor == "slurm":
             return True  # SLURM signals every process of the step; a second SIGINT would interrupt the save
@@ -195,7 +203,7 @@ class _Forwarding:
                  f"{self.kill_wait_s} s (resources.kill_wait_s) unless it has exited by then")
         return True
 
-    def _announce(self, held: list[signal.Signals], view) -> None:
+    def _announce(self, held: list[signal.Signals], view: Dispositions) -> None:
         """Say at once (the log, and the command record that ``elfes status`` reads) what is held and why."""
         notice = None
         if held:

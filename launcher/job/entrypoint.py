@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 @dataclass
@@ -55,7 +55,7 @@ def load_entrypoint(entrypoint: str) -> Callable[[Job], Any]:
         ) from None
     if not callable(function):
         raise TypeError(f"entrypoint {entrypoint!r} is a {type(function).__name__}, not a function")
-    return function
+    return cast("Callable[[Job], Any]", function)
 
 
 def release_process_group() -> None:

@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from elfes.contract import Phase
 
@@ -138,10 +138,13 @@ class HangWatchdog:
 
     def _fire(self, quiet_s: float | None, peer: FailureReport | None, beat_at: float) -> bool:
         """Report a hang, wait the grace, then hand the hang over (True) or stand down (False)."""
+        if quiet_s is None and peer is None:
+            raise ValueError("a hang fires on this rank's quiet time or on a peer's report; neither was given")
+        peer_rank = peer.rank if peer is not None else None
         heartbeat = self.heartbeat
         phase, step = heartbeat.phase, heartbeat.step
         seen = (f"no progress on this rank for {quiet_s:.0f} s" if quiet_s is not None else
-                f"rank {peer.rank} reported a hang")
+                f"rank {peer_rank} reported a hang")
         log.error(f"elfes: hang: {seen} (requeue.hang_timeout_s = {self.timeout_s:g}; {phase}"
                   + (f", last update boundary: step {step}" if step is not None
                      else ", before the first update boundary")
@@ -157,7 +160,7 @@ class HangWatchdog:
             elif quiet_s is not None and heartbeat.at != beat_at:
                 why = f"rank {self.rank} beat again ({heartbeat.phase}, step {heartbeat.step})"
             elif quiet_s is None and not self._stalls():
-                why = f"rank {peer.rank} withdrew its report"
+                why = f"rank {peer_rank} withdrew its report"
             elif time.monotonic() < deadline:
                 self.done.wait(0.2)
                 continue
@@ -174,7 +177,7 @@ def end_stuck_peers(paths: RunPaths, *, attempt: int, rank: int) -> None:
     """Local jobs: SIGKILL the other tasks of ``attempt`` still alive on this host (a rank whose watchdog
     could not run, e.g. one holding the GIL), so that submitit's controller, which relaunches only once
     every task exited, relaunches now. The deciding rank, after the grace its peers had to report."""
-    def peers() -> list[dict]:
+    def peers() -> list[dict[str, Any]]:
         return [record for record in recorded_tasks(paths) if record.get("attempt") == attempt and record.get("rank") != rank]
 
     deadline = time.monotonic() + PEER_EXIT_S

@@ -15,11 +15,14 @@ import types
 import typing
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import EXIT_NOT_NOW, ElfesError
 
-Record = TypeVar("Record")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Record = TypeVar("Record", bound="DataclassInstance")
 
 
 class FieldError(ElfesError, ValueError):
@@ -93,7 +96,8 @@ def _read_value(hint: Any, value: Any, where: str, choices: Mapping[str, tuple[s
         item_hint = typing.get_args(hint)[1]
         return {key: _read_value(item_hint, item, f"{where}.{key}", choices) for key, item in value.items()}
     if dataclasses.is_dataclass(hint):
-        return read_record(hint, value, where, choices)
+        # An annotation names a class, never an instance.
+        return read_record(cast("type[DataclassInstance]", hint), value, where, choices)
     if isinstance(hint, type) and issubclass(hint, Enum):
         if not isinstance(value, str):
             raise FieldError(f"{where} is {_describe(value)}, not a string")

@@ -13,7 +13,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..slurm import SlurmQueue, queue_entry
 from . import state as run_state
@@ -42,7 +42,7 @@ def _same_folder(argument: str, folder: Path) -> bool:
 
 def _is_process_of(cmdline: list[str] | None, paths: RunPaths, module: str) -> bool:
     """Whether a command line is ``python ... -m <module> <RUN_DIR/submitit>`` of this run."""
-    return bool(cmdline) and module in cmdline and _same_folder(cmdline[-1], paths.submitit)
+    return bool(cmdline and module in cmdline and _same_folder(cmdline[-1], paths.submitit))
 
 
 def local_processes(paths: RunPaths) -> dict[str, list[int]]:
@@ -133,10 +133,18 @@ def slurm_requeued_since_last_attempt(state: run_state.RunState | None, live: Li
     return restart is not None and live.restarts > restart
 
 
+@overload
+def effective_state(paths: RunPaths, state: run_state.RunState, live: Liveness) -> run_state.RunState: ...
+
+
+@overload
+def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None: ...
+
+
 def effective_state(paths: RunPaths, state: run_state.RunState | None, live: Liveness) -> run_state.RunState | None:
     """``state`` as it is once a job that is gone without recording its end is counted lost, and once SLURM
     requeued the job after its last attempt started (its restart count grew; pure)."""
-    if slurm_requeued_since_last_attempt(state, live):
+    if state is not None and slurm_requeued_since_last_attempt(state, live):
         return run_state.requeued_by_slurm(state)  # stopped on SIGTERM and waited, or its node failed
     if state is None or state.status in run_state.ENDED or state.status == RunStatus.SUBMITTED or live.alive is not False:
         return state

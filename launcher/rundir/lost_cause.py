@@ -88,7 +88,7 @@ _LOG_PREFIX = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ "  # "2026-12-05 14:
 def _last_error_in(text: str, attempt: int) -> str | None:
     # The runtime's line, after the time and level its logging puts first (launcher/job/job_log.py; none in logs
     # written before it logged).
-    failures = re.findall(rf"^(?:{_LOG_PREFIX})?elfes: attempt {attempt} failed on rank \d+: (.+)$", text,
+    failures: list[str] = re.findall(rf"^(?:{_LOG_PREFIX})?elfes: attempt {attempt} failed on rank \d+: (.+)$", text,
                           flags=re.MULTILINE)
     if failures:
         return failures[-1].strip()
@@ -129,7 +129,7 @@ def time_limit_problem(paths: RunPaths, state: run_state.RunState) -> str | None
     if spec is None or attempt is None:
         return None
     limit_s, delay_s = spec.resources.timeout_min * 60, spec.slurm.signal_delay_s
-    lived_s = _last_sign_of_life(paths, state) - datetime.fromisoformat(attempt.started_at).timestamp()
+    lived_s = _last_sign_of_life(paths, state, attempt) - datetime.fromisoformat(attempt.started_at).timestamp()
     if lived_s < limit_s - _LIMIT_SLACK_S:
         return None
     stopping = state.stopping_signal if state.status == run_state.RunStatus.STOPPING else None
@@ -141,9 +141,8 @@ def time_limit_problem(paths: RunPaths, state: run_state.RunState) -> str | None
             "window and save; raise slurm.signal_delay_s above the longest window plus a checkpoint save")
 
 
-def _last_sign_of_life(paths: RunPaths, state: run_state.RunState) -> float:
-    """The latest moment the attempt wrote something: its rank logs, the run records, its state updates."""
-    attempt = state.last_attempt
+def _last_sign_of_life(paths: RunPaths, state: run_state.RunState, attempt: run_state.Attempt) -> float:
+    """The latest moment ``attempt`` (the last) wrote something: its rank logs, the run records, its state updates."""
     moments = [datetime.fromisoformat(state.updated_at).timestamp()]
     files = [paths.events] + [paths.rank_log(attempt.number, rank, stream) for rank in range(max(attempt.world_size, 1))
                               for stream in ("out", "err")]

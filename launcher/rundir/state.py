@@ -154,3 +154,16 @@ def update_state(paths: RunPaths, change: Callable[[RunState | None], RunState])
             save_state(paths, after)
         return after
 
+
+def update_recorded_state(paths: RunPaths, change: Callable[[RunState], RunState]) -> RunState:
+    """:func:`update_state` for a run that must have a ``state.json`` (the job's own records): RunDamaged, naming
+    the file, when it is gone."""
+
+    def changed(state: RunState | None) -> RunState:
+        if state is None:
+            raise RunDamaged(f"{paths.state} is missing: the run's record of its attempts is gone; nothing can be "
+                             "recorded in it. Submit the job again into a new run_dir (--set run_dir=NEW_FOLDER)")
+        return change(state)
+
+    return update_state(paths, changed)
+

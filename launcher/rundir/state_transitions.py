@@ -204,11 +204,12 @@ def refuse_retry(state: RunState, *, token: str, reason: str) -> RunState:
     ``scontrol requeue`` refused): its failure is not retried after all, and the run is "failed"."""
     attempts = list(state.attempts)
     index = next((i for i, attempt in enumerate(attempts) if attempt.token == token), None)
-    if index is None or attempts[index].failure is None:
+    failure = attempts[index].failure if index is not None else None
+    if index is None or failure is None:
         raise NotNow(f"no failed attempt with token {token!r} in state.json.")
     attempt = attempts[index]
     attempts[index] = dataclasses.replace(
-        attempt, failure=dataclasses.replace(attempt.failure, retried=False, reason=reason),
+        attempt, failure=dataclasses.replace(failure, retried=False, reason=reason),
         error=f"{attempt.error}; but not retried: {reason}")
     status = RunStatus.FAILED if index == len(attempts) - 1 and state.status == RunStatus.REQUEUED else state.status
     return _replace(state, status=status, attempts=tuple(attempts))

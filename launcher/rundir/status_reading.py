@@ -13,7 +13,7 @@ import socket
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..slurm import SlurmQueue
 from . import state as run_state
@@ -80,7 +80,7 @@ def _zombie(pid: str) -> bool:
     return stat[stat.rindex(")") + 2:].startswith(("Z", "X"))
 
 
-def needs_liveness(state: run_state.RunState | None) -> bool:
+def needs_liveness(state: run_state.RunState | None) -> TypeGuard[run_state.RunState]:
     """Whether the run's job may still be queued or alive: not for a run that ended, except a SLURM run that
     stopped (it waits for SLURM to end it, which may requeue it) or was cancelled (a cancel can race SLURM's
     requeue of the job: ``squeue`` and ``sacct`` tell whether it is gone)."""

@@ -139,7 +139,7 @@ def member_status(member: MemberRecord, queued: set[str], processes: ProcessTabl
 
 
 def higher_is_better(monitor: str | None) -> bool:
-    return bool(monitor) and any(word in monitor.lower() for word in _HIGHER_IS_BETTER)
+    return bool(monitor and any(word in monitor.lower() for word in _HIGHER_IS_BETTER))
 
 
 def best_first(members: list[MemberStatus]) -> list[MemberStatus]:

@@ -9,12 +9,12 @@ import json
 import os
 import sys
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO
 
 from elfes.files import write_text_atomically
 
 from . import state as run_state
-from .paths import RunPaths
+from .paths import RunPaths, Stream
 
 
 def redirect_standard_streams(paths: RunPaths, *, attempt: int, rank: int) -> None:
@@ -22,7 +22,8 @@ def redirect_standard_streams(paths: RunPaths, *, attempt: int, rank: int) -> No
     logs. Opened for appending: a relaunch that reuses an attempt's number keeps what was there."""
     folder = paths.attempt_logs(attempt)
     folder.mkdir(parents=True, exist_ok=True)
-    for stream, descriptor, name in ((sys.stdout, 1, "out"), (sys.stderr, 2, "err")):
+    streams: tuple[tuple[TextIO, int, Stream], ...] = ((sys.stdout, 1, "out"), (sys.stderr, 2, "err"))
+    for stream, descriptor, name in streams:
         stream.flush()
         target = os.open(paths.rank_log(attempt, rank, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(target, descriptor)

@@ -72,7 +72,7 @@ def may_change(path: str) -> bool:
     a path no field declares (an unknown one) may not."""
     for declared_path, declared in rules():
         if path == declared_path:
-            return declared[ON_RESUME] == "may change"
+            return bool(declared[ON_RESUME] == "may change")
         if path.startswith(f"{declared_path}."):
             key = path[len(declared_path) + 1:]
             return declared[ON_RESUME] == "may change" or key in declared.get(CHANGEABLE_KEYS, ())

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import ValidationError
@@ -35,7 +35,7 @@ from .models import JobSpec, SpecError
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-class _SpecLoader(yaml.SafeLoader):
+class _SpecLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type stubs here: SafeLoader is Any
     """``yaml.SafeLoader`` (no Python tags; merge keys ``<<: *base`` work) that refuses a key given twice
     in one mapping and mappings or lists nested deeper than ``MAX_SPEC_DEPTH`` while it composes."""
 
@@ -57,14 +57,14 @@ class _SpecLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         try:
-            return super().construct_yaml_int(node)
+            return cast(int, super().construct_yaml_int(node))
         except ValueError as error:  # more digits than Python converts (sys.get_int_max_str_digits)
             raise yaml.constructor.ConstructorError(
                 None, None, f"an integer too long to read ({error}); write it as a string", node.start_mark
             ) from None
 
 
-def _construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+def _construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: dict[Any, yaml.Mark] = {}
     for key_node, _ in node.value:
         if key_node.tag == MERGE_TAG:
@@ -76,7 +76,7 @@ def _construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep:
             )
         if isinstance(key, str):
             seen[key] = key_node.start_mark
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    return cast("dict[Any, Any]", yaml.SafeLoader.construct_mapping(loader, node, deep=deep))
 
 
 _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
@@ -87,7 +87,7 @@ def _node_children(node: yaml.Node) -> list[yaml.Node] | None:
     if isinstance(node, yaml.MappingNode):
         return [part for pair in node.value for part in pair]
     if isinstance(node, yaml.SequenceNode):
-        return node.value
+        return cast("list[yaml.Node]", node.value)
     return None
 
 

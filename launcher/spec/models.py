@@ -12,7 +12,7 @@ import os
 import re
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import yaml
 from pydantic import (
@@ -77,7 +77,10 @@ MANAGED_SBATCH_OPTIONS: dict[str, str] = {
 }
 
 
-def _one_line(value: Any) -> Any:
+_Value = TypeVar("_Value")
+
+
+def _one_line(value: _Value) -> _Value:
     if isinstance(value, str):
         problem = control_character_problem(value)
         if problem:
@@ -479,7 +482,7 @@ class JobSpec(_Section):
     def to_yaml(self) -> str:
         """The spec as recorded in the run directory (absolute paths, every default written out)."""
         data = self.model_dump(mode="json", exclude={"sweep"} if self.sweep is None else None)
-        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        return cast(str, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 
     def differences(self, other: JobSpec) -> list[str]:
         """Dotted paths of the fields whose values differ between two specs (``["resources.nodes"]``)."""

@@ -105,7 +105,7 @@ def _section_model(path: tuple[str, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _instead_of_a_collection(path: tuple[str, ...], value: dict | list) -> str:
+def _instead_of_a_collection(path: tuple[str, ...], value: dict[str, Any] | list[Any]) -> str:
     """What to give for ``path`` instead of the list or mapping ``value``: what its field takes."""
     key = ".".join(path)
     section = _section_model(path)

@@ -53,11 +53,11 @@ def fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> Iterator[tuple
                           None) if len(options) == 2 else None
         if switchable is not None:
             annotation = switchable
-        section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        section = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
         kind = ("section or false" if switchable is not None else "section") if section else _type_name(annotation)
         yield path, kind, _default(field), " ".join((field.description or "").split())
         if section:
-            yield from fields(annotation, f"{path}.")
+            yield from fields(section, f"{path}.")
 
 
 def reference_table() -> str:

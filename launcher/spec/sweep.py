@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .loading import JobSpec, SpecError, read_spec_data, validate_spec_data
+from .loading import read_spec_data, validate_spec_data
+from .models import JobSpec, SpecError
 from .overrides import Override, apply_overrides, describe_source, parse_override, parse_overrides
 from .sweep_model import Sweep
 

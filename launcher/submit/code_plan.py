@@ -22,6 +22,7 @@ from ..rundir.code_record import CodeRecord, fingerprint, load_code_record, new_
 from ..rundir.paths import RunPaths
 from ..rundir.state import RunDamaged
 from ..spec import JobSpec
+from ..spec.models import Snapshot
 from .continuation import has_checkpoints
 from .handover import RunDirUndo
 from .snapshot import Selection, SnapshotError, changed_files, check_size, next_folder, prune, select, take
@@ -128,15 +129,15 @@ def plan_resume(spec: JobSpec, paths: RunPaths, source: str, code: str) -> CodeP
         selection = _selection(spec, source, ())
         return CodePlan(selection=selection, kind="current", other_code_than=_other_code(paths, selection),
                         note=f"a fresh code snapshot of {spec.workdir} ({why}); the job runs the code as it is now")
-    return CodePlan(keep=True, note=_changes_note(spec, record, source))
+    return CodePlan(keep=True, note=_changes_note(spec, spec.snapshot, record, source))
 
 
-def _changes_note(spec: JobSpec, record: CodeRecord, source: str) -> str:
+def _changes_note(spec: JobSpec, options: Snapshot, record: CodeRecord, source: str) -> str:
     kept = f"the resume runs the code snapshot taken at {record.taken_at[:19]} ({record.path})"
     if not spec.workdir.is_dir():
         return f"{kept}; the workdir {spec.workdir} is gone"
     try:
-        now = select(spec.workdir, spec.snapshot, leave_out=(spec.run_dir,))
+        now = select(spec.workdir, options, leave_out=(spec.run_dir,))
     except (OSError, SnapshotError):
         return kept
     changes = changed_files(Path(record.path), now)

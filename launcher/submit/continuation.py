@@ -14,6 +14,8 @@ first save) has nothing to continue: any corrected spec takes it over. Torch-fre
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from ..rundir.paths import RunPaths
 from ..spec import JobSpec
 from ..spec.continuing import changeable, changeable_keys, may_change
@@ -44,7 +46,7 @@ def budget_raised(recorded: JobSpec, new: JobSpec) -> bool:
     return False
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -133,8 +133,8 @@ def test_make_test_is_what_ci_runs():
     assert block("readme/make-test").commands() == ["make test"]
     ci = [line for line in (REPOSITORY / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert ci[-1] == "make test" and "ELFES_REQUIRE_SLURM=1" in "\n".join(ci)
-    assert re.search(r"^test: setup\n\t\$\(VENV\)/bin/python -m pytest -q$", (REPOSITORY / "Makefile").read_text(),
-                     flags=re.M)
+    assert re.search(r"^test: setup\n\t\$\(VENV\)/bin/python -m ruff check \.\n\t\$\(VENV\)/bin/python -m mypy\n"
+                     r"\t\$\(VENV\)/bin/python -m pytest -q$", (REPOSITORY / "Makefile").read_text(), flags=re.M)
 
 
 def test_the_install_commands_set_up_a_venv_then_torch_then_the_package():
