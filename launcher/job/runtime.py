@@ -69,7 +69,14 @@ from ..rundir.task_files import cancel_requested, redirect_standard_streams, rem
 from ..spec import JobSpec
 from .command import run_command
 from .distributed_env import RendezvousPort, detect_start, export_distributed_environment, reserve_rendezvous_port
-from .failed_attempt import carry_out_retry, end_unretried_slurm_job, excludes_nodes, publish_failure, with_exclusions
+from .failed_attempt import (
+    awaited_exit_status,
+    carry_out_retry,
+    end_unretried_slurm_job,
+    excludes_nodes,
+    publish_failure,
+    with_exclusions,
+)
 from .failures import (
     FailureReport,
     cause_of,
@@ -394,7 +401,8 @@ class _Attempt:
                 cause = the_rank_that_failed(
                     cause_of(reports), reports, world_size=self.start.world_size,
                     hosts={rank: record["host"] for rank, record in records.items()},
-                    gone=lambda rank: self._process_gone(records.get(rank)))
+                    gone=lambda rank: self._process_gone(records.get(rank)),
+                    exit_status=lambda rank: awaited_exit_status(self.paths, self.start, records.get(rank)))
                 failure = decide_failure(cause, previous=self.previous, failures_used=self.failures_used,
                                          max_failures=self.max_failures)
                 failure = dataclasses.replace(failure, nodes=failed_nodes(
