@@ -22,7 +22,6 @@ from .lost_cause import describe_lost
 from .paths import RunPaths
 from .task_files import cancel_requested, command_records
 
-
 # The module a local job's controller runs (``python -m MODULE RUN_DIR/submitit``): ELFES's, which records how
 # each task ended (launcher/submit/local_controller.py); submitit's own, which jobs started before it still run.
 LOCAL_CONTROLLER_MODULE = "elfes.launcher.submit.local_controller"
