@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..rundir import state as run_state
+from ..rundir.command_group import process_stat
 from ..rundir.paths import RunPaths
 from ..rundir.state import Attempt, Failure
+from ..rundir.task_files import task_exit_status
 from ..slurm import partition_nodes
 from ..spec import JobSpec
 from ..submit.placement import placement_problem
@@ -47,6 +49,10 @@ from .requeue import LOCAL_MAX_STARTS, end_failed_slurm_job, exclude_from_slurm_
 # How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
 # that stay silent are the lost ones, whose hosts a SLURM run leaves out of its later attempts.
 LOST_PEER_GRACE_S = 5.0
+# How long the deciding rank waits for a local controller to record how a silent rank's task ended: it polls
+# its tasks 24 times a second, so the record follows the exit within tens of milliseconds; the bound only
+# matters where the controller itself is gone (then the cause says less).
+EXIT_STATUS_WAIT_S = 3.0
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +149,9 @@ class _FailedEnding:
         records = rank_records(paths, number)
         hosts = {rank: record["host"] for rank, record in records.items()}
         cause = the_rank_that_failed(cause_of(reports), reports, world_size=context.start.world_size, hosts=hosts,
-                                     gone=lambda rank: _task_gone(records.get(rank), host=context.start.host))
+                                     gone=lambda rank: _task_gone(records.get(rank), host=context.start.host),
+                                     exit_status=lambda rank: awaited_exit_status(context.paths, context.start,
+                                                                                  records.get(rank)))
         failure = decide_failure(cause, previous=context.previous, failures_used=context.failures_used,
                                  max_failures=context.max_failures)
         failure = dataclasses.replace(failure, nodes=failed_nodes(cause, reports, hosts=tuple(context.start.hosts),
@@ -180,6 +188,25 @@ def publish_failure(paths: RunPaths, attempt: int, report: FailureReport, *, wor
         log.warning(f"elfes: the failure report could not be written ({error})")
     if report.category == "lost" and world_size > 1:
         await_first_hand(paths, attempt, world_size, LOST_PEER_GRACE_S)
+
+
+def awaited_exit_status(paths: RunPaths, start: Start, record: dict[str, Any] | None) -> int | None:
+    """How the task of pid record ``record`` (``RunPaths.pid_file``) ended, as its local job's controller recorded
+    it: its exit code, or minus the signal that killed it. Waits up to :data:`EXIT_STATUS_WAIT_S` while the task has
+    exited but is not recorded yet. None on SLURM (srun is the tasks' parent), for a task on another host or still
+    running, or when nothing was recorded in time."""
+    if start.executor != "local" or record is None or record.get("host") != start.host \
+            or not isinstance(record.get("pid"), int) or not isinstance(record.get("rank"), int):
+        return None
+    deadline = time.monotonic() + EXIT_STATUS_WAIT_S
+    while True:
+        returncode = task_exit_status(paths, record["rank"], job_id=start.job_id, pid=record["pid"])
+        if returncode is not None:
+            return returncode
+        process = process_stat(record["pid"])
+        if (process is not None and process.live) or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def excludes_nodes(executor: str, spec: JobSpec | None) -> bool:

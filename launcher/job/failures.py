@@ -5,7 +5,9 @@ A rank that fails (its entrypoint raised, its command exited nonzero, its hang w
 a :class:`FailureReport` (``RunPaths.failure_report``). A failure on one rank usually makes the
 others fail too: their collectives lose the peer ("Connection closed by peer"). Those secondary errors
 come later (the failing rank reports before its process, and so its sockets, end) and read as a lost
-peer; :func:`cause_of` prefers the earliest report that is not one of them.
+peer; :func:`cause_of` prefers the earliest report that is not one of them. A rank killed by a signal
+reports nothing: :func:`the_rank_that_failed` names it, and the signal or exit code where its parent recorded
+how it ended (a local job's controller: launcher/submit/local_controller.py; on SLURM, srun records nothing).
 
 :func:`decide_failure` is the rule: a failure is retried (requeued from ``last``, counting against
 ``requeue.max_failures`` apart from ``max_requeues``) unless the budget is spent or it repeats the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,20 +176,37 @@ def cause_of(reports: list[FailureReport]) -> FailureReport:
 
 
 def the_rank_that_failed(cause: FailureReport, reports: list[FailureReport], *, world_size: int,
-                         hosts: dict[int, str], gone: Callable[[int], bool]) -> FailureReport:
+                         hosts: dict[int, str], gone: Callable[[int], bool],
+                         exit_status: Callable[[int], int | None] = lambda rank: None) -> FailureReport:
     """The attempt's cause, naming the rank that failed: where every rank that reported only lost a peer
     (:func:`cause_of` found nothing first-hand), the first rank of ``world_size`` that never reported, which
-    ended without a word; ``hosts``: rank -> host; ``gone(rank)``: whether its process is known to be gone (a
-    rank on this host). Else ``cause`` itself. The survivors' lost connections are the consequence."""
+    ended without a word; ``hosts``: rank -> host; ``exit_status(rank)``: its process's exit code, or minus the
+    signal that killed it, where its parent recorded one (a local job's controller), else None; ``gone(rank)``:
+    whether its process is known to be gone (a rank on this host). Else ``cause`` itself. The survivors' lost
+    connections are the consequence: "rank 1 was killed by SIGKILL at step 12"."""
     reported = {report.rank for report in reports}
     silent = [rank for rank in range(world_size) if rank not in reported]
     if not cause.peer_lost or not silent:
         return cause
     rank = silent[0]
+    lost = dataclasses.replace(cause, rank=rank, host=hosts.get(rank, "an unknown host"), peer_lost=False)
+    returncode = exit_status(rank)
+    at_step = f" at step {cause.step}" if cause.step is not None else ""
+    if returncode is not None and returncode < 0:
+        return dataclasses.replace(lost, cause=f"rank {rank} was killed by {signal_name(-returncode)}{at_step}")
+    if returncode is not None:
+        return dataclasses.replace(lost, category="exit", cause=f"rank {rank} exited with code {returncode}{at_step}")
     how = ("its process ended without reporting an error: killed by a signal, e.g. SIGKILL or the out-of-memory "
            "killer" if gone(rank) else "it ended without reporting an error: killed, or its node failed")
-    return dataclasses.replace(cause, rank=rank, host=hosts.get(rank, "an unknown host"), peer_lost=False,
-                               cause=f"rank {rank} was lost: {how}")
+    return dataclasses.replace(lost, cause=f"rank {rank} was lost: {how}")
+
+
+def signal_name(number: int) -> str:
+    """``"SIGKILL"`` for 9; ``"signal 77"`` for a number without a name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def describe(report: FailureReport) -> str:

@@ -23,6 +23,12 @@ from .paths import RunPaths
 from .state_records import RunStatus
 from .task_files import cancel_requested, command_records
 
+# The module a local job's controller runs (``python -m MODULE RUN_DIR/submitit``): ELFES's, which records how
+# each task ended (launcher/submit/local_controller.py); submitit's own, which jobs started before it still run.
+LOCAL_CONTROLLER_MODULE = "elfes.launcher.submit.local_controller"
+CONTROLLER_MODULES = (LOCAL_CONTROLLER_MODULE, "submitit.local._local")
+TASK_MODULE = "submitit.core._submit"
+
 
 def _proc_cmdline(pid: int, stat: ProcessStat | None = None) -> list[str] | None:
     """The command line of a live (non-zombie) process, or None."""
@@ -40,9 +46,11 @@ def _same_folder(argument: str, folder: Path) -> bool:
     return os.path.realpath(argument) == os.path.realpath(folder)
 
 
-def _is_process_of(cmdline: list[str] | None, paths: RunPaths, module: str) -> bool:
-    """Whether a command line is ``python ... -m <module> <RUN_DIR/submitit>`` of this run."""
-    return bool(cmdline and module in cmdline and _same_folder(cmdline[-1], paths.submitit))
+def _is_process_of(cmdline: list[str] | None, paths: RunPaths, *modules: str) -> bool:
+    """Whether a command line is ``python ... -m <module> <RUN_DIR/submitit>`` of this run, for one of ``modules``."""
+    if not cmdline:
+        return False
+    return any(module in cmdline for module in modules) and _same_folder(cmdline[-1], paths.submitit)
 
 
 def local_processes(paths: RunPaths) -> dict[str, list[int]]:
@@ -61,9 +69,9 @@ def local_processes(paths: RunPaths) -> dict[str, list[int]]:
             found["command"].append(stat.pid)
             continue
         cmdline = _proc_cmdline(stat.pid, stat)
-        if _is_process_of(cmdline, paths, "submitit.local._local"):
+        if _is_process_of(cmdline, paths, *CONTROLLER_MODULES):
             found["controller"].append(stat.pid)
-        elif _is_process_of(cmdline, paths, "submitit.core._submit"):
+        elif _is_process_of(cmdline, paths, TASK_MODULE):
             found["task"].append(stat.pid)
     return found
 
@@ -163,6 +171,6 @@ def recorded_tasks(paths: RunPaths) -> list[dict[str, Any]]:
             continue
         if record.get("host") not in (None, host):
             continue
-        if _is_process_of(_proc_cmdline(pid), paths, "submitit.core._submit"):
+        if _is_process_of(_proc_cmdline(pid), paths, TASK_MODULE):
             tasks.append(record)
     return tasks

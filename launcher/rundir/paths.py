@@ -26,6 +26,7 @@ RUN_DIR/
   pids/rank-<R>.starts          starts of rank R in the current local job (submitit sets no restart count)
   pids/master-port.json         the job's rendezvous port, chosen free by rank 0 for this start
   pids/command-<R>.json         the process group of rank R's `command:` while it runs (pgid, host, notice)
+  pids/exit-<R>.json            how the task of rank R ended (its exit status), as a local job's controller saw it
 ```
 
 >>> paths = RunPaths("runs/quickstart")
@@ -55,6 +56,14 @@ class RunPaths:
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "run_dir", Path(run_dir))
+
+    @classmethod
+    def of_submitit_folder(cls, folder: str | os.PathLike[str]) -> RunPaths:
+        """The run directory whose :attr:`submitit` folder is ``folder`` (what a local job's controller is given)."""
+        folder = Path(folder)
+        if folder.name != "submitit":
+            raise ValueError(f"{folder} is not a run directory's submitit folder (RUN_DIR/submitit)")
+        return cls(folder.parent)
 
     # -- what the submitter records --------------------------------------------------------------
     @property
@@ -172,6 +181,12 @@ class RunPaths:
         """JSON ``{"pgid", "host", "task_pid", "attempt", "rank", "notice"}``: the process group of the
         ``command:`` that the task of ``rank`` runs, from its start until every member is reaped."""
         return self.pids / f"command-{int(rank)}.json"
+
+    def task_exit(self, rank: int) -> Path:
+        """JSON ``{"job", "rank", "pid", "returncode", "at"}``: how the latest task of ``rank`` ended, written
+        atomically by a local job's controller the moment it sees the exit (launcher/submit/local_controller.py;
+        format owned by launcher/rundir/task_files.py). SLURM jobs have none: srun, not ELFES, is the tasks' parent."""
+        return self.pids / f"exit-{int(rank)}.json"
 
     # -- the executor's own files ----------------------------------------------------------------
     @property

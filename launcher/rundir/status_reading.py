@@ -17,7 +17,7 @@ from typing import Any, TypeGuard
 
 from ..slurm import SlurmQueue
 from . import state as run_state
-from .liveness import Liveness, liveness
+from .liveness import CONTROLLER_MODULES, TASK_MODULE, Liveness, liveness
 from .paths import RunPaths
 from .state_records import RunStatus
 from .task_files import command_records
@@ -25,7 +25,7 @@ from .task_files import command_records
 HEAD_BYTES = 64 * 1024  # the start event (name, budget) is at the top
 TAIL_BYTES = 256 * 1024  # the latest progress, evaluation, checkpoint and start events
 
-_MODULES = {"submitit.local._local": "controller", "submitit.core._submit": "task"}
+_MODULES = {**dict.fromkeys(CONTROLLER_MODULES, "controller"), TASK_MODULE: "task"}
 
 
 class ProcessTable:
@@ -53,7 +53,7 @@ class ProcessTable:
                     raw = stream.read()
             except OSError:
                 continue
-            if b"submitit." not in raw:
+            if b"submit" not in raw:  # in the name of every module above
                 continue
             parts = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
             kind = next((kind for module, kind in _MODULES.items() if module in parts), None)

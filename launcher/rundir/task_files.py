@@ -1,6 +1,7 @@
 """What one task writes and reads in the run directory for its attempt: its standard streams on the
-attempt's logs, its pid file (so ``elfes preempt`` can signal it), and the cancel marker's meaning.
-Inside the job; torch-free. File names come from :class:`~launcher.rundir.paths.RunPaths`.
+attempt's logs, its pid file (so ``elfes preempt`` can signal it), and the cancel marker's meaning; and how a
+task ended, as a local job's controller, its parent, recorded it. Inside the job; torch-free. File names come
+from :class:`~launcher.rundir.paths.RunPaths`.
 """
 
 from __future__ import annotations
@@ -91,3 +92,26 @@ def command_records(paths: RunPaths, *, host: str) -> list[dict[str, Any]]:
         if record.get("host") in (None, host):
             records.append(record)
     return records
+
+
+def write_task_exit(paths: RunPaths, *, job_id: str, rank: int, pid: int, returncode: int) -> None:
+    """Record how the task ``pid`` of ``rank`` in local job ``job_id`` ended (``pids/exit-<R>.json``):
+    ``returncode`` as ``Popen`` gives it, its exit code or minus the signal that killed it. Its controller, the
+    moment it sees the exit (launcher/submit/local_controller.py)."""
+    paths.pids.mkdir(parents=True, exist_ok=True)
+    record = {"job": str(job_id), "rank": int(rank), "pid": int(pid), "returncode": int(returncode),
+              "at": run_state.now()}
+    write_text_atomically(paths.task_exit(rank), json.dumps(record) + "\n")
+
+
+def task_exit_status(paths: RunPaths, rank: int, *, job_id: str, pid: int) -> int | None:
+    """The exit status recorded for the task ``pid`` of ``rank`` in local job ``job_id`` (its code, or minus the
+    signal that killed it); None when none is recorded for that process (yet, or a SLURM job: never)."""
+    try:
+        record = json.loads(paths.task_exit(rank).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("job") != str(job_id) or record.get("pid") != pid:
+        return None
+    returncode = record.get("returncode")
+    return returncode if isinstance(returncode, int) and not isinstance(returncode, bool) else None

@@ -11,7 +11,8 @@ Torch-free. Two executors, both through submitit, both submitting the same pickl
   answers, whether it has the spec's partition, account and QOS (launcher/submit/cluster_checks.py).
 - ``local``: ``submitit.LocalExecutor``: a controller process on this machine starts one task per
   rank (``tasks_per_node``; one per GPU when ``gpus_per_node`` > 0) and relaunches them when they
-  exit for a requeue. The controller is started from a short-lived child in a session of its own,
+  exit for a requeue; it is submitit's controller that also records how each task ended, the exit
+  status a failed attempt's cause names (launcher/submit/local_controller.py). The controller is started from a short-lived child in a session of its own,
   with its standard streams on ``RUN_DIR/submitit/controller.log``: a caller reading ``elfes submit``'s
   output is not held until the job ends, and a Ctrl-C in the submitter's terminal does not reach the job.
 
@@ -208,9 +209,9 @@ def _start_local_controller(spec: JobSpec, paths: RunPaths, runtime: Any) -> str
             os.environ.clear()
             os.environ.update(environment)
             os.chdir(spec.workdir)
-            from submitit import LocalExecutor
+            from .local_controller import ElfesLocalExecutor
 
-            executor = LocalExecutor(folder=paths.submitit)
+            executor = ElfesLocalExecutor(folder=paths.submitit)
             executor.update_parameters(**local_parameters(spec))
             job = executor.submit(runtime)
             os.write(writer, json.dumps({"job_id": str(job.job_id)}).encode())

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..rundir.liveness import LOCAL_CONTROLLER_MODULE
 from ..rundir.paths import RunPaths
 from ..spec.models import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, JobSpec
 
@@ -158,7 +159,7 @@ def local_plan(spec: JobSpec, paths: RunPaths, *, python: str | None = None) -> 
         f"cd {shlex.quote(str(spec.workdir))}",
         " ".join(part for part in (
             "setsid env", env, f"CUDA_VISIBLE_DEVICES={devices}",
-            f"{python} -m submitit.local._local {shlex.quote(str(folder))}",
+            f"{python} -m {LOCAL_CONTROLLER_MODULE} {shlex.quote(str(folder))}",
             f"< /dev/null >> {log} 2>&1 &",
         ) if part),
         "# each task (its stdout and stderr in RUN_DIR/submitit/JOBID_RANK_log.out and .err):",

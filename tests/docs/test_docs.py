@@ -184,7 +184,8 @@ def test_the_run_directory_tree_names_what_runpaths_names():
     tree = block("run-directory/tree").text
     paths = RunPaths("RUN_DIR")
     named = [paths.spec, paths.state, paths.events, paths.tensorboard, paths.plot, paths.checkpoints,
-             paths.rank_log(7, 3), paths.pid_file(3), paths.submitit, paths.cancel_marker, paths.code_record]
+             paths.rank_log(7, 3), paths.pid_file(3), paths.task_exit(3), paths.submitit, paths.cancel_marker,
+             paths.code_record]
     listed = {line.split()[0].replace("<A>", "7").replace("<R>", "3").rstrip("/") for line in tree.splitlines()[1:]}
     assert {str(path.relative_to(paths.run_dir)) for path in named} <= listed
     assert "pids/command-3.json" in listed and "pids/command-" in (REPOSITORY / "launcher/rundir/paths.py").read_text()

@@ -35,8 +35,9 @@ def _rank_record(run_dir: Path, rank: int) -> dict | None:
 
 def test_the_cause_names_the_rank_that_exited_or_was_killed_and_logs_open_it(runs: Runs) -> None:
     """Rank 0 calls sys.exit(3) at step 7: the cause is rank 0's exit, with its code and step, not rank 1's
-    lost connection. Rank 1 is SIGKILLed from outside mid-run: the cause names rank 1, not the survivor, and
-    `elfes logs RUN_DIR` shows rank 1's log (the rank that failed) without --rank."""
+    lost connection. Rank 1 is SIGKILLed from outside mid-run: the cause names rank 1 and the signal, as the local
+    controller recorded it, not the survivor, and `elfes logs RUN_DIR` shows rank 1's log (the rank that failed)
+    without --rank."""
     config = {**CONFIG, "step_delay_s": 0.1}
     exits = runs.submit("exits", tasks=2, entrypoint="tests.launcher.fault_entrypoints:exits_at_step_7",
                         config={**config, "fault_rank": 0}, requeue={"max_requeues": 5, "max_failures": 0})
@@ -55,9 +56,13 @@ def test_the_cause_names_the_rank_that_exited_or_was_killed_and_logs_open_it(run
     state = wait_ended(killed, "failed")
     failure = state.attempts[0].failure
     assert (failure.category, failure.rank) == ("lost", 1), diagnostics(killed)
-    assert failure.cause.startswith("rank 1 was lost: its process ended without reporting an error: killed by a "
-                                    "signal, e.g. SIGKILL"), failure.cause
-    assert state.error.startswith("rank 1 was lost: ") and "Connection closed" not in state.error
+    assert failure.cause == f"rank 1 was killed by SIGKILL at step {failure.step}", failure.cause
+    assert failure.step is not None and failure.step >= 2, failure
+    assert state.error.startswith("rank 1 was killed by SIGKILL at step ") and "Connection closed" not in state.error
+    recorded = json.loads(RunPaths(killed).task_exit(1).read_text())
+    assert (recorded["pid"], recorded["returncode"]) == (record["pid"], -signal.SIGKILL), recorded
+    status = json.loads(_cli("status", str(killed), "--json"))
+    assert status["error"].startswith("rank 1 was killed by SIGKILL at step "), status
     shown = _cli("logs", str(killed))
     assert f"==> {RunPaths(killed).rank_log(1, 1, 'out')} <==" in shown and "rank 1 of 2" in shown, shown
     assert "rank 0 of 2" not in shown

@@ -14,7 +14,14 @@ from rich.console import Console
 
 from elfes.launcher.cli.status import print_status
 from elfes.launcher.commands.status import run_status
-from elfes.launcher.job.failures import FailureReport, cause_of, decide_failure, failure_error, read_reports
+from elfes.launcher.job.failures import (
+    FailureReport,
+    cause_of,
+    decide_failure,
+    failure_error,
+    read_reports,
+    the_rank_that_failed,
+)
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records.timeline import build_timeline
@@ -73,6 +80,69 @@ def test_the_cause_is_the_first_hand_error_not_a_peers_lost_connection() -> None
     assert cause_of([lost]).rank == 0  # only the consequence is known: a rank was lost
     assert failure_error(decide_failure(lost, previous=None, failures_used=0, max_failures=1), lost).startswith(
         "a peer rank was lost: RuntimeError: [pair.cc:553] Connection closed by peer")
+
+
+def test_a_silent_rank_is_named_with_how_its_parent_saw_it_end() -> None:
+    """Rank 0 only lost its peer; rank 1 never reported: its recorded exit status names the signal or the code,
+    and without one the cause still names rank 1 (SLURM, where srun is the parent)."""
+    lost = report(0, step=12, error=RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234"))
+
+    def named(status: int | None, gone: bool = True) -> FailureReport:
+        return the_rank_that_failed(cause_of([lost]), [lost], world_size=2, hosts={1: "node2"},
+                                    gone=lambda rank: gone, exit_status=lambda rank: status)
+
+    killed = named(-9)
+    assert (killed.rank, killed.host, killed.category, killed.peer_lost) == (1, "node2", "lost", False)
+    assert killed.cause == "rank 1 was killed by SIGKILL at step 12"
+    assert failure_error(decide_failure(killed, previous=None, failures_used=0, max_failures=1), killed) == (
+        "rank 1 was killed by SIGKILL at step 12 (rank 1 on node2, step 12); retried from `last`")
+    exited = named(7)
+    assert (exited.category, exited.cause) == ("exit", "rank 1 exited with code 7 at step 12")
+    assert named(-77).cause == "rank 1 was killed by signal 77 at step 12"
+    assert named(None).cause.startswith("rank 1 was lost: its process ended without reporting an error: killed by")
+    assert named(None, gone=False).cause == ("rank 1 was lost: it ended without reporting an error: killed, or its "
+                                             "node failed")
+
+
+def test_the_exit_status_a_local_controller_recorded_is_read_for_that_task_only(tmp_path: Path, monkeypatch) -> None:
+    """A real child killed by SIGKILL, recorded as a local controller records it: the deciding rank reads its
+    status for the task of the rank's pid record, in that job; nothing for another job (after the bounded
+    wait), a task still running (no wait), another host or a SLURM job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from elfes.launcher.job import failed_attempt
+    from elfes.launcher.job.distributed_env import Start
+    from elfes.launcher.job.failed_attempt import awaited_exit_status
+    from elfes.launcher.rundir.task_files import write_task_exit
+
+
+    paths = RunPaths(tmp_path)
+    start = Start(executor="local", job_id="4242", restart=0, rank=0, local_rank=0, world_size=2, host="node1",
+                  hosts=("node1",))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    record = {"rank": 1, "pid": child.pid, "host": "node1", "attempt": 1}
+    try:
+        monkeypatch.setattr(failed_attempt, "EXIT_STATUS_WAIT_S", 60.0)
+        began = time.monotonic()
+        assert awaited_exit_status(paths, start, record) is None  # alive: nothing will be recorded, no wait
+        assert time.monotonic() - began < 30.0
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
+    write_task_exit(paths, job_id="4242", rank=1, pid=child.pid, returncode=child.returncode)
+    assert json.loads(paths.task_exit(1).read_text())["returncode"] == -9
+    assert awaited_exit_status(paths, start, record) == -9
+    monkeypatch.setattr(failed_attempt, "EXIT_STATUS_WAIT_S", 0.3)  # exited, not recorded: waits out its bound
+    began = time.monotonic()
+    assert awaited_exit_status(paths, dataclasses.replace(start, job_id="4243"), record) is None
+    assert time.monotonic() - began >= 0.3
+    assert awaited_exit_status(paths, start, {**record, "host": "node2"}) is None
+    assert awaited_exit_status(paths, dataclasses.replace(start, executor="slurm"), record) is None
+    assert awaited_exit_status(paths, start, None) is None
 
 
 def test_failure_reports_round_trip_through_the_run_directory(tmp_path: Path) -> None:

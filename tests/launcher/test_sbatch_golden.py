@@ -71,7 +71,7 @@ def test_the_local_dry_run_shows_the_processes_it_would_start(project: Path, cap
     out = capsys.readouterr().out
     assert sorted(project.rglob("*")) == before
     assert "starts 2 task(s) (ranks 0-1, CPU, gloo)" in out
-    assert "-m submitit.local._local" in out and "-m submitit.core._submit" in out
+    assert "-m elfes.launcher.submit.local_controller" in out and "-m submitit.core._submit" in out
     assert f"cd {project}" in out and "OMP_NUM_THREADS=12" in out
     assert f"JobRuntime({str(project / 'runs' / 'golden')!r})" in out
 
