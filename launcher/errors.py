@@ -5,7 +5,7 @@ Below every floor (any module may import it). A class that derives from :class:`
 ``error.exit_code`` and a new error can never fall through to exit 1; any other exception is a bug, which exits
 1 with its traceback. The codes and their meaning for ``elfes --help`` are launcher/cli/exit_codes.py's text.
 
->>> raise NotNow(f"{run_dir}: a job of this run is still running; wait for it to end or `elfes cancel` it first")
+>>> raise NotNow(f"{run_dir}: a job of this run is still running; wait for it to end or `elfes cancel` it first")  # doctest: +SKIP
 """
 
 from __future__ import annotations

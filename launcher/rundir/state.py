@@ -12,11 +12,11 @@ the submitter (``elfes submit``/``resume``/``cancel``, and a local job's rank 0 
 submitit's six starts) and rank 0 of the job (attempt begins, stops, ends). Readers (``elfes status``)
 use :func:`load_state` and never lock; a file they cannot read raises :class:`RunDamaged`.
 
->>> paths = RunPaths(run_dir)
->>> update_state(paths, lambda s: record_submission(s, executor="local", kind="submit", max_requeues=20))
->>> update_state(paths, lambda s: mark_pending(s, job_id="4242"))
->>> state = load_state(paths)
->>> state.status, state.requeues_used, state.requeues_left
+>>> paths = RunPaths(run_dir)  # doctest: +SKIP
+>>> update_state(paths, lambda s: record_submission(s, executor="local", kind="submit", max_requeues=20))  # doctest: +SKIP
+>>> update_state(paths, lambda s: mark_pending(s, job_id="4242"))  # doctest: +SKIP
+>>> state = load_state(paths)  # doctest: +SKIP
+>>> state.status, state.requeues_used, state.requeues_left  # doctest: +SKIP
 ('pending', 0, 20)
 """
 

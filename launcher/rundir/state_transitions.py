@@ -16,8 +16,8 @@ The state machine (``RunState.status``)::
 A transition returns a new object and refuses an impossible move with :class:`~launcher.errors.NotNow`, so the
 submitter and the job share them (through launcher/rundir/state.py's ``update_state``):
 
->>> update_state(paths, lambda s: record_submission(s, executor="local", kind="submit", max_requeues=20))
->>> update_state(paths, lambda s: mark_pending(s, job_id="4242"))
+>>> update_state(paths, lambda s: record_submission(s, executor="local", kind="submit", max_requeues=20))  # doctest: +SKIP
+>>> update_state(paths, lambda s: mark_pending(s, job_id="4242"))  # doctest: +SKIP
 
 ``excluded_nodes`` are changed by :func:`exclude_nodes` (by the rank that decided the failure) and
 :func:`include_nodes` (by ``elfes resume --include-nodes``).
@@ -277,7 +277,7 @@ def cancel_between_attempts(state: RunState) -> RunState:
 
 def token_restart(token: str) -> int | None:
     """The restart number in an attempt's token (``"JOB:RESTART/SUBMISSIONS"``, built by
-    ``launcher.distributed_env.Start.token``), or None for another token."""
+    ``launcher.job.distributed_env.Start.token``), or None for another token."""
     _, separator, rest = token.rpartition(":")
     restart = rest.partition("/")[0]
     return int(restart) if separator and restart.isdigit() else None
