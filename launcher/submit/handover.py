@@ -276,9 +276,9 @@ def submission_lock(paths: RunPaths) -> AbstractContextManager[None]:
 
 def reserve_room_for_record_job(paths: RunPaths) -> Path:
     """Before the hand-over: take the room recording its job needs (launcher/submit/transaction.py), in the
-    very temporary file its write of ``state.json`` reuses, so that a full disk refuses the submission while it can still be undone (once the
-    executor took the job, a state.json left "submitted" would name no job). The caller removes the file
-    when the hand-over fails."""
+    very temporary file its write of ``state.json`` reuses, so that a full disk refuses the submission while it
+    can still be undone (once the executor took the job, a state.json left "submitted" would name no job). The
+    caller removes the file when the hand-over fails."""
     from elfes.files import temporary_name
 
     reserved = temporary_name(paths.state)

@@ -124,8 +124,12 @@ def interrupted_handover_settled(paths: RunPaths, state: run_state.RunState | No
                 f"{paths.run_dir}: {what}; its {state.executor} job {found.job_id} runs with the recorded spec, so "
                 f"{', '.join(changed)} cannot change now; wait for it to end or `elfes cancel {paths.run_dir}`")
         return run_state.mark_pending(state, job_id=found.job_id), True
-    return run_state.mark_submission_abandoned(
-        state, error="interrupted before the executor took the job (the submitter was killed); no job of it was found"), False
+    abandoned = run_state.mark_submission_abandoned(
+        state, error="interrupted before the executor took the job (the submitter was killed); no job of it was found")
+    return abandoned, False
+
+
+State = run_state.RunState | None
 
 
 class HandOver:
@@ -156,7 +160,7 @@ class HandOver:
             self._recorded, self._recorded_read = read_recorded_spec(self.paths), True
         return self._recorded
 
-    def write(self, change: Callable[[run_state.RunState | None], run_state.RunState | None]) -> run_state.RunState | None:
+    def write(self, change: Callable[[State], State]) -> State:
         """Apply the transition ``change`` to the state and publish it (nothing is written when it is unchanged)."""
         before = self.state
         after = change(before)
@@ -269,8 +273,8 @@ def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sour
         except OSError as error:
             if not handed_over:
                 undo.restore()
-            raise SpecError(f"{source}: run_dir = {str(paths.run_dir)!r}: cannot be written ({error.strerror or error}); "
-                            "give a folder this user can write") from None
+            raise SpecError(f"{source}: run_dir = {str(paths.run_dir)!r}: cannot be written "
+                            f"({error.strerror or error}); give a folder this user can write") from None
         except BaseException as error:
             if not handed_over:
                 undo.restore()

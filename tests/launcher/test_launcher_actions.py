@@ -169,7 +169,8 @@ def test_a_run_that_finishes_while_a_submission_decides_is_refused_and_left_as_i
             yield
 
     monkeypatch.setattr(transaction, "submission_lock", finish_while_waiting)
-    assert main(["submit", str(tmp_path / "demo.yaml"), "--executor", "local", "--set", "resources.timeout_min=20"]) == 3
+    argv = ["submit", str(tmp_path / "demo.yaml"), "--executor", "local", "--set", "resources.timeout_min=20"]
+    assert main(argv) == 3
     assert "the run is finished; submitting it again would train nothing" in capsys.readouterr().err
     assert {path: path.read_bytes() for path in paths.run_dir.rglob("*") if path.is_file()} == recorded
 
