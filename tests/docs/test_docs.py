@@ -468,3 +468,12 @@ def test_the_front_page_and_the_first_guide_stay_short_and_link_only_real_files(
     for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
         assert ((REPOSITORY / document).parent / target).exists(), target
     assert shutil.which("make") or document != "README.md"
+
+
+def test_the_map_of_the_house_names_every_floor_and_only_paths_that_exist():
+    page = (REPOSITORY / "docs" / "where-things-live.md").read_text()
+    named = re.findall(r"`((?:elfes|launcher|tests)/[\w/.]*)`", page)
+    assert named and not [path for path in named if not (REPOSITORY / path).exists()], named
+    floors = [f"launcher/{folder.name}/" for folder in (REPOSITORY / "launcher").iterdir()
+              if (folder / "__init__.py").is_file()]
+    assert len(floors) >= 7 and not [floor for floor in floors + ["launcher/errors.py"] if f"`{floor}`" not in page]
