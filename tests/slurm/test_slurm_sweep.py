@@ -127,14 +127,12 @@ echo "$answer"
 KILL_AT = {
     # submitit has not yet named the tasks' pickles after the array: its tasks can never run
     "before-the-pickles": "kill -9 $submitter",
-    # submitit named all three pickles: the array's tasks will run, each its member's one trainer. The
-    # members' state locks are taken first (flock, as elfes does), so elfes cannot record a job id before it dies.
-    "after-the-pickles": """locked={locked}
-( exec 3>>{members}/lr=0.01/.state.lock 4>>{members}/lr=0.02/.state.lock 5>>{members}/lr=0.03/.state.lock
-  flock 3 && flock 4 && flock 5 && touch $locked
-  while [ "$(ls {folder}/${{job}}_*_submitted.pkl 2>/dev/null | wc -l)" -lt 3 ]; do sleep 0.01; done
-  kill -9 $submitter ) </dev/null >/dev/null 2>&1 &
-while [ ! -e $locked ]; do sleep 0.01; done""",
+    # submitit named all three pickles: the array's tasks will run, each its member's one trainer. elfes holds the
+    # members' state locks through the hand-over; a FIFO at the temporary name of its first record of a job id
+    # (member 0's state.json, written by this submitter) holds it there until it dies.
+    "after-the-pickles": """mkfifo {members}/lr=0.01/.tmp-state.json.$submitter
+( while [ "$(ls {folder}/${{job}}_*_submitted.pkl 2>/dev/null | wc -l)" -lt 3 ]; do sleep 0.01; done
+  kill -9 $submitter ) </dev/null >/dev/null 2>&1 &""",
 }
 
 
@@ -155,8 +153,7 @@ def test_a_sweep_submitter_killed_mid_hand_over_leaves_each_member_one_trainer(
     wrapper.parent.mkdir()
     wrapper.write_text(KILL_SUBMITTER.format(
         when=kill_at, sbatch=shutil.which("sbatch"), record=record,
-        kill=KILL_AT[kill_at].format(folder=SweepPaths(sweep_dir).submitit, members=sweep_dir,
-                                     locked=tmp_path / "locked")))
+        kill=KILL_AT[kill_at].format(folder=SweepPaths(sweep_dir).submitit, members=sweep_dir)))
     wrapper.chmod(0o755)
     # Both CPUs held by another job: the array's tasks wait while the hand-over is settled.
     blocker = slurm.run("sbatch", "--parsable", "--partition=low", "--ntasks=1", "--cpus-per-task=2", "--mem=100M",
@@ -164,6 +161,8 @@ def test_a_sweep_submitter_killed_mid_hand_over_leaves_each_member_one_trainer(
     killed = subprocess.run([ELFES, "submit", str(spec), "--executor", "slurm"], capture_output=True, text=True,
                             timeout=180, env={**slurm.env, "PATH": f"{wrapper.parent}:{os.environ['PATH']}"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    for left in sweep_dir.glob("*/.tmp-state.json.*"):  # what the killed submitter was writing
+        left.unlink()
     array = record.read_text().strip()
     members = [Path(member.run_dir) for member in load_sweep(SweepPaths(sweep_dir)).members]
     assert {state_of(m).status for m in members} == {"submitted"}
