@@ -141,15 +141,15 @@ def test_inexact_distributed_batching_is_refused_with_the_setting_to_change(laun
     messages = reports[0]
     assert messages["accepted"] is None, "the control (even_batches=False, 4 batches) must be accepted"
 
-    assert messages["even_batches"].startswith("ValueError: ")
+    assert messages["even_batches"].startswith("ConfigurationError: ")
     assert "even_batches=True" in messages["even_batches"]
     assert "DataLoaderConfiguration(even_batches=False)" in messages["even_batches"]
 
-    assert messages["split_batches"].startswith("ValueError: ")
+    assert messages["split_batches"].startswith("ConfigurationError: ")
     assert "split_batches=True" in messages["split_batches"]
     assert "split_batches=False" in messages["split_batches"]
 
-    assert messages["indivisible"].startswith("ValueError: ")
+    assert messages["indivisible"].startswith("ConfigurationError: ")
     assert "5 batches" in messages["indivisible"]
     assert "multiple of 2" in messages["indivisible"]
     assert "batch_size" in messages["indivisible"]

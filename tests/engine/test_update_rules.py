@@ -360,10 +360,13 @@ def test_monitor_without_evaluator_is_refused_at_train():
     ],
 )
 def test_config_validation_errors_name_the_field(build, field, error):
-    """A value of the wrong type raises TypeError, a bad value of the right type ValueError."""
+    """A value of the wrong type raises TypeError, a bad value of the right type ValueError; either is a
+    configuration refusal (elfes.refusals), which the launcher fails at once instead of retrying."""
+    from elfes.refusals import ConfigurationError, ConfigurationTypeError
+
     with pytest.raises(error, match=field.replace(".", r"\.")) as caught:
         build()
-    assert type(caught.value) is error
+    assert type(caught.value) is (ConfigurationTypeError if error is TypeError else ConfigurationError)
 
 
 def test_valid_configs_are_accepted():
