@@ -163,7 +163,7 @@ class _FailedEnding:
                                excluding=excludes_nodes(context.executor, context.spec), final=cause.final is not None)
 
 
-def _task_gone(record: dict | None, *, host: str) -> bool:
+def _task_gone(record: dict[str, Any] | None, *, host: str) -> bool:
     """Whether the task of a pid record (``RunPaths.pid_file``) is known to have ended: one on ``host`` (this
     task's) only."""
     if record is None or record.get("host") != host or not isinstance(record.get("pid"), int):
@@ -235,7 +235,9 @@ def carry_out_retry(failure: Failure, *, context: AttemptContext, task: Any) -> 
     resubmission of ``task`` (the job's ``JobRuntime``). Returns the failure as it stands."""
     paths, start, token, spec = context.paths, context.start, context.token, context.spec
     refused = None
-    if start.executor == "slurm":
+    if start.executor == "slurm" and spec is None:  # unreadable: such an attempt is never retried (attempt_context)
+        refused = f"{paths.spec} could not be read, so the requeue's node exclusions cannot be decided"
+    elif start.executor == "slurm" and spec is not None:
         state = run_state.load_state(paths)
         excluded = state.excluded_hosts if state is not None and excludes_nodes(start.executor, spec) else ()
         refused = _requeue_leaving_out(start.job_id, excluded, paths=paths, spec=spec, token=token)
@@ -246,7 +248,7 @@ def carry_out_retry(failure: Failure, *, context: AttemptContext, task: Any) -> 
             refused = f"the local resubmission failed: {error}"
     if refused is None:
         return failure
-    run_state.update_state(paths, lambda s: run_state.refuse_retry(s, token=token, reason=refused))
+    run_state.update_recorded_state(paths, lambda s: run_state.refuse_retry(s, token=token, reason=refused))
     return dataclasses.replace(failure, retried=False, reason=refused)
 
 
@@ -262,7 +264,7 @@ def _requeue_leaving_out(job_id: str, excluded: tuple[str, ...], *, paths: RunPa
         problem = nodes and placement_problem(needed=spec.resources.nodes, partition=partition, nodes=nodes,
                                               excluded=excluded)
         if problem:
-            run_state.update_state(paths, lambda s: run_state.include_nodes_after(s, token=token, why=problem))
+            run_state.update_recorded_state(paths, lambda s: run_state.include_nodes_after(s, token=token, why=problem))
             log.info(f"elfes: {problem}")
             excluded = ()
     refused = requeue_slurm_job(job_id)

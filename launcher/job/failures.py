@@ -31,6 +31,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from elfes.files import write_text_atomically
 from elfes.refusals import ConfigurationError
@@ -120,7 +121,7 @@ def read_reports(paths: RunPaths, attempt: int) -> list[FailureReport]:
     return sorted(reports, key=lambda report: report.rank)
 
 
-def rank_records(paths: RunPaths, attempt: int) -> dict[int, dict]:
+def rank_records(paths: RunPaths, attempt: int) -> dict[int, dict[str, Any]]:
     """Each rank's pid record in ``attempt`` (``RunPaths.pid_file``: its host and pid; a task that died keeps
     its record)."""
     records = {}

@@ -233,7 +233,7 @@ def _start_local_controller(spec: JobSpec, paths: RunPaths, runtime: Any) -> str
     if "job_id" not in reply:
         raise SubmissionError(f"the local executor could not start job {spec.name}: "
                               f"{reply.get('error', 'no reply from the submitting child')}")
-    return reply["job_id"]
+    return str(reply["job_id"])
 
 
 # -- the verbs' entry points ----------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ class Interrupted(ElfesError):
 
     def __init__(self, signum: int, outcome: str) -> None:
         self.signum = signum
-        self.exit_code = 128 + signum
+        self.exit_code = 128 + signum  # type: ignore[misc]  # per instance: the signal decides the code
         self.outcome = outcome
         super().__init__(f"interrupted by {signal.Signals(signum).name}; {outcome}")
 
@@ -140,8 +140,9 @@ class RunDirUndo:
                     path.unlink(missing_ok=True)
                 elif not path.is_file() or path.read_bytes() != content:
                     write_bytes_atomically(path, content)
-        if self.files[marker] is not None and not marker.exists():  # this submission removed it
-            write_bytes_atomically(marker, self.files[marker])
+        removed = self.files[marker]
+        if removed is not None and not marker.exists():  # this submission removed it
+            write_bytes_atomically(marker, removed)
 
 
 # -- an interrupted hand-over ---------------------------------------------------------------------------

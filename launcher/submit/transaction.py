@@ -25,10 +25,11 @@ from elfes.files import exclusive_lock, write_text_atomically
 
 from ..rundir import state as run_state
 from ..rundir.code_record import job_spec
-from ..rundir.liveness import cancel_requested, effective_state, liveness
+from ..rundir.liveness import effective_state, liveness
 from ..rundir.lookup import UsageError, recorded_spec
 from ..rundir.lost_cause import describe_lost
 from ..rundir.paths import RunPaths
+from ..rundir.task_files import cancel_requested
 from ..spec import JobSpec, SpecError
 from . import executors
 from .code_plan import CodePlan, carry_out, prune_older
@@ -132,6 +133,14 @@ def interrupted_handover_settled(paths: RunPaths, state: run_state.RunState | No
 State = run_state.RunState | None
 
 
+def _recorded_ahead(state: run_state.RunState | None, paths: RunPaths) -> run_state.RunState:
+    """The state this hand-over recorded ahead (RunDamaged, naming the file, if it vanished since)."""
+    if state is None:
+        raise run_state.RunDamaged(f"{paths.state} vanished during the hand-over; `elfes status {paths.run_dir}` "
+                                   "shows what is left, then submit again")
+    return state
+
+
 class HandOver:
     """One run's hand-over, open under its submission lock and state lock (:func:`held`): ``state`` and
     ``recorded`` are what the run directory holds, read once and kept as this hand-over writes. ``undo``:
@@ -196,7 +205,7 @@ class HandOver:
 
     def record_job(self, job_id: str) -> run_state.RunState:
         """The executor took the latest submission as ``job_id``."""
-        state = self.write(lambda s: run_state.mark_pending(s, job_id=job_id))
+        state = self.write(lambda s: run_state.mark_pending(_recorded_ahead(s, self.paths), job_id=job_id))
         assert state is not None  # recorded ahead
         return state
 
@@ -207,7 +216,7 @@ class HandOver:
 
     def record_refusal(self, error: str) -> None:
         """The executor refused a submission that has no undo (a local resubmission): the run is failed."""
-        self.write(lambda s: run_state.mark_submission_failed(s, error=error))
+        self.write(lambda s: run_state.mark_submission_failed(_recorded_ahead(s, self.paths), error=error))
 
 
 @contextmanager

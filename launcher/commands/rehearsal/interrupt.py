@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 from elfes.files import is_temporary
 
@@ -80,7 +81,7 @@ class InterruptedRun:
         try:
             preempt(paths.run_dir)
         except ActionFailed:
-            state = run_state.load_state(paths)
+            state = _recorded_state(paths)
             if state.status not in run_state.ENDED:
                 raise
             interruption.landed = False  # it ended between the last look and the signal
@@ -93,7 +94,7 @@ class InterruptedRun:
             self._resume_when_gone(paths)
 
     def _stop(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
-        state = run_state.load_state(paths)
+        state = _recorded_state(paths)
         if state.executor == "slurm":
             slurm(signal_job(str(state.job_id), "TERM"))
         else:
@@ -106,7 +107,7 @@ class InterruptedRun:
         self._resume_when_gone(paths)
 
     def _kill(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
-        state = run_state.load_state(paths)
+        state = _recorded_state(paths)
         if state.executor == "slurm":
             slurm(signal_job(str(state.job_id), "KILL", full=True))
         else:
@@ -137,7 +138,7 @@ class InterruptedRun:
         deadline = time.monotonic() + max(5.0, 4 * self.length.update_time_s)
         published = progress.checkpoints
         while time.monotonic() < deadline:
-            if paths.checkpoints.is_dir() and any(is_temporary(entry) for entry in os.scandir(paths.checkpoints)):
+            if paths.checkpoints.is_dir() and any(is_temporary(Path(entry)) for entry in os.scandir(paths.checkpoints)):
                 return f"during the checkpoint write after step {progress.poll()}"
             progress.poll()
             if progress.checkpoints > published:
@@ -155,3 +156,12 @@ class InterruptedRun:
             return state.status == RunStatus.RUNNING and bool(tasks) and progress.step >= step
         state = self.runs.wait(paths, ready, f"step {step}", follower=progress)
         return None if state.status in run_state.ENDED else len(state.attempts)
+
+
+def _recorded_state(paths: RunPaths) -> run_state.RunState:
+    """The state.json of a rehearsal run, which its submission wrote (RunDamaged, naming it, if it is gone)."""
+    state = run_state.load_state(paths)
+    if state is None:
+        raise run_state.RunDamaged(f"{paths.state} is missing: the rehearsal's run lost its record; run the "
+                                   "rehearsal again")
+    return state

@@ -211,7 +211,7 @@ class Rehearsal:
         report = Report(verdict, str(self.source), str(self.folder), self.options.seed, self.options.executor,
                         interruptions, straight, resumed, requested=[p.kind for p in self._plan(length, 0)],
                         kinds=KINDS, retried=retried, notes=notes, runs=runs.runs)
-        if verdict == "not resumable":
+        if verdict == "not resumable" and resumed is not None:
             report.likely_causes = likely_causes(self.spec, resumed, interruptions,
                                                  read_events_if_any(RunPaths(self.folder / "interrupted")))
         elif verdict == "not reproducible":

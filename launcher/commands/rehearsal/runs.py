@@ -78,21 +78,22 @@ class Follower:
         does it stands where `last` points, not at the step an earlier attempt reached (a kill loses steps)."""
         state = run_state.load_state(self.paths) if self.paths.state.is_file() else None
         attempt = state.last_attempt if state is not None else None
-        if attempt is None or attempt.ended or state.status not in (RunStatus.RUNNING, RunStatus.STOPPING):
+        if state is None or attempt is None or attempt.ended or state.status not in (RunStatus.RUNNING, RunStatus.STOPPING):
             return False
         return self.began is None or self.began < timestamp(attempt.started_at)
 
     def _estimate(self, files: list[tuple[int, float]]) -> int:
         state = run_state.load_state(self.paths) if self.paths.state.is_file() else None
         attempt = state.last_attempt if state is not None else None
-        if attempt is None or attempt.ended:
+        length = self.length
+        if attempt is None or attempt.ended or length is None:
             return files[-1][0] if files else 0
         start = timestamp(attempt.started_at)
         own = [(step, mtime) for step, mtime in files if mtime >= start]
         before = [step for step, mtime in files if mtime < start]
-        base_step, base_time = own[-1] if own else (max(before, default=0), start + self.length.startup_s)
-        pace = max(self.length.update_time_s, 1e-3)
-        return min(self.length.final_step, base_step + max(0, int((time.time() - base_time) / pace)))
+        base_step, base_time = own[-1] if own else (max(before, default=0), start + length.startup_s)
+        pace = max(length.update_time_s, 1e-3)
+        return min(length.final_step, base_step + max(0, int((time.time() - base_time) / pace)))
 
 
 @dataclass

@@ -36,12 +36,14 @@ import sys
 import time
 import traceback
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from ...rundir import state as run_state
 from ...rundir.paths import RunPaths, SweepPaths
+from ...rundir.status_reading import ProcessTable
 from ...rundir.sweep_record import SweepRecord, change_sweep, load_sweep, sweep_lock, take_scheduler_lock, update_sweep
-from ...rundir.sweep_status import ProcessTable, member_is_live
+from ...rundir.sweep_status import member_is_live
 
 POLL_S = 0.5
 
@@ -110,6 +112,10 @@ def _hand_over(paths: RunPaths) -> None:
     print(f"{run_state.now()} {paths.run_dir.name}: {result.executor} job {result.job_id}", flush=True)
 
 
+def _with_queue(record: SweepRecord, *, queue: tuple[dict[str, str], ...], problems: dict[str, str]) -> SweepRecord:
+    return replace(record, queue=queue, problems=problems)
+
+
 def _slots_used(record: SweepRecord, processes: ProcessTable) -> int:
     return sum(member_is_live(RunPaths(Path(member.run_dir)), processes) for member in record.members)
 
@@ -138,7 +144,7 @@ def _work_queue(paths: SweepPaths, scheduler_lock: int) -> bool:
                 problems[entry["name"]] = f"{type(error).__name__}: {error}"
                 print(f"{run_state.now()} {entry['name']}: not started: {error}", flush=True)
             queue.pop(0)
-            change_sweep(paths, lambda r, q=tuple(queue), p=dict(problems): replace(r, queue=q, problems=p))
+            change_sweep(paths, partial(_with_queue, queue=tuple(queue), problems=dict(problems)))
     return True
 
 

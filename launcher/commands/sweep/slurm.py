@@ -41,14 +41,14 @@ from ...rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_s
 from ...slurm import SlurmError, partition_nodes, user_jobs
 from ...spec import JobSpec, load_spec
 from ...spec.sweep import SweepPlan
-from ...submit import arrays, executors
+from ...submit import arrays, executors, scripts
 from ...submit.handover import signals_deferred
 from ...submit.placement import placement_problem
 from ...submit.transaction import HandOver, excluded_nodes, held
 
 
 def _options_key(spec: JobSpec) -> str:
-    return json.dumps(executors.slurm_parameters(spec), sort_keys=True, default=str)
+    return json.dumps(scripts.slurm_parameters(spec), sort_keys=True, default=str)
 
 
 def _groups(specs: Sequence[tuple[str, JobSpec]], limit: int | None = None) -> list[list[tuple[str, JobSpec]]]:
@@ -87,7 +87,7 @@ def array_scripts(plan: SweepPlan, limit: int | None = None) -> str:
                           f"has ended, so that at most {plan.max_parallel} members run at once across the arrays")
         if len(group) == 1:
             header.append("# (one member: submitted as a plain job, not an array)")
-            parts.append(_with_header(executors.sbatch_script(group[0][1], RunPaths(folder.parent)), header))
+            parts.append(_with_header(scripts.sbatch_script(group[0][1], RunPaths(folder.parent)), header))
         else:
             parts.append(_with_header(arrays.array_sbatch_script(group[0][1], folder, len(group),
                                                                     plan.max_parallel), header))
@@ -112,9 +112,9 @@ def _settle(member: HandOver) -> str | None:
         adopted = member.settle(())
     except (run_state.RunDamaged, run_state.NotNow) as error:
         return str(error)
-    if adopted:
-        return f"adopted SLURM job {member.state.job_id}, which an interrupted hand-over had started"
     state = member.state
+    if adopted and state is not None:
+        return f"adopted SLURM job {state.job_id}, which an interrupted hand-over had started"
     if state is not None and state.status not in run_state.ENDED:
         return f"{state.status} (job {state.job_id})"  # handed over meanwhile, e.g. by `elfes resume` of the member
     return None
@@ -136,7 +136,7 @@ def _placeable(members: Sequence[tuple[HandOver, JobSpec]], excluded: tuple[str,
     requeue clears them, so that the array is not refused (sbatch: "Requested node configuration is not
     available"). Under the members' submission locks."""
     spec = members[0][1]
-    problem = nodes and placement_problem(
+    problem = None if not nodes else placement_problem(
         needed=spec.resources.nodes, partition=spec.slurm.partition, nodes=nodes, excluded=excluded,
         job=f"the job array of {', '.join(member.paths.run_dir.name for member, _ in members)}",
         placed="it may run on every node")
@@ -269,8 +269,11 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
             after = [array_id]
             job = SweepJob(job_id=array_id, kind=kind, members=tuple(name for name, _ in group), at=run_state.now(),
                            max_parallel=record.max_parallel)
-            change_sweep(paths, lambda r, job=job: replace(r, jobs=(*r.jobs, job), problems={
-                name: why for name, why in r.problems.items() if name not in job.members}))
+            def recorded(r: SweepRecord, job: SweepJob = job) -> SweepRecord:
+                return replace(r, jobs=(*r.jobs, job), problems={
+                    name: why for name, why in r.problems.items() if name not in job.members})
+
+            change_sweep(paths, recorded)
         if refused:
             change_sweep(paths, lambda r: replace(r, problems={**r.problems, **refused}))
     return ArraysSubmitted(array_ids, left, refused, error_text, arrived[0] if arrived else None, tuple(notes))
@@ -285,7 +288,7 @@ def array_findings(spec_file: str, config: dict[str, str], sets: Sequence[str] =
     plan = plan_sweep(spec_file, sets=sets, check_files=False)
     limit = int(config["MaxArraySize"]) if config.get("MaxArraySize", "").isdigit() else None
     groups = _groups([(member.name, member.spec) for member in plan.members], limit)
-    found = []
+    found: list[tuple[str, str, str | None]] = []
     for group in groups:
         line = array_line(len(group), plan.max_parallel)
         says = (f"{len(group)} member(s) run as one job array: {line} (task k runs member k; a preempted "

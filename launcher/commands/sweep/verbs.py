@@ -43,7 +43,7 @@ from ...rundir.sweep_record import (
 from ...rundir.sweep_status import NOT_STARTED, UNREADABLE, WAITING, sweep_status
 from ...spec import SpecError
 from ...spec.sweep import SweepPlan, plan_sweep
-from ...submit import executors
+from ...submit import executors, scripts
 from ...submit.code_plan import CodePlan, plan_submit
 from ...submit.handover import Interrupted
 from ...submit.snapshot import take
@@ -95,7 +95,7 @@ def _dry_run(plan: SweepPlan, executor: str) -> str:
              "started in this order by a detached scheduler as slots free:"]
     lines += [f"#   {member.index}: {member.spec.run_dir}" for member in plan.members]
     lines.append(f"# each member is a local job; member 0 ({plan.members[0].name}):")
-    return "\n".join(lines) + "\n" + executors.local_plan(plan.members[0].spec, RunPaths(plan.members[0].spec.run_dir))
+    return "\n".join(lines) + "\n" + scripts.local_plan(plan.members[0].spec, RunPaths(plan.members[0].spec.run_dir))
 
 
 def _code_plan(plan: SweepPlan) -> CodePlan:
@@ -173,7 +173,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
             with sweep_lock(SweepPaths(plan.sweep_dir)):
                 submitted = submit_array(SweepPaths(plan.sweep_dir), record, list(record.members), kind=Launch.SUBMIT,
                                          limit=limit)
-            job_ids = submitted.array_ids
+            job_ids = tuple(submitted.array_ids)
         else:
             start_scheduler(SweepPaths(plan.sweep_dir))
             job_ids = ()
@@ -224,7 +224,8 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
         record = load_sweep(paths)
         chosen = executors.choose_executor(executor) if executor is not None else record.executor
         status = {member.name: member for member in sweep_status(paths.sweep_dir, record).members}
-        due, skipped = [], {}
+        due: list[MemberRecord] = []
+        skipped: dict[str, str] = {}
         for member in record.members:
             now_status = status[member.name].status
             if now_status == RunStatus.FINISHED:
@@ -256,7 +257,7 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
             record_adopted_arrays(paths, load_sweep(paths))
             skipped |= submitted.left
             due = [member for member in due if member.name not in submitted.left]
-            job_ids = submitted.array_ids
+            job_ids = tuple(submitted.array_ids)
             started = False
         else:
             at = run_state.now()
