@@ -34,8 +34,9 @@ RESULTS=${1:-${OUT:-gpu-check-results}}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 SUMMARY=$RESULTS/summary.txt
-# Each step's most seconds; together under 8 minutes.
-INSTALL_S=60 GPU_TESTS_S=150 CHARLM_S=150 LOOP_S=90
+# Each step's most seconds; together under 8 minutes. INSTALL_S may be raised where the machine is shared (the test
+# suite runs this script beside three other workers: a pip install of the project then takes minutes, not seconds).
+INSTALL_S=${INSTALL_S:-60} GPU_TESTS_S=150 CHARLM_S=150 LOOP_S=90
 failed=0
 : >"$SUMMARY"
 
