@@ -85,6 +85,14 @@ class SaveReason(StrEnum):
     FINAL = "final"
 
 
+class WarningKind(StrEnum):
+    """The ``kind`` of a ``warning`` run event: what the run cannot do exactly or cheaply (the rehearsal's likely
+    causes and ``elfes status`` read it)."""
+
+    INEXACT_STREAM = "inexact_stream"  # a stream whose state_dict leaves out part of its place (a shuffle buffer)
+    STREAM_REPLAY = "stream_replay"  # a resume read and discarded a stream's consumed batches
+
+
 # -- heartbeat ------------------------------------------------------------------------------------------------
 
 

@@ -75,6 +75,8 @@ class Evaluator:
         """Evaluate ``model`` (prepared or plain) on every loader: ``{loader: {metric: value}}``.
         ``heartbeat`` gets a beat per batch (a watchdog then tells a long evaluation from a hang), the first
         of each loader a :meth:`~elfes.engine.Heartbeat.beat_first` (until its second batch is fetched)."""
+        if heartbeat is not None and heartbeat.phase == Phase.ENDED:
+            heartbeat = None  # after train() returned the job's own code runs unwatched, an evaluation too
         module = self.accelerator.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=True)
         modes = [(submodule, submodule.training) for submodule in module.modules()]
         training_rng = capture_rng()

@@ -32,7 +32,8 @@ class Heartbeat:
     seeded the run); ``start_step``: the step this process started training from; ``updates``: update
     boundaries reached in this process; ``phase``: one of :data:`PHASES`; ``first``: whether the work since
     the last beat is a first of its kind (:meth:`beat_first`); ``at``: ``time.monotonic()`` of the last
-    beat, written last. Written by the training thread, read by any.
+    beat, written first (a reader that sees ``at`` unchanged before and after reading the rest saw no beat
+    half written). Written by the training thread, read by any.
     """
 
     def __init__(self) -> None:
@@ -45,16 +46,16 @@ class Heartbeat:
 
     def beat(self, phase: Phase) -> None:
         """A sign of progress in ``phase`` (the training thread; e.g. once per evaluation batch)."""
+        self.at = time.monotonic()
         self.phase = phase
         self.first = False
-        self.at = time.monotonic()
 
     def beat_first(self, phase: Phase) -> None:
         """A beat before a first of its kind in ``phase`` (the first window of an epoch, an evaluation
         loader's first batch), which may be several times slower than the rest of its kind."""
+        self.at = time.monotonic()
         self.phase = phase
         self.first = True
-        self.at = time.monotonic()
 
     def started(self, step: int) -> None:
         """Training starts (or resumes) at ``step``: the position is known, no boundary reached yet."""
@@ -65,9 +66,11 @@ class Heartbeat:
 
     def reached(self, step: int) -> None:
         """An update boundary: ``step`` updates are done."""
+        self.at = time.monotonic()  # first: the new count changes the watchdog's limit
         self.step = step
         self.updates += 1
-        self.beat(Phase.BOUNDARY)
+        self.phase = Phase.BOUNDARY
+        self.first = False
 
     def failing_step(self) -> int | None:
         """The step a failure now is counted at: the update being computed while training (the last

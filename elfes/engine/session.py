@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from elfes.contract import EARLY_STOPPING, Phase, Pointer, SaveReason
+from elfes.contract import EARLY_STOPPING, Phase, Pointer, SaveReason, WarningKind
 from elfes.files import check_writable_directory
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError
@@ -412,7 +412,7 @@ class TrainingSession:
     # ----------------------------------------------------------------------------------------
     # Run records
 
-    def warn(self, kind: str, message: str) -> None:
+    def warn(self, kind: WarningKind, message: str) -> None:
         """Warn the user of what the run cannot do exactly or cheaply (main process), and record it as a
         ``warning`` event, which ``elfes status`` shows until the run starts again."""
         if self.accelerator.is_main_process:

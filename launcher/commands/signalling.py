@@ -185,9 +185,7 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
         if state.job_id is None:
             return Signalled(paths.run_dir, "slurm", None, "none", [], note="not submitted yet; the marker stops it")
         _scancel(str(state.job_id), "cancel")
-        # update_state writes nothing when the change returns its state unchanged (None here); its annotation
-        # says the change returns a RunState until rundir/state.py is typed strictly.
-        run_state.update_state(paths, lambda s: run_state.cancel_between_attempts(s) if s is not None else s)  # type: ignore[arg-type, return-value]
+        run_state.update_recorded_state(paths, run_state.cancel_between_attempts)
         return Signalled(paths.run_dir, "slurm", state.job_id, "SIGTERM", [f"SLURM job {state.job_id} (scancel)"])
     tasks = recorded_tasks(paths)
     targets = _signal_pids(tasks, signal.SIGTERM)

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..rundir import state as run_state
 from ..rundir.command_group import process_stat
@@ -110,7 +110,7 @@ class FailurePath:
         context = self.context
         with self._one_at_a_time:
             publish_failure(context.paths, context.attempt_number, report, world_size=context.start.world_size)
-            ending = _FailedEnding(context, report)
+            ending = _FailedEnding(context, _attempt_cause(context, report))
             try:
                 run_state.update_state(context.paths, ending)
             except Exception as error:  # never lose the failure itself to a failure to record it
@@ -132,8 +132,8 @@ class _FailedEnding:
     :attr:`failure`, the attempt's failure as decided, by this rank (:attr:`decided_here`) or by the rank that
     failed first."""
 
-    def __init__(self, context: AttemptContext, report: FailureReport) -> None:
-        self.context, self.report = context, report
+    def __init__(self, context: AttemptContext, cause: _Cause) -> None:
+        self.context, self.cause = context, cause
         self.failure: Failure | None = None
         self.decided_here = False
 
@@ -144,14 +144,8 @@ class _FailedEnding:
         if attempt.ended:
             self.failure = attempt.failure
             return state
-        number, paths = context.attempt_number, context.paths
-        reports = read_reports(paths, number) or [self.report]
-        records = rank_records(paths, number)
-        hosts = {rank: record["host"] for rank, record in records.items()}
-        cause = the_rank_that_failed(cause_of(reports), reports, world_size=context.start.world_size, hosts=hosts,
-                                     gone=lambda rank: _task_gone(records.get(rank), host=context.start.host),
-                                     exit_status=lambda rank: awaited_exit_status(context.paths, context.start,
-                                                                                  records.get(rank)))
+        number = context.attempt_number
+        cause, reports, hosts = self.cause
         failure = decide_failure(cause, previous=context.previous, failures_used=context.failures_used,
                                  max_failures=context.max_failures)
         failure = dataclasses.replace(failure, nodes=failed_nodes(cause, reports, hosts=tuple(context.start.hosts),
@@ -161,6 +155,27 @@ class _FailedEnding:
                                       error=failure_error(failure, cause), failure=failure)
         return with_exclusions(state, failure, attempt=number, previous=context.previous,
                                excluding=excludes_nodes(context.executor, context.spec), final=cause.final is not None)
+
+
+class _Cause(NamedTuple):
+    """What the failure reports and pid records of an attempt say: its cause, every rank's report, each rank's host."""
+
+    cause: FailureReport
+    reports: list[FailureReport]
+    hosts: dict[int, str]
+
+
+def _attempt_cause(context: AttemptContext, report: FailureReport) -> _Cause:
+    """The attempt's cause as the failure reports and pid records say (launcher/job/failures.py), with every rank's
+    report and host. Worked out before the state lock: it may wait for a silent rank's exit status."""
+    paths, number, start = context.paths, context.attempt_number, context.start
+    reports = read_reports(paths, number) or [report]
+    records = rank_records(paths, number)
+    hosts = {rank: record["host"] for rank, record in records.items()}
+    cause = the_rank_that_failed(cause_of(reports), reports, world_size=start.world_size, hosts=hosts,
+                                 gone=lambda rank: _task_gone(records.get(rank), host=start.host),
+                                 exit_status=lambda rank: awaited_exit_status(paths, start, records.get(rank)))
+    return _Cause(cause, reports, hosts)
 
 
 def _task_gone(record: dict[str, Any] | None, *, host: str) -> bool:

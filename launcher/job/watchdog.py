@@ -100,6 +100,12 @@ class HangWatchdog:
             return self.timeout_s * SLOW_FACTOR
         return self.timeout_s
 
+    def setting(self) -> str:
+        """The setting whose limit the present stretch is held to, as the user writes it."""
+        if self.heartbeat.updates == 0 and self.startup_timeout_s is not None:
+            return f"requeue.startup_timeout_s = {self.startup_timeout_s:g}"
+        return f"requeue.hang_timeout_s = {self.timeout_s:g}"
+
     def stalled_s(self) -> float | None:
         """Seconds since the last beat when that is past the limit of the present stretch, else None."""
         at = self.heartbeat.at
@@ -133,7 +139,7 @@ class HangWatchdog:
         heartbeat = self.heartbeat
         return FailureReport(
             rank=self.rank, host=self.host, category="hang",
-            cause=f"hang: no update boundary within requeue.hang_timeout_s = {self.timeout_s:g} s",
+            cause=f"hang: no update boundary within {self.setting()} s",
             at=time.time(), step=heartbeat.failing_step(), updated=heartbeat.updates > 0, peer_lost=peer_lost)
 
     def _fire(self, quiet_s: float | None, peer: FailureReport | None, beat_at: float) -> bool:
@@ -145,7 +151,7 @@ class HangWatchdog:
         phase, step = heartbeat.phase, heartbeat.step
         seen = (f"no progress on this rank for {quiet_s:.0f} s" if quiet_s is not None else
                 f"rank {peer_rank} reported a hang")
-        log.error(f"elfes: hang: {seen} (requeue.hang_timeout_s = {self.timeout_s:g}; {phase}"
+        log.error(f"elfes: hang: {seen} ({self.setting()}; {phase}"
                   + (f", last update boundary: step {step}" if step is not None
                      else ", before the first update boundary")
                   + f"). The Python stacks of every thread of rank {self.rank} follow.")

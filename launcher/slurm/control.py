@@ -5,7 +5,7 @@ means for the run. Torch-free.
 
 >>> requeue("77").ok                     # from inside job 77 (rank 0)  # doctest: +SKIP
 True
->>> signal_job("77", "USR2").command
+>>> signal_job("77", "USR2").command  # doctest: +SKIP
 'scancel --signal=USR2 77'
 """
 

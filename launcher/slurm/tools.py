@@ -4,7 +4,7 @@
 A command that cannot be started (not on PATH) answers with ``code`` None; one that does not answer in time is
 killed and answers code 124, saying so on stderr: a slow controller is not a missing program. Torch-free.
 
->>> answer = run(Tool.SQUEUE, "-h", "-j", "77")
+>>> answer = run(Tool.SQUEUE, "-h", "-j", "77")  # doctest: +SKIP
 >>> answer.ok, answer.said  # doctest: +SKIP
 (False, 'slurm_load_jobs error: Invalid job id specified')
 """

@@ -284,8 +284,12 @@ def reserve_room_for_record_job(paths: RunPaths) -> Path:
 
     reserved = temporary_name(paths.state)
     size = (paths.state.stat().st_size if paths.state.is_file() else 0) + 1024  # the job id and a margin
-    with open(reserved, "wb") as file:
-        file.write(b" " * size)
-        file.flush()
-        os.fsync(file.fileno())
+    try:
+        with open(reserved, "wb") as file:
+            file.write(b" " * size)
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException:  # the disk is full already: refused, and nothing of this submission is left
+        reserved.unlink(missing_ok=True)
+        raise
     return reserved

@@ -222,14 +222,13 @@ class HandOver:
 @contextmanager
 def held(paths: RunPaths, undo: RunDirUndo | None = None, *, undoable: bool = True) -> Iterator[HandOver]:
     """The run directory under its submission lock and state lock, read once. ``undo``: taken before the run
-    directory was created; else taken here under the submission lock (``undoable``: False for none)."""
-    with submission_lock(paths):
-        if undo is None and undoable:
-            undo = RunDirUndo(paths)
-        with exclusive_lock(paths.state_lock):
-            if undo is not None:
-                undo.take()  # another submission may have written while this one waited for the lock
-            yield HandOver(paths, undo)
+    directory was created; else taken here under both locks (``undoable``: False for none)."""
+    with submission_lock(paths), exclusive_lock(paths.state_lock):
+        if undo is not None:
+            undo.take()  # another submission, or the run's job, may have written while this one waited
+        elif undoable:
+            undo = RunDirUndo(paths)  # its snapshot, taken under both locks
+        yield HandOver(paths, undo)
 
 
 @dataclass(frozen=True)

@@ -42,3 +42,8 @@ def test_the_first_window_of_each_epoch_and_of_each_evaluation_is_marked_a_first
     assert ("checkpointing", False) in beats
     assert beats[0] == ("starting", False) and beats[-1] == ("ended", False)
     assert (heartbeat.step, heartbeat.updates, heartbeat.first) == (state.step, 8, False)
+
+    # After train() returned the job's own code runs unwatched: an evaluation then gives no beat.
+    heartbeat.beats.clear()
+    run.trainer.evaluate(heartbeat=heartbeat)
+    assert heartbeat.beats == [] and heartbeat.phase == "ended"

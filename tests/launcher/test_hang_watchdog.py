@@ -118,6 +118,7 @@ def test_firsts_of_their_kind_and_checkpoint_writes_get_5x_and_the_start_up_its_
     assert decided_at - starting.at >= 1 + GRACE_S  # not 5 x 0.1 s
     assert (hang.step, hang.updated) == (None, False)
     assert "before the first update boundary" in watched.log.read_text()
+    assert hang.cause == "hang: no update boundary within requeue.startup_timeout_s = 1 s"  # the limit that applied
 
     starting = Heartbeat()
     with watching(tmp_path / "no-start-limit", starting, timeout_s=timeout_s, startup_timeout_s=None) as watched:

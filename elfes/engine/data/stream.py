@@ -25,6 +25,8 @@ from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
+from elfes.contract import WarningKind
+
 from ..rng import capture_rng, restore_rng
 from .checks import check_distributed_batching, check_training_loader, verify_rank_lengths
 from .fetch import PositionedBatches, with_seeded_worker_fetches
@@ -33,7 +35,7 @@ from .workers import base_loader, iterate_sparing_workers, shut_down_workers
 
 _SEED_RANGE = 2**62
 
-Warn = Callable[[str, str], None]
+Warn = Callable[[WarningKind, str], None]
 """Says a warning (its kind, its message) to the user and to the run records."""
 
 
@@ -79,7 +81,7 @@ class TrainingData:
         self._saved: dict[str, Any] = {}
         self.batches_per_epoch = self._rank_length(dataloader)
         buffer = unsaved_shuffle_buffer(dataloader.dataset) if self.streaming else None
-        self.setup_warnings: list[tuple[str, str]] = [] if buffer is None else [("inexact_stream", (
+        self.setup_warnings: list[tuple[WarningKind, str]] = [] if buffer is None else [(WarningKind.INEXACT_STREAM, (
             f"The training stream ({self.dataset_name}) is shuffled with shuffle(buffer_size={buffer}), whose buffer "
             "its state_dict() leaves out: a resume in the middle of an epoch is not exact (it refills the buffer "
             "from the saved position, so other examples come in another order). For an exact resume shuffle the "
@@ -183,7 +185,7 @@ class TrainingData:
                     )
         finally:
             restore_rng(generators)
-        warn("stream_replay", (
+        warn(WarningKind.STREAM_REPLAY, (
             f"Resumed the training stream ({self.dataset_name}) at batch {count} of epoch {epoch_number} by reading "
             f"and discarding the {count} batches before it ({time.perf_counter() - started:.1f} s). Exact, but "
             "slower the further into the epoch: give the dataset state_dict() and load_state_dict() (or read it "

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from elfes.contract import WarningKind
+
 from ...spec import JobSpec
 from .compare import Comparison
 
@@ -84,7 +86,7 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
                  "and its resume make the same position read other samples (a stream without state is read again "
                  "from its epoch's start). Keep the training files unchanged while a run uses them: write new "
                  "files instead of changing old ones.")
-    warned = any(event.get("event") == "warning" and event.get("kind") == "inexact_stream" for event in events)
+    warned = any(event.get("event") == "warning" and event.get("kind") == WarningKind.INEXACT_STREAM for event in events)
     shuffle_buffer = (
         "A stream shuffled in a buffer: " + ("the interrupted run warned that its training stream is shuffled with "
                                              "shuffle(buffer_size=...)" if warned else "a Hugging Face stream shuffled "

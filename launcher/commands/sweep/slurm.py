@@ -121,7 +121,7 @@ def _settle(member: HandOver) -> str | None:
 
 
 def array_exclusions(members: Sequence[tuple[HandOver, JobSpec]]) -> tuple[str, ...]:
-    """The nodes an array of ``members`` (run directory, spec) leaves out (``--exclude``): those each member that
+    """The nodes an array of ``members`` (hand-over, spec) leaves out (``--exclude``): those each member that
     excludes the nodes of its failures (``requeue.exclude_failed_nodes``) recorded in its ``state.json``."""
     hosts: dict[str, None] = {}
     for member, spec in members:
@@ -220,10 +220,14 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
         runs: dict[str, HandOver] = {}
         for member in members:
             # Under its submission lock and state lock, its undo taken there, state.json read once.
-            runs[member.name] = locks.enter_context(held(member_paths[member.name]))
-            why = _settle(runs[member.name])
-            if why is not None:
-                left[member.name] = why
+            with ExitStack() as member_locks:
+                run = member_locks.enter_context(held(member_paths[member.name]))
+                why = _settle(run)
+                if why is None:
+                    runs[member.name] = run
+                    locks.enter_context(member_locks.pop_all())  # held until its array is recorded
+                else:  # adopted or live: its job may write state.json while the arrays are submitted
+                    left[member.name] = why
         # Each member's spec as its job sees it: workdir is the sweep's code snapshot (the member's code.json).
         due = [(member.name, job_spec(load_spec(member_paths[member.name].spec), member_paths[member.name]))
                for member in members if member.name not in left]
@@ -269,6 +273,7 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
             after = [array_id]
             job = SweepJob(job_id=array_id, kind=kind, members=tuple(name for name, _ in group), at=run_state.now(),
                            max_parallel=record.max_parallel)
+
             def recorded(r: SweepRecord, job: SweepJob = job) -> SweepRecord:
                 return replace(r, jobs=(*r.jobs, job), problems={
                     name: why for name, why in r.problems.items() if name not in job.members})
