@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from ..rundir.state_records import RunStatus
+from ..rundir.state import RunStatus
 from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
 from .output import print_line, shell_quoted
 

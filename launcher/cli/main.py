@@ -176,7 +176,7 @@ def _wait(args: argparse.Namespace) -> int:
 def _run_wait_code(until: Any, waited: Any) -> int:
     """A run's exit code for ``status --wait``: reached, OK (at the end: as the run ended); short of it,
     not-now when the time ran out or the run finished first, else as the run ended (failed or stopped)."""
-    from ..rundir.state_records import RunStatus
+    from ..rundir.state import RunStatus
 
     ended_code = {RunStatus.FINISHED: EXIT_OK, RunStatus.FAILED: EXIT_RUN_FAILED}.get(waited.status, EXIT_RUN_STOPPED)
     if waited.reached:

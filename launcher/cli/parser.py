@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "default).")
     logs.add_argument("run_dir", metavar="RUN_DIR")
     logs.add_argument("--rank", type=int, default=None,
-                      help="the rank whose logs to show (default: the rank whose failure ended the attempt, else 0)")
+                      help="the rank whose logs to show (default: the rank whose failure ended the attempt, else 0; with --follow, 0)")
     logs.add_argument("--attempt", type=int, default=None, help="the attempt (default: the latest)")
     logs.add_argument("--follow", action="store_true", help="keep printing new output until the run ends")
 

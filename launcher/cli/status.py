@@ -43,7 +43,7 @@ def _short_checkpoint(result: Any) -> str:
 def _retrying(result: Any) -> bool:
     """Whether the run is requeued because its latest attempt failed and is retried."""
     failure = result.attempts[-1].get("failure") if result.attempts else None
-    from ..rundir.state_records import RunStatus
+    from ..rundir.state import RunStatus
 
     return result.status == RunStatus.REQUEUED and bool(failure and failure.get("retried"))
 
@@ -65,7 +65,7 @@ def _job(result: Any) -> str:
 
 def _requeues(result: Any) -> str:
     failures = getattr(result, "failures_used", 0)
-    from ..rundir.state_records import Launch
+    from ..rundir.state import Launch
 
     since = getattr(result, "failures_counted_since", Launch.SUBMIT)
     earlier = sum(1 for a in result.attempts if (a.get("failure") or {}).get("retried")) - failures

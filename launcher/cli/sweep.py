@@ -146,7 +146,7 @@ def _sweep_table(console: Any, result: Any) -> None:
     console.print(_counts_line(result.counts), markup=False)
     for name, problem in result.problems.items():
         console.print(f"{name}: not started: {problem}", markup=False)
-    from ..rundir.state_records import RunStatus
+    from ..rundir.state import RunStatus
     from ..rundir.sweep_status import UNREADABLE
 
     for member in result.members:
@@ -171,7 +171,7 @@ def _sweep_wait_code(until: Any, waited: Any) -> int:
     """A sweep's exit code for ``status --wait``: reached, OK (at the end: failed if a member failed, stopped
     if one stopped, was cancelled or not started); short of it, not-now when the time ran out, the sweep
     stalled or a member cannot be read, else failed or stopped as above (not-now when every member ended well)."""
-    from ..rundir.state_records import RunStatus
+    from ..rundir.state import RunStatus
     from ..rundir.sweep_status import NOT_STARTED
     from .exit_codes import EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
 

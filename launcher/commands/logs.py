@@ -61,6 +61,12 @@ def log_files(run_dir: str | os.PathLike[str], *, rank: int | None = None, attem
     state.json records), else 0. Reads files (and, for an attempt still open, its liveness)."""
     paths = run_paths(run_dir)
     state, unreadable = _readable_state(paths)
+    return _files_of(paths, state, unreadable, rank=rank, attempt=attempt)
+
+
+def _files_of(paths: RunPaths, state: run_state.RunState | None, unreadable: str | None, *, rank: int | None,
+              attempt: int | None) -> LogFiles:
+    """:func:`log_files` of the run's ``state`` as read (``unreadable``: why it could not be)."""
     latest = _latest_attempt(paths, state)
     if attempt is not None and (attempt < 1 or latest is None or attempt > latest):
         known = "no attempt yet" if not latest else "attempt 1 only" if latest == 1 else f"attempts 1-{latest}"
@@ -104,7 +110,8 @@ def follow_logs(run_dir: str | os.PathLike[str], *, rank: int | None = None, int
         state = run_state.load_state(paths)
         state = effective_state(paths, state, probe(state))
         ended = state is None or state.status in run_state.ENDED  # read once more after the end, then stop
-        for file in log_files(paths.run_dir, rank=0 if rank is None else rank).files:
+        # The state just read (its liveness asked through the probe): no squeue of its own each pass.
+        for file in _files_of(paths, state, None, rank=0 if rank is None else rank, attempt=None).files:
             decoder = decoders.setdefault(file, codecs.getincrementaldecoder("utf-8")(errors="replace"))
             with open(file, "rb") as stream:  # in chunks: a 200 MB log is never held whole
                 stream.seek(offsets.get(file, 0))

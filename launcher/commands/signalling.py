@@ -29,7 +29,7 @@ from ..rundir.task_files import command_records
 from ..slurm import SIGNAL_ANSWER_S, signal_job
 from ..slurm import cancel as scancel
 from ..spec import SpecError
-from ..spec.models import Resources
+from ..spec.sections import Resources
 from ..submit.scripts import requeue_signal
 
 DEFAULT_KILL_WAIT_S = Resources().kill_wait_s

@@ -15,8 +15,9 @@ import logging
 import sys
 from collections.abc import Iterator
 
+from ..rundir.task_files import LOG_LINE_FORMAT
+
 LAUNCHER_LOGGER = "elfes.launcher"
-FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
 class _StandardStreams(logging.Handler):
@@ -39,7 +40,7 @@ def job_logging() -> Iterator[None]:
     logger = logging.getLogger(LAUNCHER_LOGGER)
     saved = logger.level, logger.propagate
     handler = _StandardStreams()
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(logging.Formatter(LOG_LINE_FORMAT))
     logger.addHandler(handler)
     # Not propagated: a root logger that the user's code configures would write every line twice.
     logger.setLevel(logging.INFO)

@@ -26,7 +26,7 @@ from elfes.files import write_text_atomically
 from ..errors import RunDamaged
 from .json_fields import read_record
 from .paths import RunPaths
-from .state_records import now
+from .state import now
 
 # How a snapshot came about: taken by `elfes submit` (or a sweep), kept by `elfes resume`, or taken afresh
 # by `elfes resume --code current`.

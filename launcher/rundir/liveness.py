@@ -20,7 +20,7 @@ from . import state as run_state
 from .command_group import ProcessStat, is_member, process_stat
 from .lost_cause import describe_lost
 from .paths import RunPaths
-from .state_records import RunStatus
+from .state import RunStatus
 from .task_files import cancel_requested, command_records
 
 # The module a local job's controller runs (``python -m MODULE RUN_DIR/submitit``): ELFES's, which records how

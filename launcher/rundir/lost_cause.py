@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import state as run_state
 from .paths import RunPaths
+from .task_files import LOG_LINE_PREFIX
 
 GENERIC = "killed, or its node failed"
 # Fewer bytes free than this and state.json (a few KiB, written beside itself and renamed) may not fit.
@@ -82,13 +83,10 @@ def _tail(file: Path) -> str:
         return ""
 
 
-_LOG_PREFIX = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ "  # "2026-12-05 14:03:07,512 ERROR "
-
-
 def _last_error_in(text: str, attempt: int) -> str | None:
-    # The runtime's line, after the time and level its logging puts first (launcher/job/job_log.py; none in logs
+    # The runtime's line, after the time and level its logging puts first (LOG_LINE_FORMAT; none in logs
     # written before it logged).
-    failures: list[str] = re.findall(rf"^(?:{_LOG_PREFIX})?elfes: attempt {attempt} failed on rank \d+: (.+)$", text,
+    failures: list[str] = re.findall(rf"^(?:{LOG_LINE_PREFIX})?elfes: attempt {attempt} failed on rank \d+: (.+)$", text,
                           flags=re.MULTILINE)
     if failures:
         return failures[-1].strip()

@@ -208,16 +208,21 @@ class RunState:
         """Failed attempts retried since the run was last handed over by hand (``elfes submit`` or ``resume``):
         ``requeue.max_failures`` caps them, and a resume after "fix the cause" grants the allowance again.
         0 while such a hand-over waits for its first start."""
-        if self.status in _HANDED_OVER and self.submissions and self.submissions[-1].kind != Launch.REQUEUE:
+        if self._hand_over_waits:
             return 0
         return failures_since_hand_over(self.attempts)
 
     @property
     def failures_counted_since(self) -> Launch:
         """The hand-over :attr:`failures_used` counts from: "submit" or "resume"."""
-        if self.submissions and self.submissions[-1].kind != Launch.REQUEUE and self.status in _HANDED_OVER:
+        if self._hand_over_waits:
             return self.submissions[-1].kind
         return next((a.launch for a in reversed(self.attempts) if a.launch != Launch.REQUEUE), Launch.SUBMIT)
+
+    @property
+    def _hand_over_waits(self) -> bool:
+        """An ``elfes submit`` or ``resume`` is recorded and its job has not started yet."""
+        return self.status in _HANDED_OVER and bool(self.submissions) and self.submissions[-1].kind != Launch.REQUEUE
 
     @property
     def excluded_hosts(self) -> tuple[str, ...]:

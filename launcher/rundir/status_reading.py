@@ -19,7 +19,7 @@ from ..slurm import SlurmQueue
 from . import state as run_state
 from .liveness import CONTROLLER_MODULES, TASK_MODULE, Liveness, liveness
 from .paths import RunPaths
-from .state_records import RunStatus
+from .state import RunStatus
 from .task_files import command_records
 
 HEAD_BYTES = 64 * 1024  # the start event (name, budget) is at the top

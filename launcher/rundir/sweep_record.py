@@ -23,7 +23,7 @@ from elfes.files import exclusive_lock, write_text_atomically
 from ..errors import RunDamaged
 from .json_fields import FieldError, read_record
 from .paths import RunPaths, SweepPaths
-from .state_records import now
+from .state import now
 
 FORMAT_VERSION = 1
 _FIELD_CHOICES = {"executor": ("local", "slurm"), "kind": ("submit", "resume")}

@@ -20,7 +20,7 @@ from ..slurm import SlurmQueue
 from . import state as run_state
 from .liveness import effective_state
 from .paths import RunPaths, SweepPaths
-from .state_records import RunStatus
+from .state import RunStatus
 from .status_reading import ProcessTable, needs_liveness, run_liveness, summary_from_ends
 from .sweep_record import MemberRecord, SweepRecord, load_sweep, stall
 

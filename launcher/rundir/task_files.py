@@ -17,6 +17,11 @@ from elfes.files import write_text_atomically
 from . import state as run_state
 from .paths import RunPaths, Stream
 
+# The in-job runtime's own lines in a rank's logs (launcher/job/job_log.py writes them, launcher/rundir/lost_cause.py
+# reads them back): "2026-12-05 14:03:07,512 ERROR elfes: attempt 2 failed on rank 1: ...".
+LOG_LINE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+LOG_LINE_PREFIX = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ "  # what LOG_LINE_FORMAT puts before the message
+
 
 def redirect_standard_streams(paths: RunPaths, *, attempt: int, rank: int) -> None:
     """Send this process's stdout and stderr (file descriptors 1 and 2, so children too) to the attempt's

@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .models import ENTRYPOINT_PATTERN, NAME_PATTERN, JobSpec
+from .models import JobSpec
+from .sections import ENTRYPOINT_PATTERN, NAME_PATTERN
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -30,42 +30,19 @@ from .file_checks import entrypoint_problem, run_dir_problem
 from .limits import control_character_problem
 from .resume_markers import FIXED, MAY_CHANGE, fixed_but
 from .sections import (
-    COMMAND_PLACEHOLDERS as COMMAND_PLACEHOLDERS,
-)
-from .sections import (
-    ENTRYPOINT_PATTERN as ENTRYPOINT_PATTERN,
-)
-from .sections import (
-    ENV_NAME_PATTERN as ENV_NAME_PATTERN,
-)
-from .sections import (
-    MANAGED_SBATCH_OPTIONS as MANAGED_SBATCH_OPTIONS,
-)
-from .sections import (
-    NAME_PATTERN as NAME_PATTERN,
-)
-from .sections import (
-    RESERVED_ENV_NAMES as RESERVED_ENV_NAMES,
-)
-from .sections import (
-    RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES,
-)
-from .sections import (
-    Requeue as Requeue,
-)
-from .sections import (
-    Resources as Resources,
-)
-from .sections import (
-    Slurm as Slurm,
-)
-from .sections import (
-    Snapshot as Snapshot,
-)
-from .sections import (
-    _error,
-    _one_line,
-    _Section,
+    COMMAND_PLACEHOLDERS,
+    ENTRYPOINT_PATTERN,
+    ENV_NAME_PATTERN,
+    NAME_PATTERN,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    Requeue,
+    Resources,
+    Section,
+    Slurm,
+    Snapshot,
+    field_error,
+    one_line,
 )
 from .sweep_model import Sweep
 
@@ -76,7 +53,7 @@ class SpecError(ElfesError, ValueError):
     exit_code = EXIT_BAD_INPUT
 
 
-class JobSpec(_Section):
+class JobSpec(Section):
     """One training job: code, configuration, resources, cluster options and requeue policy."""
 
     name: StrictStr = Field(
@@ -151,7 +128,7 @@ class JobSpec(_Section):
             raise PydanticCustomError("path_type", "must be a path (a string)")
         if not str(value).strip():
             raise PydanticCustomError("path_empty", "must not be empty")
-        _one_line(str(value))
+        one_line(str(value))
         return value
 
     @field_validator("workdir", "run_dir")
@@ -166,17 +143,17 @@ class JobSpec(_Section):
         errors = []
         for index, part in enumerate(command or ()):
             if "\x00" in part:  # the command is an argument list (no shell): only NUL cannot be passed
-                errors.append(_error((index,), part, "command_nul", "contains a NUL character, which no program "
+                errors.append(field_error((index,), part, "command_nul", "contains a NUL character, which no program "
                                      "argument can hold; remove it"))
                 continue
             try:
                 fields = [field for _, field, _, _ in string.Formatter().parse(part) if field is not None]
             except ValueError as error:
-                errors.append(_error((index,), part, "command_braces", f"{error}; write {{{{ and }}}} for literal braces"))
+                errors.append(field_error((index,), part, "command_braces", f"{error}; write {{{{ and }}}} for literal braces"))
                 continue
             unknown = [field for field in fields if field not in COMMAND_PLACEHOLDERS]
             if unknown:
-                errors.append(_error((index,), part, "command_placeholder",
+                errors.append(field_error((index,), part, "command_placeholder",
                                      f"unknown placeholder {{{unknown[0]}}}; use one of "
                                      + ", ".join(f"{{{k}}}" for k in COMMAND_PLACEHOLDERS)))
         if errors:
@@ -189,12 +166,12 @@ class JobSpec(_Section):
         errors = []
         for name, value in env.items():
             if not re.fullmatch(ENV_NAME_PATTERN, name):
-                errors.append(_error((name,), value, "env_name", "not a variable name (letters, digits, _)"))
+                errors.append(field_error((name,), value, "env_name", "not a variable name (letters, digits, _)"))
             elif name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
-                errors.append(_error((name,), value, "env_reserved",
+                errors.append(field_error((name,), value, "env_reserved",
                                      "set by the launcher in the job; remove it from env"))
             elif problem := control_character_problem(value):
-                errors.append(_error((name,), value, "control_character", problem))
+                errors.append(field_error((name,), value, "control_character", problem))
         if errors:
             raise ValidationError.from_exception_data("env", errors)
         return env
@@ -204,22 +181,22 @@ class JobSpec(_Section):
         errors = []
         if (self.entrypoint is None) == (self.command is None):
             given = "both" if self.entrypoint is not None else "neither"
-            errors.append(_error(("entrypoint",), self.entrypoint, "entrypoint_or_command",
+            errors.append(field_error(("entrypoint",), self.entrypoint, "entrypoint_or_command",
                                  f"give exactly one of entrypoint ('module:function') and command (a list); "
                                  f"this spec gives {given}"))
         if self.command is not None and self.requeue.hang_timeout_s is not None:
-            errors.append(_error(("requeue", "hang_timeout_s"), self.requeue.hang_timeout_s, "hang_timeout_command",
+            errors.append(field_error(("requeue", "hang_timeout_s"), self.requeue.hang_timeout_s, "hang_timeout_command",
                                  "the hang watchdog reads an entrypoint's trainer heartbeat, which a command job "
                                  "does not have; remove requeue.hang_timeout_s or run the training as an "
                                  "entrypoint ('module:function')"))
         limit_s = self.resources.timeout_min * 60
         if self.slurm.signal_delay_s >= limit_s:
-            errors.append(_error(("slurm", "signal_delay_s"), self.slurm.signal_delay_s, "signal_delay",
+            errors.append(field_error(("slurm", "signal_delay_s"), self.slurm.signal_delay_s, "signal_delay",
                                  f"must be below resources.timeout_min * 60 = {limit_s} s, or the job is signalled "
                                  "before it starts"))
         resources = self.resources
         if resources.gpus_per_node > 0 and resources.tasks_per_node != resources.gpus_per_node:
-            errors.append(_error(("resources", "tasks_per_node"), resources.tasks_per_node, "task_per_gpu",
+            errors.append(field_error(("resources", "tasks_per_node"), resources.tasks_per_node, "task_per_gpu",
                                  f"with gpus_per_node: {resources.gpus_per_node} every task drives one GPU; "
                                  f"set tasks_per_node: {resources.gpus_per_node}"))
         if not errors and (info.context or {}).get("check_files"):
@@ -233,15 +210,15 @@ class JobSpec(_Section):
         imported), the run directory can be created. Nothing is created."""
         if not self.workdir.is_dir():
             what = "is not a folder" if self.workdir.exists() else "does not exist"
-            return [_error(("workdir",), str(self.workdir), "workdir", f"{what}; give the folder holding the code")]
+            return [field_error(("workdir",), str(self.workdir), "workdir", f"{what}; give the folder holding the code")]
         errors = []
         if self.entrypoint is not None:
             problem = entrypoint_problem(self.entrypoint, self.workdir)
             if problem:
-                errors.append(_error(("entrypoint",), self.entrypoint, "entrypoint_not_found", problem))
+                errors.append(field_error(("entrypoint",), self.entrypoint, "entrypoint_not_found", problem))
         problem = run_dir_problem(self.run_dir)
         if problem:
-            errors.append(_error(("run_dir",), str(self.run_dir), "run_dir", problem))
+            errors.append(field_error(("run_dir",), str(self.run_dir), "run_dir", problem))
         return errors
 
     # -- what the executors and the runtime need -------------------------------------------------

@@ -67,7 +67,7 @@ MANAGED_SBATCH_OPTIONS: dict[str, str] = {
 _Value = TypeVar("_Value")
 
 
-def _one_line(value: _Value) -> _Value:
+def one_line(value: _Value) -> _Value:
     if isinstance(value, str):
         problem = control_character_problem(value)
         if problem:
@@ -75,11 +75,11 @@ def _one_line(value: _Value) -> _Value:
     return value
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Resources(_Section):
+class Resources(Section):
     """What one attempt of the job gets from the cluster (or from this machine)."""
 
     nodes: StrictInt = Field(
@@ -114,7 +114,7 @@ class Resources(_Section):
     )
 
 
-class Slurm(_Section):
+class Slurm(Section):
     """SLURM options. Ignored by the local executor, except ``signal_delay_s``."""
 
     partition: StrictStr | None = Field(None, min_length=1, description="SLURM partition, or null for the default.")
@@ -139,7 +139,7 @@ class Slurm(_Section):
     @field_validator("partition", "account", "qos", "constraint")
     @classmethod
     def _one_line_option(cls, value: str | None) -> str | None:
-        return _one_line(value)
+        return one_line(value)
 
     @field_validator("setup")
     @classmethod
@@ -151,7 +151,7 @@ class Slurm(_Section):
                 problem = ("sbatch would read this comment as a directive (the script's commands start later); "
                            "give sbatch options in slurm.additional")
             if problem:
-                errors.append(_error((index,), line, "setup_line", problem))
+                errors.append(field_error((index,), line, "setup_line", problem))
         if errors:
             raise ValidationError.from_exception_data("setup", errors)
         return lines
@@ -165,23 +165,23 @@ class Slurm(_Section):
         for key, value in additional.items():
             option = str(key).replace("_", "-")
             if value is not True and (isinstance(value, bool) or not isinstance(value, (str, int))):
-                errors.append(_error((key,), value, "sbatch_value",
+                errors.append(field_error((key,), value, "sbatch_value",
                                      "must be a string, an integer, or true for a bare flag (omit the option instead "
                                      "of false)"))
             elif not re.fullmatch(r"[a-z][a-z0-9-]*", option):
-                errors.append(_error((key,), value, "sbatch_option", "not an sbatch option name; "
+                errors.append(field_error((key,), value, "sbatch_option", "not an sbatch option name; "
                                      "use the long name without dashes, e.g. mail-type"))
             elif option in MANAGED_SBATCH_OPTIONS:
-                errors.append(_error((key,), value, "managed_option",
+                errors.append(field_error((key,), value, "managed_option",
                                      f"--{option} is set by {MANAGED_SBATCH_OPTIONS[option]}; remove it here"))
             elif isinstance(value, str) and (problem := control_character_problem(value)):
-                errors.append(_error((key,), value, "control_character", problem))
+                errors.append(field_error((key,), value, "control_character", problem))
         if errors:
             raise ValidationError.from_exception_data("Slurm", errors)
         return additional
 
 
-class Requeue(_Section):
+class Requeue(Section):
     """How often a preempted, timed-out, failed or hung job comes back."""
 
     max_requeues: StrictInt = Field(
@@ -226,7 +226,7 @@ class Requeue(_Section):
     )
 
 
-class Snapshot(_Section):
+class Snapshot(Section):
     """The copy of workdir that every attempt runs (RUN_DIR/code/<N>/, taken at submission): a git work tree's
     tracked files plus its untracked files that are not ignored, else the whole folder."""
 
@@ -255,12 +255,12 @@ class Snapshot(_Section):
             if problem is None and (not pattern.strip() or pattern.startswith("/") or ".." in Path(pattern).parts):
                 problem = "must be a non-empty pattern relative to workdir, without a leading / or .."
             if problem:
-                errors.append(_error((index,), pattern, "snapshot_pattern", problem))
+                errors.append(field_error((index,), pattern, "snapshot_pattern", problem))
         if errors:
             raise ValidationError.from_exception_data("snapshot", errors)
         return patterns
 
 
-def _error(loc: tuple[str | int, ...], value: Any, kind: str, message: str) -> InitErrorDetails:
+def field_error(loc: tuple[str | int, ...], value: Any, kind: str, message: str) -> InitErrorDetails:
     # Without a context PydanticCustomError leaves its template as it is: braces stay literal.
     return InitErrorDetails(type=PydanticCustomError(kind, message), loc=loc, input=value)

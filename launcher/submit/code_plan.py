@@ -22,7 +22,7 @@ from ..rundir.code_record import CodeRecord, fingerprint, load_code_record, new_
 from ..rundir.paths import RunPaths
 from ..rundir.state import RunDamaged
 from ..spec import JobSpec
-from ..spec.models import Snapshot
+from ..spec.sections import Snapshot
 from .continuation import has_checkpoints
 from .handover import RunDirUndo
 from .snapshot import Selection, SnapshotError, changed_files, check_size, next_folder, prune, select, take

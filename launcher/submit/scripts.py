@@ -17,7 +17,8 @@ from typing import Any
 
 from ..rundir.liveness import LOCAL_CONTROLLER_MODULE
 from ..rundir.paths import RunPaths
-from ..spec.models import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, JobSpec
+from ..spec.models import JobSpec
+from ..spec.sections import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 
 # Variables of a surrounding job that must not leak into a job this process submits (a local job's
 # rank 0 resubmits past submitit's start limit from inside the job).

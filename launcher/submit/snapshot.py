@@ -39,7 +39,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..spec.models import Snapshot, SpecError
+from ..spec.models import SpecError
+from ..spec.sections import Snapshot
 
 GIT_TIMEOUT_S = 60.0
 ALWAYS_LEFT_OUT = (".git", "__pycache__", "*.pyc")  # in a folder that is not a git work tree

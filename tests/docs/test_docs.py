@@ -195,7 +195,8 @@ def test_the_snapshot_section_of_the_guide_validates_with_its_defaults(tmp_path)
     import yaml
 
     from elfes.launcher.rundir.paths import RunPaths
-    from elfes.launcher.spec.models import JobSpec, Snapshot
+    from elfes.launcher.spec.models import JobSpec
+    from elfes.launcher.spec.sections import Snapshot
 
     section = yaml.safe_load(block("run-directory/snapshot").text)
     spec = JobSpec.model_validate({"name": "demo", "entrypoint": "train:main", "run_dir": str(tmp_path), **section})

@@ -29,7 +29,7 @@ from elfes.launcher.rundir.code_record import load_code_record, new_code_record,
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.rundir.provenance import Provenance, environment_changes
 from elfes.launcher.spec import load_spec
-from elfes.launcher.spec.models import Snapshot
+from elfes.launcher.spec.sections import Snapshot
 from elfes.launcher.submit.code_plan import plan_resume
 from elfes.launcher.submit.snapshot import SnapshotTooLarge, check_size, select, take
 

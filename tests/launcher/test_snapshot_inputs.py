@@ -20,7 +20,7 @@ from elfes.launcher.job.provenance import collect
 from elfes.launcher.rundir.code_record import load_code_record, new_code_record, save_code_record
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec import load_spec
-from elfes.launcher.spec.models import Snapshot
+from elfes.launcher.spec.sections import Snapshot
 from elfes.launcher.submit.code_plan import carry_out, plan_resume
 from elfes.launcher.submit.handover import RunDirUndo
 from elfes.launcher.submit.snapshot import select, take
