@@ -14,8 +14,6 @@ A field without a declaration, on itself or its section, fails a test. Torch-fre
 
 from __future__ import annotations
 
-import types
-import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +21,7 @@ from pydantic import BaseModel
 
 from .models import JobSpec
 from .resume_markers import CHANGEABLE_KEYS, ON_RESUME
+from .sections import section_model
 
 
 def _declared(field: Any) -> dict[str, Any]:
@@ -30,20 +29,12 @@ def _declared(field: Any) -> dict[str, Any]:
     return extra if isinstance(extra, dict) and ON_RESUME in extra else {}
 
 
-def _section(annotation: Any) -> type[BaseModel] | None:
-    """The model of a section field (also one that may be off or null: ``Snapshot | Literal[False]``)."""
-    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (
-        annotation,)
-    sections = [option for option in options if isinstance(option, type) and issubclass(option, BaseModel)]
-    return sections[0] if len(sections) == 1 else None
-
-
 def rules(model: type[BaseModel] | None = None, prefix: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
     """(dotted path, declaration) of every field that declares its rule; a section's undeclared fields are
     listed under it. ValueError names a field that declares nothing (nor its section)."""
     for name, field in (model or JobSpec).model_fields.items():
         declared = _declared(field)
-        section = _section(field.annotation)
+        section = section_model(field.annotation)
         if declared:
             yield f"{prefix}{name}", declared
         elif section is not None:
@@ -95,7 +86,7 @@ def reference_lists() -> str:
 def _is_section(path: str) -> bool:
     model: Any = JobSpec
     for part in path.split("."):
-        model = _section(model.model_fields[part].annotation)
+        model = section_model(model.model_fields[part].annotation)
         if model is None:
             return False
     return True

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .models import JobSpec
-from .sections import ENTRYPOINT_PATTERN, NAME_PATTERN
+from .sections import ENTRYPOINT_PATTERN, NAME_PATTERN, section_model
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -55,14 +53,9 @@ def _declared(loc: Sequence[str | int]) -> tuple[tuple[str | int, ...], Any, typ
             break
         field = model.model_fields[part]
         found = tuple(loc[: index + 1])
-        annotation = field.annotation
-        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-            # An optional section (``sweep: Sweep | None``) or one that may be off (``snapshot: Snapshot | False``)
-            # is described as the section.
-            sections = [option for option in typing.get_args(annotation)
-                        if isinstance(option, type) and issubclass(option, BaseModel)]
-            annotation = sections[0] if len(sections) == 1 else annotation
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        # An optional section (``sweep: Sweep | None``) or one that may be off (``snapshot: Snapshot | False``)
+        # is described as the section.
+        model = section_model(field.annotation)
     return found, field, (model if len(found) == len(loc) else None)
 
 

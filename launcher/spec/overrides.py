@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from .loading import read_spec_data, validate_spec_data
 from .models import JobSpec, SpecError
+from .sections import section_model
 
 MAX_VALUE_CHARS = 4096
 # Mappings whose keys the user chooses: --set may add keys there.
@@ -98,10 +99,10 @@ def _section_model(path: tuple[str, ...]) -> type[BaseModel] | None:
     model: type[BaseModel] = JobSpec
     for part in path:
         field = model.model_fields.get(part)
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        section = section_model(field.annotation) if field is not None else None
+        if section is None:
             return None
-        model = annotation
+        model = section
     return model
 
 

@@ -4,6 +4,8 @@ fields follow; launcher/spec/models.py's ``JobSpec`` holds them. Torch-free."""
 from __future__ import annotations
 
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -264,3 +266,12 @@ class Snapshot(Section):
 def field_error(loc: tuple[str | int, ...], value: Any, kind: str, message: str) -> InitErrorDetails:
     # Without a context PydanticCustomError leaves its template as it is: braces stay literal.
     return InitErrorDetails(type=PydanticCustomError(kind, message), loc=loc, input=value)
+
+
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a section field's annotation: ``Resources``, and also one that may be off or absent
+    (``Snapshot | Literal[False]``, ``Sweep | None``); None for any other field."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (
+        annotation,)
+    sections = [option for option in options if isinstance(option, type) and issubclass(option, BaseModel)]
+    return sections[0] if len(sections) == 1 else None
