@@ -13,7 +13,7 @@ Torch-free: ``submit`` and ``resume`` run on a login node.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from ..spec import JobSpec, read_spec_data, validate_spec_data
 from ..spec.overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
 from ..submit import executors
 from ..submit.code_plan import CodePlan, plan_resume, plan_submit
-from ..submit.transaction import HandedOver, changes, hand_over_run, read_recorded_spec
+from ..submit.transaction import changes, hand_over_run, read_recorded_spec
 
 
 @dataclass(frozen=True)
@@ -45,21 +45,15 @@ class Submitted:
     warnings: tuple[str, ...] = ()  # of the code: files left out as secrets, other code continuing the checkpoints
 
 
-def _describe(spec: JobSpec, paths: RunPaths, executor: str) -> Callable[[HandedOver], str]:
-    """What a stop signal that arrived during the hand-over says was handed over first."""
-    return lambda done: (f"{spec.name} was handed over first: {done.state.executor if done.adopted else executor} job "
-                         f"{done.state.job_id} runs (elfes status {paths.run_dir}; elfes cancel stops it)")
-
-
 def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan,
                  include_nodes: bool = False) -> Submitted:
     """The hand-over (launcher/submit/transaction.py), its outcome as the verbs report it."""
     done = hand_over_run(spec, paths, executor, kind, source, code, JobRuntime(str(paths.run_dir)),
-                         include_nodes=include_nodes, describe=_describe(spec, paths, executor))
+                         include_nodes=include_nodes)
     if done.adopted:
         return Submitted(paths.run_dir, spec.name, done.state.executor, done.state.job_id, done.state.status, True,
                          adopted=True)
-    return Submitted(paths.run_dir, spec.name, executor, done.state.job_id, done.state.status,
+    return Submitted(paths.run_dir, spec.name, done.state.executor, done.state.job_id, done.state.status,
                      done.changed is not None, changed=done.changed or (), code=done.code, warnings=code.warnings)
 
 

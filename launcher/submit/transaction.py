@@ -242,11 +242,11 @@ class HandedOver:
 
 
 def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan, task: Any,
-                  *, include_nodes: bool = False, describe: Callable[[HandedOver], str]) -> HandedOver:
+                  *, include_nodes: bool = False) -> HandedOver:
     """Hand one run over (``kind``: "submit" or "resume"), under the lock, with stop signals deferred; every
     change undone when refused. ``task``: the job's callable. ``include_nodes``: the nodes the run excluded after
-    failures are allowed again first. ``describe``: what a stop signal that arrived meanwhile says was handed over
-    (:class:`Interrupted`, raised once the hand-over is recorded)."""
+    failures are allowed again first. A stop signal that arrived meanwhile raises :class:`Interrupted` once the
+    hand-over is recorded, saying what was handed over."""
     with signals_deferred() as arrived:
         undo = RunDirUndo(paths)
         handed_over = False
@@ -258,7 +258,7 @@ def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sour
                     handed_over = True
                     assert run.state is not None
                     result = HandedOver(run.state, changed, adopted=True)
-                    return _finish(arrived, result, describe)
+                    return _finish(arrived, result, spec, paths)
                 if include_nodes:
                     run.include_nodes()
                 # Recorded before anything else is written: a refusal (a finished run) leaves the folder as it
@@ -291,12 +291,13 @@ def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sour
                                       "was") from None
             raise
     described = record.describe() if record is not None and code.note is None else code.note
-    return _finish(arrived, HandedOver(state, changed, code=described), describe)
+    return _finish(arrived, HandedOver(state, changed, code=described), spec, paths)
 
 
-def _finish(arrived: list[int], result: HandedOver, describe: Callable[[HandedOver], str]) -> HandedOver:
+def _finish(arrived: list[int], result: HandedOver, spec: JobSpec, paths: RunPaths) -> HandedOver:
     if arrived:
-        raise Interrupted(arrived[0], describe(result))
+        raise Interrupted(arrived[0], f"{spec.name} was handed over first: {result.state.executor} job "
+                                      f"{result.state.job_id} runs (elfes status {paths.run_dir}; elfes cancel stops it)")
     return result
 
 
