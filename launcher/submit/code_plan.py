@@ -94,10 +94,10 @@ def _other_code(paths: RunPaths | None, selection: Selection) -> str | None:
         return "code whose record cannot be read"
     if record is None:
         return "the workdir as it was (no code snapshot)"
-    if Path(record.path).is_dir():
-        same = not changed_files(Path(record.path), selection)
-    else:
-        same = record.fingerprint is not None and record.fingerprint == fingerprint(selection.workdir, selection.files)
+    if record.fingerprint is not None:  # one read of the workdir's files, none of the snapshot's
+        same = record.fingerprint == fingerprint(selection.workdir, selection.files)
+    else:  # a record from before fingerprints: compare with its folder, where it still is
+        same = Path(record.path).is_dir() and not changed_files(Path(record.path), selection)
     return None if same else record.describe()
 
 
