@@ -178,18 +178,20 @@ def _attempt_cause(context: AttemptContext, report: FailureReport) -> _Cause:
     return _Cause(cause, reports, hosts)
 
 
-def _task_gone(record: dict[str, Any] | None, *, host: str) -> bool:
-    """Whether the task of a pid record (``RunPaths.pid_file``) is known to have ended: one on ``host`` (this
-    task's) only."""
+def _local_pid(record: dict[str, Any] | None, host: str) -> int | None:
+    """The pid of a pid record (``RunPaths.pid_file``) of a task on ``host`` (this task's), else None."""
     if record is None or record.get("host") != host or not isinstance(record.get("pid"), int):
+        return None
+    return int(record["pid"])
+
+
+def _task_gone(record: dict[str, Any] | None, *, host: str) -> bool:
+    """Whether the task of a pid record is known to have ended (a zombie too): one on ``host`` only."""
+    pid = _local_pid(record, host)
+    if pid is None:
         return False
-    try:
-        os.kill(record["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    process = process_stat(pid)
+    return process is None or not process.live
 
 
 def publish_failure(paths: RunPaths, attempt: int, report: FailureReport, *, world_size: int) -> None:
@@ -210,15 +212,15 @@ def awaited_exit_status(paths: RunPaths, start: Start, record: dict[str, Any] | 
     it: its exit code, or minus the signal that killed it. Waits up to :data:`EXIT_STATUS_WAIT_S` while the task has
     exited but is not recorded yet. None on SLURM (srun is the tasks' parent), for a task on another host or still
     running, or when nothing was recorded in time."""
-    if start.executor != "local" or record is None or record.get("host") != start.host \
-            or not isinstance(record.get("pid"), int) or not isinstance(record.get("rank"), int):
+    pid = _local_pid(record, start.host)
+    if start.executor != "local" or pid is None or record is None or not isinstance(record.get("rank"), int):
         return None
     deadline = time.monotonic() + EXIT_STATUS_WAIT_S
     while True:
-        returncode = task_exit_status(paths, record["rank"], job_id=start.job_id, pid=record["pid"])
+        returncode = task_exit_status(paths, record["rank"], job_id=start.job_id, pid=pid)
         if returncode is not None:
             return returncode
-        process = process_stat(record["pid"])
+        process = process_stat(pid)
         if (process is not None and process.live) or time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
