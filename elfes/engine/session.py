@@ -9,7 +9,6 @@ parts of the trainer it is handed when the call begins.
 from __future__ import annotations
 
 import functools
-import math
 import time
 import uuid
 import warnings
@@ -23,7 +22,6 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from elfes.contract import EARLY_STOPPING, Phase, Pointer, SaveReason, WarningKind
-from elfes.files import check_writable_directory
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError
 
@@ -34,7 +32,7 @@ from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epo
 from .loss import LossPath
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
 from .publish import BackgroundWriter, HostBuffers, publish
-from .schedule import schedule_horizons
+from .resumption import check_schedule_horizons, checkpoint_dir_problem, repair_pointers
 from .stop import StopRequest, decisive_reason
 from .window import Scheduler, UpdateRule, WindowResult
 
@@ -72,13 +70,14 @@ class TrainingSession:
         self.world_size = accelerator.num_processes
         self._stop_announced = False
 
-    # ----------------------------------------------------------------------------------------
-    # Start
+    # Start -------------------------------------------------------------------------------------
 
     def start(self, resume_from: Path | None, metadata: Mapping[str, Any]) -> None:
         """Check the checkpoint folder, restore or seed the run, and log ``started`` or ``resumed``."""
         if self.directory is not None:
-            self._agree_on_error(self._checkpoint_dir_problem(fresh=resume_from is None and self.state.batches == 0))
+            fresh = resume_from is None and self.state.batches == 0
+            problem = checkpoint_dir_problem(self.directory, fresh=fresh) if self.accelerator.is_main_process else None
+            self._agree_on_error(problem)
         resumed_from = None
         if resume_from is not None:
             resumed_from = self._restore(Path(resume_from))
@@ -99,22 +98,6 @@ class TrainingSession:
         if not self.budget_spent():
             self._forget_unscheduled_final_evaluation()
 
-    def _checkpoint_dir_problem(self, *, fresh: bool) -> str | None:
-        if not self.accelerator.is_main_process:
-            return None
-        try:
-            check_writable_directory(self.directory.path, what="checkpoint_dir")
-        except ValueError as error:
-            return str(error)
-        if fresh and self.directory.checkpoints():
-            path = self.directory.path
-            return (
-                f"checkpoint_dir {path} already holds checkpoints, so this fresh start would mix two runs. Continue "
-                f"the run they belong to with resume_from={path / 'last'} (which falls back to the newest complete "
-                "checkpoint when a kill left `last` missing), or give this run an empty directory."
-            )
-        return None
-
     def _agree_on_error(self, message: str | None) -> None:
         """Raise ``message`` (the main process's finding) on every rank, so that no rank waits alone."""
         message = main_process_value(message, self.accelerator)
@@ -128,42 +111,10 @@ class TrainingSession:
         payload = self.checkpointer.restore(source)
         resolved = source.resolve()
         self.restored = (resolved, payload["state"], payload["progress"])
-        self._check_schedule_horizons(resolved)
-        self._repair_pointers(resolved)
+        check_schedule_horizons(self.scheduler, self.budget, self.config.scheduler_interval, resolved)
+        if self.directory is not None and self.accelerator.is_main_process:
+            repair_pointers(self.directory, resolved, self._best_file())
         return str(resolved)
-
-    def _check_schedule_horizons(self, restored: Path) -> None:
-        """Warn where a restored schedule ends elsewhere than this budget (it was built over another one);
-        refuse a ``OneCycleLR`` that this budget would step past its end, which torch refuses mid-run."""
-        unit = "step" if self.config.scheduler_interval == "step" else "epoch"
-        planned = self.budget.planned_steps
-        if unit == "epoch":
-            planned = math.ceil(planned / self.budget.updates_per_epoch)
-        for horizon in schedule_horizons(self.scheduler):
-            if horizon.steps == planned:
-                continue
-            built = f"The {horizon.kind} restored from {restored} ends at {unit} {horizon.steps} ({horizon.field})"
-            if horizon.kind == "OneCycleLR" and horizon.steps < planned:
-                raise ConfigurationError(
-                    f"{built}, but this run now plans {planned} {unit}s, and torch's OneCycleLR cannot step past its "
-                    f"end. Keep the budget at {horizon.steps} {unit}s or fewer, or start a new run from its weights.")
-            warnings.warn(
-                f"{built}, but this run now plans {planned} {unit}s. The checkpoint's schedule is kept, as exact "
-                f"continuation requires; to schedule over the new budget, start a new run from its weights.",
-                stacklevel=5,
-            )
-
-    def _repair_pointers(self, restored: Path) -> None:
-        """Point ``best`` at the state's best checkpoint and ``last`` at the restored one when a kill
-        between two pointer updates left them stale (no file is touched when they are right)."""
-        if self.directory is None or not self.accelerator.is_main_process:
-            return
-        best = self._best_file()
-        if best is not None and best.exists():
-            self.directory.point(Pointer.BEST, best)
-        last = self.directory.pointer(Pointer.LAST)
-        if not last.exists() and restored.parent == self.directory.path.resolve():
-            self.directory.point(Pointer.LAST, restored)
 
     def _best_file(self) -> Path | None:
         name = self.progress.best_checkpoint
@@ -174,8 +125,7 @@ class TrainingSession:
         flag = torch.tensor(1.0 if self.stop.reason is not None else 0.0, dtype=torch.float64, device=self.accelerator.device)
         return bool(sum_over_ranks(flag, self.accelerator) > 0)
 
-    # ----------------------------------------------------------------------------------------
-    # Policy
+    # Policy ------------------------------------------------------------------------------------
 
     def budget_spent(self) -> bool:
         return self.budget.spent(self.state)
@@ -201,8 +151,7 @@ class TrainingSession:
     def position(self) -> list[int]:
         return [self.state.step, self.state.batches]
 
-    # ----------------------------------------------------------------------------------------
-    # Windows and boundaries
+    # Windows and boundaries --------------------------------------------------------------------
 
     def announce_stop(self) -> None:
         """Log ``stop_signal`` once, as soon as a stop request is seen (between microbatches, or at the pause)."""
@@ -304,8 +253,7 @@ class TrainingSession:
         message = str(error) or repr(error)
         self.log("failed", exception=type(error).__name__, message=message, **self._where())
 
-    # ----------------------------------------------------------------------------------------
-    # Evaluation and the monitor
+    # Evaluation and the monitor ----------------------------------------------------------------
 
     def _evaluate_and_monitor(self, *, checkpoint_due: bool) -> tuple[bool, bool | None]:
         """Evaluate (EMA weights when EMA is on) and update the monitor.
@@ -351,8 +299,7 @@ class TrainingSession:
         if self.accelerator.is_main_process and best is not None and best.exists():
             self.directory.point(Pointer.BEST, best)
 
-    # ----------------------------------------------------------------------------------------
-    # Checkpoints
+    # Checkpoints -------------------------------------------------------------------------------
 
     def save(self, *, reason: str, best: bool = False, final: bool = False) -> None:
         """Publish this position's checkpoint: in the background for interval and best checkpoints when
@@ -409,8 +356,7 @@ class TrainingSession:
             return False
         return self.restored[1:] == (self.state.state_dict(), self.progress.state_dict())
 
-    # ----------------------------------------------------------------------------------------
-    # Run records
+    # Run records -------------------------------------------------------------------------------
 
     def warn(self, kind: WarningKind, message: str) -> None:
         """Warn the user of what the run cannot do exactly or cheaply (main process), and record it as a
