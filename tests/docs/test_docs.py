@@ -457,6 +457,9 @@ def test_the_benchmark_command_shows_progress_then_prints_its_table_and_writes_j
     assert {row["benchmark"] for row in rows} == set(benchmarks)
     assert any(row["case"] == "tiny, 2 ranks" for row in rows)
     assert any("async" in row["measure"] for row in rows if row["benchmark"] == "checkpoint")
+    differences = {row["case"]: row["details"]["max_parameter_difference_vs_hand"] for row in rows
+                   if "max_parameter_difference_vs_hand" in (row.get("details") or {})}
+    assert differences["tiny"] == differences["tiny+augment"] == differences["tiny+eval+ema"] == 0.0, differences
     (skipped,) = [row for row in rows if row["measure"].startswith("samples of skipped batches")]
     assert skipped["result"] == 0 and skipped["holds"] is True
 
