@@ -405,5 +405,9 @@ def test_a_one_node_job_that_hangs_is_requeued_onto_the_other_host_and_resumes_b
     assert f"SLURM job {state.job_id} leaves out {first} when it starts again (ExcNodeList" in logs
     shown = elfes(slurm_two_hosts, "status", str(run_dir)).stdout
     assert f"node {first} excluded after attempt 1 failed there (hang: " in shown, shown
+    # every rank recorded the host it ran on; gloo's order does not follow the host: the move is not a threat
+    assert [[(place.host, place.device) for place in attempt.rank_places] for attempt in state.attempts] == [
+        [(first, "cpu")] * 2, [(second, "cpu")] * 2]
+    assert "on another host or GPU" not in shown, shown
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
     assert_runs_bitwise_equal(run_dir, expected)
