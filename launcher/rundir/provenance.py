@@ -120,7 +120,7 @@ class RankPlace:
     def describe(self) -> str:
         """``node-a cuda:0 (GPU-5f..., 0000:1b:00.0)``."""
         ids = ", ".join(value for value in (self.gpu_uuid, self.pci_bus_id) if value)
-        return f"{self.host} {self.device or 'a device not looked into'}" + (f" ({ids})" if ids else "")
+        return f"{self.host} {self.device or '(device not looked into)'}" + (f" ({ids})" if ids else "")
 
     @property
     def on_gpu(self) -> bool:
@@ -154,9 +154,13 @@ def place_changes(before: tuple[RankPlace, ...], after: tuple[RankPlace, ...], *
     host or device: NCCL's reduction order follows the rank-to-GPU map and the topology. A rank on a CPU in both
     is not named: gloo adds in an order set by the ranks and the sizes, not by the host."""
     old = {place.rank: place for place in before}
-    moved = [(old[place.rank], place) for place in after if place.rank in old and old[place.rank] != place
-             and (old[place.rank].on_gpu or place.on_gpu) and None not in (old[place.rank].device, place.device)
-             and rank in (None, place.rank)]
+    moved = []
+    for place in after:
+        was = old.get(place.rank)
+        if was is None or was == place or rank not in (None, place.rank):
+            continue
+        if (was.on_gpu or place.on_gpu) and None not in (was.device, place.device):  # a device not looked into: unknown
+            moved.append((was, place))
     if not moved:
         return []
     shown = "; ".join(f"rank {new.rank}: {was.describe()} -> {new.describe()}" for was, new in moved[:4])
