@@ -43,11 +43,12 @@ def attempt(number: int, **fields) -> run_state.Attempt:
 
 
 def test_a_changed_nccl_variable_or_version_is_a_threat_and_other_variables_are_not_recorded(monkeypatch, tmp_path):
+    for name in NCCL_ORDER_VARIABLES:  # whatever this machine sets
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NCCL_ALGO", "Ring")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")  # says what NCCL does, changes nothing of its order: not recorded
     (tmp_path / "nccl.conf").write_text("NCCL_PROTO=LL\n")
     monkeypatch.setenv("NCCL_CONF_FILE", str(tmp_path / "nccl.conf"))  # NCCL's own file: not read
-    monkeypatch.delenv("NCCL_PROTO", raising=False)
     before = collect(code=None, gpus=True)
     assert before.nccl is None and before.nccl_env == {"NCCL_ALGO": "Ring"}  # a CPU build: no NCCL
     monkeypatch.setenv("NCCL_ALGO", "Tree")
@@ -137,7 +138,7 @@ def test_a_run_resumed_with_another_nccl_algo_records_every_rank_and_warns(runs:
     assert elfes(["resume", str(run_dir), "--set", "config.epochs=2", "--set", "env.NCCL_ALGO=Tree"]) == 0
     state = wait_ended(run_dir, "finished")
     assert [a.outcome for a in state.attempts] == ["finished", "finished"]
-    assert [a.provenance.nccl_env for a in state.attempts] == [{"NCCL_ALGO": "Ring"}, {"NCCL_ALGO": "Tree"}]
+    assert [a.provenance.nccl_env.get("NCCL_ALGO") for a in state.attempts] == ["Ring", "Tree"]
     assert [a.provenance.nccl for a in state.attempts] == [None, None]
     assert [(p.rank, p.host, p.device) for p in state.attempts[1].rank_places] == [(0, host, "cpu"), (1, host, "cpu")]
 
