@@ -2,8 +2,8 @@
 launcher/rundir/provenance.py): the NCCL version, the NCCL variables that choose the order, and where every rank
 computes; a change between attempts is named as a threat to a bitwise resume on GPUs, and never stops the run.
 
-The records compared are the ones this process collects (a CPU build: no NCCL, every rank on "cpu"), changed
-as another attempt would record them; end to end, a two-rank local job resumed with another ``NCCL_ALGO``.
+The records compared are the ones this process collects for a job on the CPU (no NCCL, every rank on
+"cpu"), changed as another attempt would record them; end to end, a two-rank local job resumed with another ``NCCL_ALGO``.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ def test_a_changed_nccl_variable_or_version_is_a_threat_and_other_variables_are_
     monkeypatch.setenv("NCCL_DEBUG", "INFO")  # says what NCCL does, changes nothing of its order: not recorded
     (tmp_path / "nccl.conf").write_text("NCCL_PROTO=LL\n")
     monkeypatch.setenv("NCCL_CONF_FILE", str(tmp_path / "nccl.conf"))  # NCCL's own file: not read
-    before = collect(code=None, gpus=True)
-    assert before.nccl is None and before.nccl_env == {"NCCL_ALGO": "Ring"}  # a CPU build: no NCCL
+    before = collect(code=None, gpus=False)
+    assert before.nccl is None and before.nccl_env == {"NCCL_ALGO": "Ring"}  # a job on the CPU: no NCCL
     monkeypatch.setenv("NCCL_ALGO", "Tree")
     monkeypatch.setenv("NCCL_PROTO", "Simple")
-    after = collect(code=None, gpus=True)
+    after = collect(code=None, gpus=False)
     assert after.nccl_env == {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"} and "NCCL_ALGO=Tree" in after.describe()
 
     changes = environment_changes(two_attempts(attempt(1, provenance=before), attempt(2, provenance=after)))
@@ -70,9 +70,9 @@ def test_a_changed_nccl_variable_or_version_is_a_threat_and_other_variables_are_
 
 
 def test_a_gpu_rank_on_another_host_or_gpu_is_a_threat_and_a_cpu_rank_on_another_host_is_not():
-    here = [rank_place(rank=rank, local_rank=rank, host=socket.gethostname(), gpus=True) for rank in (0, 1)]
+    here = [rank_place(rank=rank, local_rank=rank, host=socket.gethostname(), gpus=False) for rank in (0, 1)]
     assert [(place.rank, place.host, place.device) for place in here] == [
-        (0, socket.gethostname(), "cpu"), (1, socket.gethostname(), "cpu")]  # no CUDA here: both on the CPU
+        (0, socket.gethostname(), "cpu"), (1, socket.gethostname(), "cpu")]  # a job on the CPU
     elsewhere = tuple(dataclasses.replace(place, host="node-b") for place in here)
     # gloo adds in an order the host does not change: the move is recorded, and named nowhere
     assert not environment_changes(two_attempts(attempt(1, rank_places=tuple(here)),
@@ -99,6 +99,12 @@ def test_state_json_keeps_each_rank_s_place_whichever_rank_records_first(tmp_pat
         run_state.update_state(paths, lambda s, place=place: run_state.record_rank_place(s, token=token, place=place))
     assert [(p.rank, p.host, p.device) for p in run_state.load_state(paths).attempts[0].rank_places] == [
         (0, "node-0", "cpu"), (1, "node-1", "cpu")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here: the GPU case below runs instead")
+def test_without_cuda_a_job_asking_for_gpus_records_the_cpu_and_no_nccl():
+    assert rank_place(rank=0, local_rank=0, host="here", gpus=True).device == "cpu"
+    assert collect(code=None, gpus=True).nccl is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the GPU's UUID, PCI bus id and NCCL version")
