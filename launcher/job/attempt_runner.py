@@ -20,7 +20,7 @@ from typing import Any
 
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
-from ..rundir.provenance import changes_at
+from ..rundir.provenance import changes_at, place_changes_at
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from ..spec import JobSpec
 from .attempt_context import AttemptContext
@@ -31,7 +31,7 @@ from .entrypoint import Job, load_entrypoint, release_process_group
 from .failed_attempt import FailurePath
 from .failures import FailureReport
 from .outcome import Decision, decide
-from .provenance import collect
+from .provenance import collect, rank_place
 from .resume_point import resume_point
 from .signals import SignalFlags
 from .watchdog import HangWatchdog, end_stuck_peers
@@ -125,7 +125,7 @@ class AttemptRunner:
         if spec.entrypoint is None:  # the spec's validation makes a job either an entrypoint or a command
             raise ValueError(f"{context.paths.spec}: neither entrypoint nor command is set; give one of them")
         main = load_entrypoint(spec.entrypoint)
-        self._record_provenance()  # torch is imported now: its versions, threads and device are known
+        self._record_provenance(spec)  # torch is imported now: its versions, threads and device are known
         try:
             resume_from, note = resume_point(context.paths)  # refuses a `last` that is not this run's
         except Exception:
@@ -186,7 +186,7 @@ class AttemptRunner:
     # -- command jobs -------------------------------------------------------------------------------------------
     def _run_command(self, spec: JobSpec) -> RunEnd:
         context = self.context
-        self._record_provenance()
+        self._record_provenance(spec)
         if cancel_requested(context.paths, context.state_at_start):
             self.flags.received.append(signal.SIGTERM)  # cancelled between attempts: stop at the first boundary
         end = run_command(spec.render_command(python=sys.executable), paths=context.paths, flags=self.flags,
@@ -197,21 +197,35 @@ class AttemptRunner:
         return RunEnd(end.stop_reason, end.step, end.note)
 
     # -- recording ----------------------------------------------------------------------------------------------
-    def _record_provenance(self) -> None:
-        """Rank 0: record what this attempt runs on (launcher/rundir/provenance.py) and name in its log what changed
-        since the previous attempt that threatens a bitwise resume. A failure to record only warns."""
-        context = self.context
-        if not context.is_main:
-            return
+    def _record_provenance(self, spec: JobSpec) -> None:
+        """Every rank records where it computes (host and device); rank 0 also what the attempt runs on
+        (launcher/rundir/provenance.py). Each names in its log what changed since the previous attempt that threatens
+        a bitwise resume. A rank records after reading rank 0's rendezvous port, so after rank 0 began the attempt in
+        ``state.json``. A failure to record only warns."""
+        context, start = self.context, self.context.start
+        gpus = spec.resources.gpus_per_node > 0
+        place = rank_place(rank=start.rank, local_rank=start.local_rank, host=start.host, gpus=gpus)
+        provenance = collect(code=load_code_record(context.paths), local_rank=start.local_rank, gpus=gpus) \
+            if context.is_main else None
+
+        def record(state: run_state.RunState) -> run_state.RunState:
+            state = run_state.record_rank_place(state, token=context.token, place=place)
+            if provenance is None:
+                return state
+            return run_state.record_provenance(state, token=context.token, provenance=provenance)
+
         try:
-            provenance = collect(code=load_code_record(context.paths), local_rank=context.start.local_rank)
-            state = run_state.update_recorded_state(context.paths, lambda s: run_state.record_provenance(
-                s, token=context.token, provenance=provenance))
+            state = run_state.update_recorded_state(context.paths, record)
         except (OSError, run_state.RunDamaged, run_state.NotNow) as error:
-            log.warning(f"elfes: warning: the provenance of attempt {context.attempt_number} was not recorded: {error}")
+            log.warning(f"elfes: warning: the provenance of attempt {context.attempt_number} was not recorded on rank "
+                        f"{start.rank}: {error}")
             return
-        log.info(f"elfes: attempt {context.attempt_number} runs on {provenance.describe()}")
-        for change in changes_at(state, context.attempt_number):
+        log.info(f"elfes: attempt {context.attempt_number} runs rank {start.rank} on {place.describe()}")
+        changes = place_changes_at(state, context.attempt_number, start.rank)
+        if provenance is not None:
+            log.info(f"elfes: attempt {context.attempt_number} runs on {provenance.describe()}")
+            changes = changes_at(state, context.attempt_number) + changes
+        for change in changes:
             log.warning(f"elfes: warning: {change}")
 
     @contextlib.contextmanager

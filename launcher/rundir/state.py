@@ -67,6 +67,7 @@ from .state_transitions import (
     mark_submission_failed,
     previous_attempt,
     record_provenance,
+    record_rank_place,
     record_submission,
     refuse_retry,
     requeued_by_slurm,
@@ -80,8 +81,8 @@ __all__ = [
     "begin_attempt", "cancel_between_attempts", "end_attempt", "exclude_nodes", "failures_used_by", "include_nodes",
     "include_nodes_after", "latest_submission_kind", "lift_exclusions", "load_state", "mark_lost", "mark_pending",
     "mark_stopping", "mark_submission_abandoned", "mark_submission_failed", "now", "previous_attempt",
-    "record_provenance", "record_submission", "refuse_retry", "requeued_by_slurm", "requeues_used_by", "save_state",
-    "token_restart", "update_state",
+    "record_provenance", "record_rank_place", "record_submission", "refuse_retry", "requeued_by_slurm",
+    "requeues_used_by", "save_state", "token_restart", "update_state",
 ]
 
 

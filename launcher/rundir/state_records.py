@@ -25,7 +25,7 @@ from elfes.contract import StrEnum
 
 from ..errors import RunDamaged
 from .json_fields import FieldError, read_record
-from .provenance import Provenance
+from .provenance import Provenance, RankPlace
 
 FORMAT_VERSION = 1
 
@@ -171,6 +171,7 @@ class Attempt:
     step: int | None = None  # the optimizer step saved in `last` when it ended, if known
     error: str | None = None  # why it failed, or why a stop could not requeue
     provenance: Provenance | None = None  # what it ran on (launcher/rundir/provenance.py), once rank 0 recorded it
+    rank_places: tuple[RankPlace, ...] = ()  # each rank's host and device, by rank, once that rank recorded it
     failure: Failure | None = None  # a failed attempt's cause and whether it was retried
 
     @property

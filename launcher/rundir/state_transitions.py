@@ -29,7 +29,7 @@ import dataclasses
 from typing import Any
 
 from ..errors import NotNow
-from .provenance import Provenance
+from .provenance import Provenance, RankPlace
 from .state_records import (
     ENDED,
     LAUNCHES,
@@ -157,6 +157,17 @@ def record_provenance(state: RunState, *, token: str, provenance: Provenance) ->
     if index is None:
         return state
     attempt = dataclasses.replace(state.attempts[index], provenance=provenance)
+    return _replace(state, attempts=(*state.attempts[:index], attempt, *state.attempts[index + 1:]))
+
+
+def record_rank_place(state: RunState, *, token: str, place: RankPlace) -> RunState:
+    """Each rank records where it computes in the attempt ``token`` (again: replaced). No-op for an unknown token:
+    a rank records once it has read rank 0's rendezvous port, which rank 0 publishes after beginning the attempt."""
+    index = next((i for i, attempt in enumerate(state.attempts) if attempt.token == token), None)
+    if index is None:
+        return state
+    places = sorted((*(p for p in state.attempts[index].rank_places if p.rank != place.rank), place), key=lambda p: p.rank)
+    attempt = dataclasses.replace(state.attempts[index], rank_places=tuple(places))
     return _replace(state, attempts=(*state.attempts[:index], attempt, *state.attempts[index + 1:]))
 
 

@@ -320,6 +320,8 @@ def test_an_exit_zero_after_a_stop_that_finished_is_finished(command_runs: Comma
     assert cli("cancel", str(run_dir))[0] == 0
     state = ended_with_nothing_left(run_dir, "finished")
     assert outcomes(state) == [("finished", None, "submit")] and state.error is None
+    # where the command computes is not looked into: its rank's place names the host only
+    assert [(place.rank, place.device) for place in state.attempts[0].rank_places] == [(0, None)]
 
 
 # -- 5: a command that ignores SIGTERM -----------------------------------------------------------------------------

@@ -388,7 +388,8 @@ def test_a_one_node_job_that_hangs_is_requeued_onto_the_other_host_and_resumes_b
 ):
     """A 1-node x 2-task job (the reference's 2 ranks, on one host): rank 1 hangs at step 7 in attempt 1; the
     watchdog (hang_timeout_s) ends the attempt and the deciding rank requeues the job with that host excluded
-    (ExcNodeList); attempt 2 runs on the other host and ends bitwise equal to the uninterrupted run."""
+    (ExcNodeList); attempt 2 runs on the other host and ends bitwise equal to the uninterrupted run. Each rank
+    recorded its host in each attempt, and the move of ranks on the CPU (gloo) is not named as a threat."""
     expected = reference()
     run_dir = submit(slurm_two_hosts, tmp_path, "leaves-node", nodes=1, tasks_per_node=2, step_delay_s=0.05,
                      entrypoint="tests.launcher.fault_entrypoints:sleeps_at_step_7",
@@ -405,5 +406,9 @@ def test_a_one_node_job_that_hangs_is_requeued_onto_the_other_host_and_resumes_b
     assert f"SLURM job {state.job_id} leaves out {first} when it starts again (ExcNodeList" in logs
     shown = elfes(slurm_two_hosts, "status", str(run_dir)).stdout
     assert f"node {first} excluded after attempt 1 failed there (hang: " in shown, shown
+    # every rank recorded the host it ran on; gloo's order does not follow the host: the move is not a threat
+    assert [[(place.host, place.device) for place in attempt.rank_places] for attempt in state.attempts] == [
+        [(first, "cpu")] * 2, [(second, "cpu")] * 2]
+    assert "on another host or GPU" not in shown, shown
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
     assert_runs_bitwise_equal(run_dir, expected)
