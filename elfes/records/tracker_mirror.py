@@ -15,7 +15,8 @@ a metric whose key, step, value and timestamp are equal.
 
 A failure to reach the tracker marks the state behind (``elfes status`` shows it), records one ``warning``
 event of kind ``tracker_behind`` naming the tracker, and is retried every :data:`RETRY_S` seconds; the
-close of a RunLogger gives the mirror :data:`FLUSH_TIMEOUT_S` to send the rest.
+close of a RunLogger gives the mirror :data:`FLUSH_TIMEOUT_S` to send the rest (one more try when it is
+behind already).
 """
 
 from __future__ import annotations
@@ -145,8 +146,11 @@ class TrackerMirror:
         self._wake.set()
 
     def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
-        """Send what is left, waiting at most ``timeout_s``; True when the tracker has every record."""
-        self._deadline = time.monotonic() + timeout_s
+        """Send what is left, waiting at most ``timeout_s``; True when the tracker has every record.
+
+        A mirror already behind (its tracker down) tries once more and leaves the rest to the next attempt: a
+        tracker that is down never delays the end of an attempt (a preemption's grace time is short)."""
+        self._deadline = time.monotonic() + (0.0 if self.state.behind else timeout_s)
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout_s + 5.0)
