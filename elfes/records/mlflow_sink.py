@@ -1,9 +1,9 @@
 """The MLflow side of the tracker mirror (elfes/records/tracker_mirror.py): one MLflow run per ELFES run.
 
-The run is tagged ``elfes.run_dir`` (the run directory's absolute path) and ``elfes.run_id`` (the engine's run
-id); its id is kept in ``RUN_DIR/tracking/mlflow.json``, and a run directory whose state file lost it (a kill
-right after the run was created) finds its run again by the ``elfes.run_dir`` tag. A sweep member's run is
-tagged ``elfes.group`` with its sweep. Each attempt sets the run RUNNING; the ``finished`` event sets it
+The run is tagged with the run directory's absolute path (:data:`RUN_DIR_TAG`) and the engine's run id
+(:data:`RUN_ID_TAG`); its id is kept in ``RUN_DIR/tracking/mlflow.json``, and a run directory whose state file
+lost it (a kill right after the run was created) finds its run again by the first tag. A sweep member's run
+is tagged :data:`GROUP_TAG` with its sweep. Each attempt sets the run RUNNING; the ``finished`` event sets it
 FINISHED. The TrainConfig of the first start is logged as parameters ``config.<field>``.
 
 mlflow is imported in the mirror's thread only (it takes seconds); every process checks that it is installed.

@@ -38,7 +38,7 @@ class _Settings(BaseModel):
 
 
 class MlflowSettings(_Settings):
-    """Mirror the run to one MLflow run (tagged ``elfes.run_dir`` and ``elfes.run_id``), kept across attempts."""
+    """Mirror the run to one MLflow run, tagged with the run directory and the run id, kept across attempts."""
 
     tracking_uri: StrictStr = Field(
         ..., min_length=1,
