@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 TRACKING_DIR_NAME = "tracking"
 TRACKING_VARIABLE = "ELFES_TRACKING"
 GROUP_VARIABLE = "ELFES_TRACKING_GROUP"
-TRACKERS = ("mlflow", "wandb")
 Tracker = Literal["mlflow", "wandb"]
+TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
 
 
 class _Settings(BaseModel):

@@ -12,6 +12,8 @@ import pytest
 from synthetic_events import checkpoint, evaluation, plain_console, run_end, started, train
 from tracker_histories import mlflow_history, wandb_offline_history
 
+from elfes.launcher.commands.status import tracker_notes
+from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import RunLogger, read_events
 from elfes.records.tracker_mirror import read_mirror_state
 from elfes.records.tracking import tracker_state_path, wandb_dir
@@ -106,6 +108,9 @@ def test_an_unreachable_tracker_warns_naming_it_and_the_state_says_the_mirror_is
     assert f"127.0.0.1:{port}" in state.error
     (warning,) = [event for event in read_events(tmp_path) if event["event"] == "warning"]
     assert warning["kind"] == "tracker_behind" and "the mlflow mirror cannot send" in warning["message"]
+    size = (tmp_path / "events.jsonl").stat().st_size
+    (note,) = tracker_notes(RunPaths(tmp_path))  # what `elfes status` says of the run
+    assert note.startswith(f"the mlflow mirror is behind since {state.behind_since}") and f"{size} bytes" in note
 
 
 def test_wandb_offline_gets_every_step_once_with_the_run_id_kept_in_the_run_directory(tmp_path, wandb_offline):
@@ -142,3 +147,25 @@ def test_settings_that_do_not_fit_are_refused_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match="mode"):
         RunLogger(tmp_path, is_main_process=True, wandb={"project": "p", "mode": "sometimes"})
     assert not tmp_path.joinpath("tracking").exists()
+
+
+def test_the_trackers_section_of_the_guide_validates(tmp_path):
+    import yaml
+
+    from elfes.launcher.spec.loading import load_spec
+    from tests.docs.blocks import block
+
+    spec = {"name": "guide", "entrypoint": "job:main", "run_dir": "runs/guide", **yaml.safe_load(block("trackers/job.yaml").text)}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    loaded = load_spec(tmp_path / "job.yaml", check_files=False)
+    assert loaded.tracking.trackers == ("mlflow", "wandb") and loaded.tracking.wandb.mode == "offline"
+
+
+def test_a_sweep_members_mlflow_run_is_tagged_with_its_group(tmp_path, store, monkeypatch):
+    monkeypatch.setenv("ELFES_TRACKING_GROUP", "lr-sweep")
+    log_attempt(tmp_path / "member", [start(), train(1, loss=1.0)], mlflow={"tracking_uri": store, "experiment": "sweep"})
+
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri=store).get_run(read_mirror_state(tmp_path / "member", "mlflow").run_id)
+    assert run.data.tags["elfes.group"] == "lr-sweep" and run.info.status == "RUNNING"  # not finished yet
