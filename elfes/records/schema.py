@@ -133,7 +133,9 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "Something the run does not do exactly, or does at a cost, said when it is found (message; kind: "
         "inexact_stream, a stream whose state_dict leaves out part of its place, such as a Hugging Face "
         "stream shuffled with a buffer, warned at every start; stream_replay, a resume that read and "
-        "discarded a stream's consumed batches, with the time it took). `elfes status` shows the warnings "
+        "discarded a stream's consumed batches, with the time it took; tracker_behind, an experiment tracker "
+        "(MLflow, W&B) that did not take the records sent to it, said once until it takes them again). `elfes "
+        "status` shows the warnings "
         "recorded since the run's latest start.",
         ("kind", "message", "epoch", "step"),
     ),

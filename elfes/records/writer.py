@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from elfes.records.tensorboard import TensorBoardMirror
 
     from .console import ConsoleDisplay
+    from .tracker_mirror import TrackerMirror
+    from .tracking import MlflowSettings, WandbSettings
 
 # Turns the TensorBoard mirror on where RunLogger is not told (tensorboard=None): "1" on, "0" or unset off.
 TENSORBOARD_VARIABLE = "ELFES_TENSORBOARD"
@@ -37,13 +39,19 @@ class RunLogger:
     takes ``ELFES_TENSORBOARD`` from the environment (``1`` or ``0``; unset is off), so a job spec's
     ``env:`` turns it on without code changes. Without it this class imports no torch.
 
+    ``mlflow`` and ``wandb`` (settings or mappings, :mod:`elfes.records.tracking`) mirror the records to
+    experiment trackers, each step once across attempts (:mod:`elfes.records.tracker_mirror`); the default,
+    None for both, takes the job spec's ``tracking:`` section, which the job runtime exports as
+    ``ELFES_TRACKING``. The trackers' libraries are imported in the mirrors' threads of the main process only.
+
     Example:
         >>> with RunLogger(Path("runs/a"), is_main_process=rank == 0) as logger:  # doctest: +SKIP
         ...     logger.log({"event": "export", "weights": "ema", "path": "runs/a/model.pt"})
     """
 
     def __init__(
-        self, run_dir: Path, *, is_main_process: bool, console: Console | None = None, tensorboard: bool | None = None
+        self, run_dir: Path, *, is_main_process: bool, console: Console | None = None, tensorboard: bool | None = None,
+        mlflow: MlflowSettings | Mapping[str, Any] | None = None, wandb: WandbSettings | Mapping[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.path = events_path(self.run_dir)
@@ -63,6 +71,12 @@ class RunLogger:
             check_tensorboard_installed()  # on every process, so that every rank refuses alike
             if is_main_process:
                 self._tensorboard = TensorBoardMirror(self.run_dir)
+        from .tracking import resolve_tracking  # pydantic: only where a RunLogger is made
+
+        self._trackers: list[TrackerMirror] = []
+        self._trackers_settings = resolve_tracking(mlflow, wandb)  # on every process: every rank refuses alike
+        if self._trackers_settings.trackers:
+            self._start_trackers()
         self._file: TextIO | None = None
         self._closed = False
         # Checkpoint or evaluation code may log from a helper thread; lines must not interleave.
@@ -104,6 +118,8 @@ class RunLogger:
             events_file.flush()
             if self._tensorboard is not None:
                 self._tensorboard.write(event)
+            for tracker in self._trackers:
+                tracker.notify()
             self._display.show(event, now)
 
     def close(self) -> None:
@@ -112,6 +128,10 @@ class RunLogger:
         Example:
             >>> logger.close()  # doctest: +SKIP
         """
+        # Outside the lock: a mirror that falls behind while it sends the rest records a warning through log().
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []
         with self._lock:
             self._closed = True
             if self._display is not None:
@@ -121,6 +141,24 @@ class RunLogger:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+    def _start_trackers(self) -> None:
+        """Check the trackers' libraries on every process; start one mirror per tracker on the main process."""
+        from .mlflow_sink import MlflowSink, check_mlflow_installed
+        from .tracker_mirror import TrackerMirror
+        from .tracking import tracking_group
+        from .wandb_sink import WandbSink, check_wandb_installed
+
+        settings, group = self._trackers_settings, tracking_group()
+        sinks: list[MlflowSink | WandbSink] = []
+        if settings.mlflow is not None:
+            check_mlflow_installed()
+            sinks.append(MlflowSink(settings.mlflow, self.run_dir, group))
+        if settings.wandb is not None:
+            check_wandb_installed()
+            sinks.append(WandbSink(settings.wandb, self.run_dir, group))
+        if self.is_main_process:
+            self._trackers = [TrackerMirror(sink, self.run_dir, log=self.log) for sink in sinks]
 
     def _open(self) -> TextIO:
         if self._file is None:

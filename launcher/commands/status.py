@@ -129,6 +129,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
                    if attempt.provenance is not None), None) if state is not None else None
     summary = summary_from_ends(paths)
     notes.extend(getattr(summary, "warnings", ()))  # the engine's warnings since the latest start
+    notes.extend(tracker_notes(paths))
     return Status(
         run_dir=str(paths.run_dir),
         name=name,
@@ -159,6 +160,26 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         failures_counted_since=state.failures_counted_since if state is not None else Launch.SUBMIT,
         excluded_nodes=[asdict(node) for node in state.excluded_nodes] if state is not None else [],
     )
+
+
+def tracker_notes(paths: RunPaths) -> list[str]:
+    """A line per experiment tracker whose mirror is behind: since when, why, and how much waits to be sent."""
+    from elfes.records.tracker_mirror import read_mirror_state
+    from elfes.records.tracking import TRACKERS
+
+    notes = []
+    for tracker in TRACKERS:
+        mirror = read_mirror_state(paths.run_dir, tracker)
+        if mirror is None or not mirror.behind:
+            continue
+        try:
+            waiting = max(0, paths.events.stat().st_size - mirror.offset)
+        except OSError:
+            waiting = 0
+        notes.append(f"the {tracker} mirror is behind since {mirror.behind_since} ({mirror.error}): {waiting} bytes "
+                     f"of events.jsonl wait to be sent, by the running attempt once {tracker} takes them again, "
+                     "else by the run's next attempt")
+    return notes
 
 
 def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:

@@ -18,9 +18,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from elfes.records.tracking import GROUP_VARIABLE, TRACKING_VARIABLE
+
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
 from ..rundir.provenance import changes_at, place_changes_at
+from ..rundir.sweep_record import is_sweep_dir
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from ..spec import JobSpec
 from .attempt_context import AttemptContext
@@ -108,6 +111,10 @@ class AttemptRunner:
         first on ``sys.path``, where the working tree it copies is no longer."""
         for name, value in (spec.env or {}).items():
             os.environ[str(name)] = str(value)
+        if spec.tracking.trackers:  # the RunLogger of the entrypoint or command mirrors to them
+            os.environ[TRACKING_VARIABLE] = spec.tracking.model_dump_json()
+            if is_sweep_dir(self.context.paths.run_dir.parent):  # one tracker group per sweep
+                os.environ[GROUP_VARIABLE] = self.context.paths.run_dir.parent.name
         workdir = str(spec.workdir)  # the code snapshot, when the run has one
         os.chdir(workdir)
         source = self.context.recorded_workdir

@@ -27,6 +27,8 @@ RUN_DIR/
   pids/master-port.json         the job's rendezvous port, chosen free by rank 0 for this start
   pids/command-<R>.json         the process group of rank R's `command:` while it runs (pgid, host, notice)
   pids/exit-<R>.json            how the task of rank R ended (its exit status), as a local job's controller saw it
+  tracking/<tracker>.json       what the MLflow or W&B mirror has sent (elfes.records.tracker_mirror), written atomically
+  tracking/wandb/               the W&B SDK's folder (offline runs for `wandb sync`)
 ```
 
 >>> paths = RunPaths("runs/quickstart")
@@ -125,6 +127,16 @@ class RunPaths:
     @property
     def final(self) -> Path:
         return self.checkpoints / Pointer.FINAL
+
+    @property
+    def tracking(self) -> Path:
+        """The experiment trackers' mirror (the spec's ``tracking:``; ``elfes.records.tracking.TRACKING_DIR_NAME``):
+        ``<tracker>.json``, each mirror's state, and ``wandb/``, the W&B SDK's folder."""
+        return self.run_dir / "tracking"
+
+    def tracker_state(self, tracker: str) -> Path:
+        """What the ``tracker`` mirror has sent and whether it is behind (``elfes status`` reads it)."""
+        return self.tracking / f"{tracker}.json"
 
     @property
     def tensorboard(self) -> Path:

@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from elfes.records.tracking import TrackingSettings
+
 from ..errors import EXIT_BAD_INPUT, ElfesError
 from .file_checks import entrypoint_problem, run_dir_problem
 from .limits import control_character_problem
@@ -101,6 +103,9 @@ class JobSpec(Section):
         default_factory=Snapshot,
         description=(Snapshot.__doc__ or "") + " false: no copy, every attempt imports from workdir as it is then.",
         json_schema_extra=MAY_CHANGE,
+    )
+    tracking: TrackingSettings = Field(
+        default_factory=TrackingSettings, description=TrackingSettings.__doc__, json_schema_extra=MAY_CHANGE,
     )
     sweep: Sweep | None = Field(
         None, description=Sweep.__doc__,

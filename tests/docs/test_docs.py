@@ -52,6 +52,7 @@ TESTED = {
     "charlm/run": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "charlm/sample": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "vision/run": "tests/examples/test_vision.py::test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise",
+    "trackers/job.yaml": "tests/records/test_tracker_mirror.py::test_the_trackers_section_of_the_guide_validates",
     "charlm/gpu": "tests/examples/test_charlm.py::test_the_gpu_spec_validates_and_dry_runs_for_slurm",
 }
 

@@ -102,18 +102,21 @@ def ended(run_dir: Path) -> run_state.RunState | None:
     return state if state is not None and state.status in run_state.ENDED and job_gone(run_dir) else None
 
 
-def write_spec(folder: Path, name: str) -> Path:
-    spec = {
+def write_spec(folder: Path, name: str, *, step_delay_s: dict[str, float] = STEP_DELAY_S,
+               tracking: dict[str, Any] | None = None) -> Path:
+    spec: dict[str, Any] = {
         "name": name,
         "entrypoint": "tests.plot.paced_job:paced_quickstart",
         "workdir": str(REPOSITORY),
         "run_dir": str(folder / name),
-        "config": {"epochs": 3, "train_samples": 256, "log_every": 1, "step_delay_s": STEP_DELAY_S},
+        "config": {"epochs": 3, "train_samples": 256, "log_every": 1, "step_delay_s": step_delay_s},
         "resources": {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
                       "timeout_min": 10},
         "requeue": {"max_requeues": 5},
         "env": {"OMP_NUM_THREADS": "1", "ELFES_TENSORBOARD": "1"},
     }
+    if tracking is not None:
+        spec["tracking"] = tracking
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path

@@ -1,0 +1,171 @@
+"""RunLogger's tracker mirrors against the real libraries: an MLflow SQLite store and W&B in offline mode, read
+back from the trackers. Attempts that redo steps send none of them twice; a send repeated after a kill (the
+mirror's state not yet written) leaves one copy; a tracker that cannot be reached warns, naming it, and the
+state says the mirror is behind; credentials from the environment reach no file of the run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from synthetic_events import checkpoint, evaluation, plain_console, run_end, started, train
+from tracker_histories import mlflow_history, wandb_offline_history
+
+from elfes.launcher.commands.status import tracker_notes
+from elfes.launcher.rundir.paths import RunPaths
+from elfes.records import RunLogger, read_events
+from elfes.records.tracker_mirror import read_mirror_state
+from elfes.records.tracking import tracker_state_path, wandb_dir
+
+pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
+pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' installs it")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One SQLite store for the file (creating its tables takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def log_attempt(run_dir: Path, events: list[dict], **trackers) -> None:
+    with RunLogger(run_dir, is_main_process=True, console=plain_console(), **trackers) as logger:
+        for event in events:
+            logger.log(event)
+
+
+def start(step: int = 0, **fields) -> dict:
+    return {**started(step, **fields), "run_id": "run-5f0c"}  # the engine's run id, as started events carry it
+
+
+def three_attempts() -> list[list[dict]]:
+    """Paused at 2; resumed and killed after 4 (nothing saved past 2); resumed at 2, redoing 3 and 4 alike."""
+    return [
+        [start(), train(1, loss=1.0), train(2, loss=0.9), checkpoint(2), run_end(2, reason="SIGTERM")],
+        [start(2, resumed_from="last"), train(3, loss=0.7), train(4, loss=0.6)],
+        [start(2, resumed_from="last"), train(3, loss=0.7), train(4, loss=0.6),
+         evaluation(4, 0.5, improved=True, best=0.5, best_step=4), train(5, loss=0.5), run_end(5)],
+    ]
+
+
+def test_mlflow_gets_every_step_once_across_attempts_that_redo_steps(tmp_path, store):
+    mlflow = {"tracking_uri": store, "experiment": "redo"}
+    for events in three_attempts():
+        log_attempt(tmp_path / "run", events, mlflow=mlflow)
+
+    state = read_mirror_state(tmp_path / "run", "mlflow")
+    assert state is not None and not state.behind and state.offset == (tmp_path / "run" / "events.jsonl").stat().st_size
+    history = mlflow_history(store, state.run_id)
+    assert history["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.5)]
+    assert history["eval/val/accuracy"] == [(4, 0.5)]
+    assert [step for step, _ in history["train/grad_norm"]] == [1, 2, 3, 4, 5]
+
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri=store).get_run(state.run_id)
+    assert run.data.tags["elfes.run_dir"] == str((tmp_path / "run").absolute())
+    assert run.data.tags["elfes.run_id"] == state.elfes_run_id == "run-5f0c"
+    assert run.data.params["config.lr"] == "0.001"
+    assert run.info.status == "FINISHED"  # the last attempt's finished event
+
+
+def test_a_send_repeated_after_a_kill_leaves_one_copy_in_mlflow(tmp_path, store):
+    """A kill after the tracker took a batch but before the mirror recorded it: the next attempt sends the same
+    lines again, with the same timestamps, and the store keeps one copy."""
+    mlflow = {"tracking_uri": store, "experiment": "repeat"}
+    run_dir = tmp_path / "run"
+    log_attempt(run_dir, [started(), train(1, loss=1.0), train(2, loss=0.9)], mlflow=mlflow)
+    path = tracker_state_path(run_dir, "mlflow")
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "offset": 0, "sent_steps": {}}))  # as before the send
+    log_attempt(run_dir, [started(2, resumed_from="last"), train(3, loss=0.8)], mlflow=mlflow)
+
+    assert mlflow_history(store, state["run_id"])["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.8)]
+
+
+def test_an_unreachable_tracker_warns_naming_it_and_the_state_says_the_mirror_is_behind(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mlflow = {"tracking_uri": f"http://127.0.0.1:{port}", "experiment": "down"}
+    with RunLogger(tmp_path, is_main_process=True, console=plain_console(), mlflow=mlflow) as logger:
+        logger.log(started())
+        logger.log(train(1, loss=1.0))
+        logger._trackers[0].close(timeout_s=0.0)  # one try, then give up: the attempt's end
+
+    state = read_mirror_state(tmp_path, "mlflow")
+    assert state is not None and state.behind and state.offset == 0 and state.behind_since
+    assert f"127.0.0.1:{port}" in state.error
+    (warning,) = [event for event in read_events(tmp_path) if event["event"] == "warning"]
+    assert warning["kind"] == "tracker_behind" and "the mlflow mirror cannot send" in warning["message"]
+    size = (tmp_path / "events.jsonl").stat().st_size
+    (note,) = tracker_notes(RunPaths(tmp_path))  # what `elfes status` says of the run
+    assert note.startswith(f"the mlflow mirror is behind since {state.behind_since}") and f"{size} bytes" in note
+
+
+def test_wandb_offline_gets_every_step_once_with_the_run_id_kept_in_the_run_directory(tmp_path, wandb_offline):
+    wandb = {"project": "elfes-tests", "mode": "offline"}
+    for events in three_attempts():
+        log_attempt(tmp_path / "run", events, wandb=wandb)
+
+    state = read_mirror_state(tmp_path / "run", "wandb")
+    assert state is not None and not state.behind
+    history = wandb_offline_history(wandb_dir(tmp_path / "run"), state.run_id)
+    assert history["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.5)]
+    assert history["eval/val/accuracy"] == [(4, 0.5)]
+    assert len(list(wandb_dir(tmp_path / "run").glob(f"**/run-{state.run_id}.wandb"))) == 3  # one per attempt
+
+
+def test_no_credential_from_the_environment_reaches_the_run_directory(tmp_path, store, wandb_offline, monkeypatch):
+    secrets = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567", "MLFLOW_TRACKING_TOKEN": "tok-4f1c9e-secret",
+               "MLFLOW_TRACKING_PASSWORD": "pw-93b2-secret"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    log_attempt(tmp_path / "run", three_attempts()[0], mlflow={"tracking_uri": store, "experiment": "secrets"},
+                wandb={"project": "elfes-tests", "mode": "offline"})
+
+    files = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".wandb" for path in files)
+    for path in files:
+        data = path.read_bytes()
+        assert not any(value.encode() in data for value in secrets.values()), path
+
+
+def test_settings_that_do_not_fit_are_refused_naming_the_field(tmp_path):
+    with pytest.raises(ValueError, match="tracking_uri"):
+        RunLogger(tmp_path, is_main_process=True, mlflow={"tracking_uri": "https://me:secret@mlflow.example"})
+    with pytest.raises(ValueError, match="mode"):
+        RunLogger(tmp_path, is_main_process=True, wandb={"project": "p", "mode": "sometimes"})
+    assert not tmp_path.joinpath("tracking").exists()
+
+
+def test_the_trackers_section_of_the_guide_validates(tmp_path):
+    import yaml
+
+    from elfes.launcher.spec.loading import load_spec
+    from tests.docs.blocks import block
+
+    spec = {"name": "guide", "entrypoint": "job:main", "run_dir": "runs/guide", **yaml.safe_load(block("trackers/job.yaml").text)}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    loaded = load_spec(tmp_path / "job.yaml", check_files=False)
+    assert loaded.tracking.trackers == ("mlflow", "wandb") and loaded.tracking.wandb.mode == "offline"
+
+
+def test_a_sweep_members_mlflow_run_is_tagged_with_its_group(tmp_path, store, monkeypatch):
+    monkeypatch.setenv("ELFES_TRACKING_GROUP", "lr-sweep")
+    log_attempt(tmp_path / "member", [start(), train(1, loss=1.0)], mlflow={"tracking_uri": store, "experiment": "sweep"})
+
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri=store).get_run(read_mirror_state(tmp_path / "member", "mlflow").run_id)
+    assert run.data.tags["elfes.group"] == "lr-sweep" and run.info.status == "RUNNING"  # not finished yet
