@@ -164,6 +164,8 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
 
 def tracker_notes(paths: RunPaths) -> list[str]:
     """A line per experiment tracker whose mirror is behind: since when, why, and how much waits to be sent."""
+    if not paths.tracking.is_dir():  # no tracker mirrors this run: status stays free of the mirror's imports
+        return []
     from elfes.records.tracker_mirror import read_mirror_state
     from elfes.records.tracking import TRACKERS
 
