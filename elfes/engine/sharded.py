@@ -246,7 +246,7 @@ class ShardedCheckpointer(Checkpointer):
                 "(load_weights into the plain model, then shard it)."
             )
         metadata = SafeReader(resolved).read_metadata()
-        model, optimizer, ema = (self.shared[part] for part in SHARDED_PARTS)
+        model, ema, optimizer = (self.shared[part] for part in SHARDED_PARTS)
         self.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
         state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(optimizer, metadata)}
         if ema is not None:
