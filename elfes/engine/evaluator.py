@@ -21,7 +21,7 @@ from .loss import loss_path
 from .metrics import MetricAccumulator
 from .objective import Objective, Step
 from .rng import capture_rng, restore_rng
-from .sharded import is_sharded
+from .sharded import is_sharded, reshard
 
 
 class Evaluator:
@@ -87,12 +87,14 @@ class Evaluator:
         modes = [(submodule, submodule.training) for submodule in module.modules()]
         training_rng = capture_rng()
         module.eval()
+        reshard(module)
         try:
             return {name: self._evaluate_loader(module, name, heartbeat) for name in self.dataloaders}
         finally:
             for submodule, training in modes:  # a user's frozen submodule stays in eval mode
                 submodule.train(training)
             restore_rng(training_rng)
+            reshard(module)
 
     def _evaluate_loader(self, module: nn.Module, name: str, heartbeat: Heartbeat | None) -> dict[str, float]:
         loader = self.dataloaders[name]

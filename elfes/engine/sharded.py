@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,15 @@ SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DC
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model`` (or the module a compiled model wraps) was sharded with FSDP2's ``fully_shard``."""
     return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
+
+
+def reshard(model: nn.Module) -> None:
+    """Free the whole parameters a sharded model's forward gathered and kept (FSDP2 keeps the root's after a forward
+    without backward): the next forward gathers them again from the shards, which an EMA swap or a restore may
+    have changed meanwhile. Nothing for a model that is not sharded."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def mesh_shape(model: nn.Module) -> list[int] | None:
@@ -127,7 +137,9 @@ def sharded_weights(folder: Path, weights: Weights) -> dict[str, torch.Tensor]:
                 f"{folder} was written without EMA, so it has no 'ema' weights; ask for weights='raw', "
                 "or train with ema_decay to have averaged weights."
             )
-    dcp.load(state, storage_reader=SafeReader(folder), no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what is asked here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=SafeReader(folder), no_dist=True)
     return {**state["model"], **state.get("ema", {})}
 
 
@@ -253,6 +265,7 @@ class ShardedCheckpointer(Checkpointer):
             state["ema"] = ema.state_dict()
         dcp.load(state, storage_reader=SafeReader(resolved), process_group=self.group)
         model.load_state_dict(state["model"])
+        reshard(model)  # no whole parameters gathered before the restore are used after it
         parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
         for index, values in payload["optimizer_values"].items():
             optimizer.state[parameters[int(index)]].update(values)
