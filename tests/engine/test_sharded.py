@@ -181,30 +181,30 @@ def test_four_sharded_ranks_resume_bitwise_flat_and_hybrid(launch, mesh):
 # ------------------------------------------------------------------------------------------------
 # SIGKILL on one rank, during training and at every stage of a sharded write
 
-# (kind, number, rank): see sharded_cases.install_kill. Each launch resumes from `last` and dies at its kill.
-KILLS = {
-    "synchronous": [("call", 4, 1), ("shards", 2, 1), ("metadata", 1, 0), ("replace-before", 3, 0), ("replace-after", 3, 0)],
-    "asynchronous": [("shards", 1, 1), ("call", 5, 0), ("metadata", 2, 0), ("replace-after", 3, 0)],
-}
+# (mode, kind, number, rank): see sharded_cases.install_kill. Each launch resumes from `last` and dies at its kill,
+# writing its checkpoints synchronously or in the background.
+KILLS = [
+    ("sync", "call", 4, 1), ("async", "shards", 1, 1), ("sync", "metadata", 1, 0), ("async", "replace-before", 3, 0),
+    ("sync", "replace-after", 3, 0),
+]
 
 
-@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
-def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bitwise(tmp_path, mode):
+def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bitwise(tmp_path):
     """A rank SIGKILLed mid-microbatch, after writing its shards (the folder half written), as DCP's metadata is
-    about to be written, or around a rename (state file, folder, pointer): `last` always names a complete folder
-    that one process reads whole, and the run, resumed from it launch after launch, ends equal to a straight run."""
-    asynchronous = "async" if mode == "asynchronous" else "sync"
+    about to be written, or around a rename (state file, folder, pointer), with checkpoints written synchronously
+    or in the background: `last` always names a complete folder that one process reads whole, and the run,
+    resumed from it launch after launch, ends equal to a straight synchronous run."""
     torchrun("kill", str(tmp_path / "reference"), str(tmp_path / "reference" / "checkpoints"), "sync", "none", "0")
     expected = torch.load(tmp_path / "reference" / "kill.rank0.pt", weights_only=True)
     checkpoints = tmp_path / "run" / "checkpoints"
-    for kind, number, rank in KILLS[mode]:
-        outcome = torchrun("kill", str(tmp_path / "run"), str(checkpoints), asynchronous, kind, str(number), str(rank), expect_kill=True)
-        assert outcome == "killed", f"the kill {kind} {number} on rank {rank} did not land"
+    for mode, kind, number, rank in KILLS:
+        outcome = torchrun("kill", str(tmp_path / "run"), str(checkpoints), mode, kind, str(number), str(rank), expect_kill=True)
+        assert outcome == "killed", f"the kill {kind} {number} on rank {rank} ({mode}) did not land"
         last = checkpoints / "last"
         if last.exists():
             read_checkpoint(last)
             sharded_weights(last.resolve(), "ema")  # every shard and the metadata are there
-    assert torchrun("kill", str(tmp_path / "run"), str(checkpoints), asynchronous, "none", "0") == "finished"
+    assert torchrun("kill", str(tmp_path / "run"), str(checkpoints), "async", "none", "0") == "finished"
     for rank in range(2):
         assert_bitwise_equal(expected, torch.load(tmp_path / "run" / f"kill.rank{rank}.pt", weights_only=True), f"rank {rank}")
     assert not list(checkpoints.glob(".tmp-*")), "a finished run leaves no temporary folder"
