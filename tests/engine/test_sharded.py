@@ -183,9 +183,11 @@ def test_four_sharded_ranks_resume_bitwise_flat_and_hybrid(launch, mesh):
 
 # (mode, kind, number, rank): see sharded_cases.install_kill. Each launch resumes from `last` and dies at its kill,
 # writing its checkpoints synchronously or in the background.
+# The first kill lands after the first folder is renamed into place, before `last` points at it (renames on rank 0:
+# the folder's write probe, state.pt, the folder): the next launch resumes from the newest complete folder.
 KILLS = [
-    ("sync", "call", 4, 1), ("async", "shards", 1, 1), ("sync", "metadata", 1, 0), ("async", "replace-before", 3, 0),
-    ("sync", "replace-after", 3, 0),
+    ("sync", "replace-after", 3, 0), ("sync", "call", 4, 1), ("async", "shards", 1, 1), ("sync", "metadata", 1, 0),
+    ("async", "replace-before", 3, 0),
 ]
 
 
@@ -200,6 +202,9 @@ def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bit
     for mode, kind, number, rank in KILLS:
         outcome = torchrun("kill", str(tmp_path / "run"), str(checkpoints), mode, kind, str(number), str(rank), expect_kill=True)
         assert outcome == "killed", f"the kill {kind} {number} on rank {rank} ({mode}) did not land"
+        if kind == "replace-after" and number == 3:
+            assert [path.name for path in checkpoints.glob("*.dcp")] == [CheckpointName(1, 6, sharded=True).filename]
+            assert not (checkpoints / "last").is_symlink()
         last = checkpoints / "last"
         if last.exists():
             read_checkpoint(last)
