@@ -277,7 +277,8 @@ class Checkpointer:
         """Check that checkpoint ``source`` fits this run, then load every component from it."""
         payload = read_checkpoint(source)
         resolved = Path(source).resolve()
-        self.check_fits(payload, resolved, model_mismatches(payload["model"], self.shared["model"].state_dict()))
+        saved_model = payload.get("model")  # None in a sharded checkpoint: its layout tells this run it does not fit
+        self.check_fits(payload, resolved, [] if saved_model is None else model_mismatches(saved_model, self.shared["model"].state_dict()))
         for key, component in self.shared.items():
             if component is not None:
                 component.load_state_dict(payload[key])

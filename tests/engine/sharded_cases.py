@@ -22,9 +22,10 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 from distributed_cases import describe, fresh_accelerator, quiet_logger, reset_accelerate, window_sizes, write_json
 from torch import nn
+from torch.distributed.tensor import DTensor
 from workloads import DropoutMLP, RunSpec, build, mse_step, shard, snapshot
 
-from elfes.engine import Interval, StepOutput, StopRequest, Trainer
+from elfes.engine import Interval, StepOutput, StopRequest, TrainConfig, Trainer
 from elfes.engine.checkpoint import CheckpointDirectory
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -76,13 +77,35 @@ def paused_and_resumed(out: Path, name: str, spec: RunSpec, at_microbatch: int, 
 
 
 def straight(out: Path, name: str, spec: RunSpec) -> dict[str, Any]:
+    """The uninterrupted run; what it did besides its tensors: gradient sync per microbatch, EMA placement, and an
+    evaluation of its raw weights at the end."""
     reset_accelerate()
     run = build(spec)
+    syncs: list[bool] = []
+    model, set_sync = run.trainer.model, run.trainer.model.set_requires_gradient_sync
+    model.set_requires_gradient_sync = lambda flag, **options: (syncs.append(flag), set_sync(flag, **options))[1]
     state = run.trainer.train(run.config, checkpoint_dir=out / name / "checkpoints")
     torch.save(snapshot(run.trainer), out / f"{name}.rank{RANK}.pt")
     run.trainer.save_model(out / f"{name}-ema-export.pt", weights="ema")
     return {"state": state.state_dict(), "accelerator": describe(run.accelerator), "sizes": window_sizes(run.trainer, spec.epochs),
-            "sharded": run.trainer.sharded, "model": type(run.trainer.model).__name__}
+            "sharded": run.trainer.sharded, "model": type(run.trainer.model).__name__, "gradient_sync": syncs,
+            "ema_sharded": all(isinstance(average, DTensor) for average in run.trainer.ema.average.values()),
+            "evaluation": run.trainer.evaluate(weights="raw")}
+
+
+def guide_block(out: Path) -> dict[str, Any]:
+    """The engine guide's sharding block, run as written with the names it assumes, then one epoch of training."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+    from blocks import block
+    from workloads import RegressionData
+
+    reset_accelerate()
+    names = {"model": DropoutMLP(), "loader": torch.utils.data.DataLoader(RegressionData(16), batch_size=4), "step": mse_step}
+    exec(block("engine/sharded.py").text, names)  # noqa: S102 - the guide's own code
+    trainer = names["trainer"]
+    state = trainer.train(TrainConfig(epochs=1), checkpoint_dir=out / "guide" / "checkpoints")
+    return {"sharded": trainer.sharded, "ddp": isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel),
+            "step": state.step, "last": os.readlink(out / "guide" / "checkpoints" / "last")}
 
 
 def two_ranks(out: Path) -> None:
@@ -100,6 +123,7 @@ def two_ranks(out: Path) -> None:
     equivalence.trainer.train(equivalence.config)
     torch.save(snapshot(equivalence.trainer), out / f"equivalence.rank{RANK}.pt")
     report["refusal"] = mixed_precision_refusal()
+    report["guide"] = guide_block(out)
     write_json(out / f"two_ranks.rank{RANK}.json", report)
 
 

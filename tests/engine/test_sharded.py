@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from launching import launch_torchrun
-from workloads import DropoutMLP, assert_bitwise_equal, build
+from workloads import DropoutMLP, RunSpec, assert_bitwise_equal, build
 
 from elfes.contract import CheckpointName
 from elfes.engine import export_weights, load_weights
@@ -87,6 +87,60 @@ def test_a_sharded_run_stopped_and_resumed_ends_bitwise_equal_to_the_straight_ru
     assert stopped["paused"]["stop_reason"] == ("SIGTERM" if name == "sigterm" else f"pause-{name}")
     if name == "before":
         assert stopped["paused"]["step"] == 0
+
+
+def test_gradients_are_synchronised_once_per_window_and_the_ema_stays_sharded(launch):
+    facts = report(launch("two_ranks", 2), "two_ranks")["full"]
+    # Windows of 3, 2, 3, 2 microbatches: only the last microbatch of each reduce-scatters its gradients.
+    assert facts["gradient_sync"] == [False, False, True, False, True, False, False, True, False, True]
+    assert facts["ema_sharded"]
+
+
+def test_sharded_evaluation_counts_every_sample_once_though_the_ranks_hold_3_and_2_batches(launch):
+    """The run's raw weights evaluated on two sharded ranks (17 samples: batches of 4, 4, 4, 4, 1, the ranks holding
+    3 and 2, so rank 1 runs one uncounted forward) against the same weights in one plain process."""
+    from torch.utils.data import DataLoader
+    from workloads import RegressionData, mse_step
+
+    from elfes.engine import Evaluator
+
+    output = launch("two_ranks", 2)
+    sharded = report(output, "two_ranks")["full"]["evaluation"]
+    model = DropoutMLP()
+    load_weights(model, output / "full" / "checkpoints" / "final")
+    from accelerate import Accelerator
+
+    plain = Evaluator(Accelerator(cpu=True), {"validation": DataLoader(RegressionData(17, seed=2), batch_size=4)}, mse_step)
+    expected = plain.evaluate(model)
+    assert sharded.keys() == expected.keys() and sharded["validation"].keys() == expected["validation"].keys()
+    for metric, value in expected["validation"].items():
+        assert sharded["validation"][metric] == pytest.approx(value, rel=1e-6), metric
+
+
+def test_the_guides_sharding_block_trains_a_sharded_model_on_two_ranks(launch):
+    guide = report(launch("two_ranks", 2), "two_ranks")["guide"]
+    assert guide == {"sharded": True, "ddp": False, "step": 2, "last": CheckpointName(2, 4, sharded=True).filename}
+
+
+def test_a_run_whose_model_is_not_sharded_refuses_a_sharded_checkpoint_naming_the_layout(launch):
+    run = build(RunSpec())
+    with pytest.raises(CheckpointError) as refusal:
+        run.trainer.train(run.config, resume_from=launch("two_ranks", 2) / "full" / "checkpoints" / "final")
+    message = str(refusal.value)
+    assert "sharding: the checkpoint has [2], this run has None" in message and "world_size" in message
+
+
+def test_accelerates_fsdp_plugin_is_refused_showing_the_fully_shard_way():
+    """Accelerate's FSDP plugin does not engage on a CPU (accelerate 1.16 gives DistributedType.NO, or MULTI_CPU with
+    cpu=True), so the accelerator here is a stand-in that says what a GPU one with the plugin says."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from elfes.engine.trainer import _check_sharding
+
+    with pytest.raises(ValueError, match=r"fsdp_plugin.*fully_shard\(block, mesh=mesh\)"):
+        _check_sharding(SimpleNamespace(distributed_type=DistributedType.FSDP, mixed_precision="no"), sharded=True)
 
 
 def test_two_sharded_ranks_update_with_the_exact_global_window_mean(launch):
