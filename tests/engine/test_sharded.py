@@ -268,3 +268,20 @@ def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bit
         assert_bitwise_equal(expected, torch.load(tmp_path / "run" / f"kill.rank{rank}.pt", weights_only=True), f"rank {rank}")
     assert not list(checkpoints.glob(".tmp-*")), "a finished run leaves no temporary folder"
     assert len(list(checkpoints.glob("*.dcp"))) <= 3  # keep_checkpoints=2, and what a pointer names
+
+
+def test_elfes_export_writes_a_sharded_checkpoints_weights_from_a_pointer_or_a_run_directory(launch, tmp_path, capsys):
+    """`elfes export` on a login node: a pointer, or a folder with checkpoints/ (its `last`), to a plain file."""
+    from elfes.launcher.cli.main import main
+
+    output = launch("two_ranks", 2)
+    full = tensors(output, "full", 2)[0]
+    assert main(["export", str(output / "full" / "checkpoints" / "final"), str(tmp_path / "ema.pt"), "--weights", "ema"]) == 0
+    assert "exported the ema weights of" in capsys.readouterr().out
+    exported = torch.load(tmp_path / "ema.pt", weights_only=True)
+    assert_bitwise_equal({name: full[f"ema/{name}"] for name in exported}, exported, "elfes export --weights ema")
+    assert main(["export", str(output / "full"), str(tmp_path / "raw.pt")]) == 0  # the folder's `last`: the end
+    exported = torch.load(tmp_path / "raw.pt", weights_only=True)
+    assert_bitwise_equal({name: full[f"raw/{name}"] for name in exported}, exported, "elfes export RUN_DIR")
+    assert main(["export", str(tmp_path), str(tmp_path / "nothing.pt")]) == 2
+    assert "neither a checkpoint" in capsys.readouterr().err and not (tmp_path / "nothing.pt").exists()
