@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from workloads import DropoutMLP, RunSpec, build, mse_step, shard, snapshot
 
-from elfes.engine import Interval, StepOutput, StopRequest, TrainConfig, Trainer
+from elfes.engine import Evaluator, Interval, StepOutput, StopRequest, TrainConfig, Trainer
 from elfes.engine.checkpoint import CheckpointDirectory
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -90,7 +90,15 @@ def straight(out: Path, name: str, spec: RunSpec) -> dict[str, Any]:
     return {"state": state.state_dict(), "accelerator": describe(run.accelerator), "sizes": window_sizes(run.trainer, spec.epochs),
             "sharded": run.trainer.sharded, "model": type(run.trainer.model).__name__, "gradient_sync": syncs,
             "ema_sharded": all(isinstance(average, DTensor) for average in run.trainer.ema.average.values()),
-            "evaluation": run.trainer.evaluate(weights="raw")}
+            "evaluation": run.trainer.evaluate(weights="raw"), "evaluation_one_batch": one_batch_evaluation(run)}
+
+
+def one_batch_evaluation(run: Any) -> dict[str, Any]:
+    """An evaluation loader of one batch: the other ranks hold none, and run the forward on its first batch."""
+    from workloads import RegressionData
+
+    loader = torch.utils.data.DataLoader(RegressionData(3, seed=2), batch_size=4)
+    return Evaluator(run.accelerator, {"one": loader}, mse_step).evaluate(run.trainer.model)
 
 
 def guide_block(out: Path) -> dict[str, Any]:

@@ -96,9 +96,10 @@ def test_gradients_are_synchronised_once_per_window_and_the_ema_stays_sharded(la
     assert facts["ema_sharded"]
 
 
-def test_sharded_evaluation_counts_every_sample_once_though_the_ranks_hold_3_and_2_batches(launch):
+def test_sharded_evaluation_counts_every_sample_once_over_uneven_and_empty_shards(launch):
     """The run's raw weights evaluated on two sharded ranks (17 samples: batches of 4, 4, 4, 4, 1, the ranks holding
-    3 and 2, so rank 1 runs one uncounted forward) against the same weights in one plain process."""
+    3 and 2, so rank 1 runs one uncounted forward; and a loader of one batch) against the same weights in one plain
+    process."""
     from torch.utils.data import DataLoader
     from workloads import RegressionData, mse_step
 
@@ -115,6 +116,13 @@ def test_sharded_evaluation_counts_every_sample_once_though_the_ranks_hold_3_and
     assert sharded.keys() == expected.keys() and sharded["validation"].keys() == expected["validation"].keys()
     for metric, value in expected["validation"].items():
         assert sharded["validation"][metric] == pytest.approx(value, rel=1e-6), metric
+    # One batch of 3 samples: rank 1 holds none, and runs the forward on the loader's first batch uncounted.
+    sharded = report(output, "two_ranks")["full"]["evaluation_one_batch"]["one"]
+    plain = Evaluator(Accelerator(cpu=True), {"one": DataLoader(RegressionData(3, seed=2), batch_size=4)}, mse_step)
+    expected = plain.evaluate(model)["one"]
+    assert sharded.keys() == expected.keys()
+    for metric, value in expected.items():
+        assert sharded[metric] == pytest.approx(value, rel=1e-6), metric
 
 
 def test_the_guides_sharding_block_trains_a_sharded_model_on_two_ranks(launch):
