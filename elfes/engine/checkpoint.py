@@ -367,6 +367,13 @@ def safe_load_problem(path: Path) -> str | None:
         return f"it is not a torch checkpoint archive ({type(error).__name__})"
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         return f"it has no '{FORMAT}' marker"
+    if Path(path).is_dir():  # a sharded checkpoint: its DCP metadata too, read by the safe unpickler
+        from .sharded import SafeReader  # imports this module
+
+        try:
+            SafeReader(path).read_metadata()
+        except (CheckpointError, OSError, EOFError) as error:
+            return f"its shards' metadata cannot be read safely: {str(error).split(';')[0]}"
     return None
 
 

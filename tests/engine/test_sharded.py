@@ -21,7 +21,7 @@ from workloads import DropoutMLP, RunSpec, assert_bitwise_equal, build
 
 from elfes.contract import CheckpointName
 from elfes.engine import export_weights, load_weights
-from elfes.engine.checkpoint import CheckpointError, read_checkpoint
+from elfes.engine.checkpoint import CheckpointError, read_checkpoint, safe_load_problem
 from elfes.engine.sharded import SafeReader, sharded_weights
 
 pytestmark = pytest.mark.distributed
@@ -216,6 +216,7 @@ def test_a_pickle_planted_in_a_sharded_checkpoints_metadata_is_refused_without_r
         load_weights(DropoutMLP(), folder)
     with pytest.raises(CheckpointError, match="safe loading refuses"):
         sharded_weights(folder, "raw")
+    assert "metadata cannot be read safely" in safe_load_problem(folder)  # what the launcher asks before a resume
     assert not marker.exists()
 
 
