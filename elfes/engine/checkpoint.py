@@ -27,15 +27,14 @@ from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
 
 from .collectives import every_rank_value
+from .dcp_reader import SafeReader
+from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
 from .payload import TensorCopy, model_mismatches, plain_payload
 
 FORMAT = "elfes-checkpoint"
 VERSION = 2
 SHARDED_STATE_FILE = "state.pt"  # in a sharded checkpoint's folder: all but the sharded tensors
 Weights = Literal["raw", "ema"]
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used, with the reason and what to do instead."""
 
 
 class CheckpointDirectory:
@@ -368,8 +367,6 @@ def safe_load_problem(path: Path) -> str | None:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         return f"it has no '{FORMAT}' marker"
     if Path(path).is_dir():  # a sharded checkpoint: its DCP metadata too, read by the safe unpickler
-        from .sharded import SafeReader  # imports this module
-
         try:
             SafeReader(path).read_metadata()
         except (CheckpointError, OSError, EOFError) as error:

@@ -1,5 +1,5 @@
-"""What a checkpoint payload may hold (what ``torch.load(weights_only=True)`` rebuilds), and how a saved
-model's parameters differ from a run's."""
+"""What a checkpoint payload may hold (what ``torch.load(weights_only=True)`` rebuilds), how a saved model's
+parameters differ from a run's, and the error of a checkpoint that cannot be used."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from typing import Any
 import torch
 
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with the reason and what to do instead."""
+
 
 TensorCopy = Callable[[torch.Tensor, str], torch.Tensor]  # (tensor, where in the payload) -> its copy
 

@@ -18,7 +18,6 @@ an unpickler that builds DCP's metadata classes and nothing else.
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -30,8 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -49,6 +48,7 @@ from .checkpoint import (
     read_checkpoint,
 )
 from .collectives import main_process_value
+from .dcp_reader import SafeReader
 from .payload import TensorCopy, model_mismatches, plain_payload
 
 SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DCP writes, each rank its shards
@@ -72,47 +72,6 @@ def mesh_shape(model: nn.Module) -> list[int] | None:
     """The device mesh a sharded model's parameters are spread over, e.g. [2] or [2, 2] (HSDP); None if none is."""
     mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
     return None if mesh is None else list(mesh.shape)
-
-
-class SafeReader(FileSystemReader):
-    """DCP's file reader, but its ``.metadata`` is unpickled building DCP's own metadata classes only: a
-    planted pickle fails to load instead of running (tensors DCP loads with ``weights_only=True`` itself)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self.path) / ".metadata"
-        with open(path, "rb") as stream:
-            try:
-                metadata = _MetadataUnpickler(stream).load()
-            except pickle.UnpicklingError as error:
-                raise CheckpointError(
-                    f"{path} holds Python objects that safe loading refuses to build ({error}); ELFES writes only DCP's "
-                    "metadata there, so this folder was not written by ELFES, or was altered. Resume from another checkpoint."
-                ) from None
-        if not isinstance(metadata, Metadata):
-            raise CheckpointError(f"{path} is not DCP metadata; resume from a checkpoint written by Trainer.train().")
-        metadata.storage_meta = metadata.storage_meta or StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-_METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "PurePosixPath"},
-    "collections": {"OrderedDict"},
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if name in _METADATA_CLASSES.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
 
 
 def saved_tensors(metadata: Metadata, part: str, device: str | torch.device = "meta") -> dict[str, torch.Tensor]:
