@@ -274,7 +274,7 @@ class TrainingSession:
                 if checkpoint_due and self.directory is not None:
                     self.save(reason=SaveReason.INTERVAL)  # keep the work of this boundary before refusing
                 raise ValueError(missing_metric_message(results, monitor))
-            improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler)
+            improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler, self.checkpointer.sharded)
         self.log(
             "evaluation",
             **self._where(),
@@ -308,7 +308,7 @@ class TrainingSession:
         started = time.perf_counter()
         self.stop.heartbeat.beat(Phase.CHECKPOINTING)
         waited = self.collect_write(wait=True)
-        name = CheckpointName(state.step, state.batches)
+        name = CheckpointName(state.step, state.batches, self.checkpointer.sharded)
         asynchronous = self.config.async_checkpoints and reason in (SaveReason.INTERVAL, SaveReason.BEST)
         snapshot = self.host_buffers.snapshot() if asynchronous else None
         pending = self.checkpointer.snapshot(
@@ -324,7 +324,7 @@ class TrainingSession:
         if asynchronous:
             snapshot.wait()
             blocked = time.perf_counter() - started
-            if pending.main:
+            if pending.main or pending.every_rank_writes:
                 self.writer.start(publication, {**record, "blocked_s": blocked})
         else:
             writing = time.perf_counter()

@@ -42,6 +42,7 @@ TESTED = {
     "engine/plain-script": "test_the_plain_script_trains_continues_and_runs_on_two_processes",
     "engine/pause.py": "test_the_engine_snippets_run_on_a_real_trainer",
     "engine/weights.py": "test_the_engine_snippets_run_on_a_real_trainer",
+    "engine/sharded.py": "tests/engine/test_sharded.py::test_the_guides_sharding_block_trains_a_sharded_model_on_two_ranks",
     "benchmarks/command": "test_the_benchmark_command_shows_progress_then_prints_its_table_and_writes_json",
     "sweeps/job.yaml": "test_the_sweep_of_the_guide_runs_every_member",
     "sweeps/commands": "test_the_sweep_of_the_guide_runs_every_member",
