@@ -4,6 +4,7 @@ totals the same whether kept by the writer, rebuilt from the events, or read in 
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -164,3 +165,25 @@ def test_the_writer_keeps_the_totals_that_the_events_give_and_picks_them_up_afte
     rebuilt = read_timings(run_dir)
     assert [(a.start_step, a.last_step, a.evaluation_s) for a in rebuilt.attempts] == [(0, 3, 0.0), (2, 2, 0.25)]
     assert rebuilt.offset == (run_dir / "events.jsonl").stat().st_size
+
+
+def test_status_reads_the_published_totals_and_the_tail_and_refuses_a_big_log_without_them(tmp_path: Path):
+    """A run without timings.json has its records read whole up to SCAN_BYTES; past it, no goodput (NoTimings,
+    which status turns into a note); with the file, the records after its offset are read from the tail only."""
+    from elfes.launcher.rundir.goodput_reading import SCAN_BYTES, NoTimings, run_timings
+    from elfes.launcher.rundir.paths import RunPaths
+
+    paths = RunPaths(tmp_path / "run")
+    paths.run_dir.mkdir()
+    lines = [start(0, 0), checkpoint(1, 1, blocked_s=0.5)]
+    padding = "x" * 200
+    lines += [{**train(2 + step / 1000, step), "pad": padding} for step in range(2, 2 + SCAN_BYTES // 200)]
+    paths.events.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(NoTimings, match="timings.json is missing"):
+        run_timings(paths)
+    published = timings_of_events(lines[:2])
+    published.offset = len("".join(json.dumps(line) + "\n" for line in lines[:2]))
+    paths.timings.write_text(json.dumps(published.state_dict()))
+    read = run_timings(paths)
+    assert read.attempts == timings_of_events(lines).attempts
+    assert (read.attempts[0].last_step, read.attempts[0].checkpoint_s) == (lines[-1]["step"], 0.5)
