@@ -132,6 +132,14 @@ def _run_block(result: Any, *, with_attempts: bool) -> RenderableType:
     return Group(head, Padding(grid, (0, 0, 0, 2)))
 
 
+def goodput_line(data: dict[str, Any]) -> str:
+    """``goodput 81.2% of 1h02m: useful training 50m, ...`` from a status's JSON goodput."""
+    from elfes.records.goodput import Goodput, TimeParts, format_goodput
+
+    return format_goodput(Goodput(wall_s=data["wall_s"], parts=TimeParts(**data["parts"]),
+                                  redone_steps=data["redone_steps"]))
+
+
 def _fits(console: Console, renderable: RenderableType) -> bool:
     unbounded = console.options.update_width(1_000_000)  # a table measures itself within the width it is given
     return Measurement.get(console, unbounded, renderable).maximum <= console.width
@@ -156,6 +164,8 @@ def print_status(console: Console, results: Sequence[Any]) -> None:
             console.print(f"{result.name or result.run_dir}: node {node['host']} excluded after attempt "
                           f"{node['attempt']} failed there ({node['cause']}); `elfes resume --include-nodes` allows it "
                           "again", markup=False)
+        if single and getattr(result, "goodput", None) is not None:
+            console.print(f"{result.name or result.run_dir}: {goodput_line(result.goodput)}", markup=False)
         if single and result.ran_on:
             console.print(f"{result.name or result.run_dir}: latest attempt ran on {result.ran_on}", markup=False)
         if result.error:
