@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import EVENTS_FILE_NAME
-from elfes.records.timings import timings_path
 from elfes.records.tensorboard import TENSORBOARD_DIR_NAME, tensorboard_dir
+from elfes.records.timings import timings_path
 from elfes.records.tracking import tracker_state_path, tracking_dir, wandb_dir
 
 
