@@ -66,9 +66,9 @@ def run_goodput(paths: RunPaths, state: RunState | None, now: datetime) -> Goodp
     launches, handovers = [], []
     if state is not None:
         for attempt in state.attempts:
-            recorded = attempt.ended_at is not None and attempt.outcome != Outcome.LOST
+            ended = attempt.ended_at if attempt.outcome != Outcome.LOST else None
             launches.append(LaunchTimes(attempt.number, datetime.fromisoformat(attempt.started_at),
-                                        datetime.fromisoformat(attempt.ended_at) if recorded else None))
+                                        datetime.fromisoformat(ended) if ended is not None else None))
         handovers = [datetime.fromisoformat(submission.at) for submission in state.submissions
                      if submission.job_id is not None]
     under_way = state is not None and state.status not in ENDED
