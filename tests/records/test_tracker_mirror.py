@@ -15,7 +15,7 @@ from tracker_histories import mlflow_history, wandb_offline_history
 from elfes.launcher.commands.status import tracker_notes
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import RunLogger, read_events
-from elfes.records.tracker_mirror import read_mirror_state
+from elfes.records.tracker_mirror import FLUSH_TIMEOUT_VARIABLE, read_mirror_state
 from elfes.records.tracking import tracker_state_path, wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
@@ -26,6 +26,12 @@ pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' i
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One SQLite store for the file (creating its tables takes seconds)."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(autouse=True)
+def patient_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close waits for the tracker as long as a loaded test machine needs (W&B's service starts slowly)."""
+    monkeypatch.setenv(FLUSH_TIMEOUT_VARIABLE, "300")
 
 
 @pytest.fixture
