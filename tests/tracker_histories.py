@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 History = dict[str, list[tuple[int, float]]]  # metric -> (step, value) in the order the tracker holds them
@@ -63,18 +64,34 @@ def _records(path: Path) -> list[bytes]:
     return records
 
 
+def _completed_log(path: Path, timeout_s: float = 120.0) -> list:
+    """The records of a transaction log once it holds its run's ``exit`` record. W&B's service process writes
+    the log: ``finish()`` can return before it has (seen when two runs of one process start within a second and
+    the second gets a folder suffixed ``-1``), so a reader in the same process waits for the exit record."""
+    from wandb.proto import wandb_internal_pb2
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = []
+        for raw in _records(path):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            records.append(record)
+        if any(record.WhichOneof("record_type") == "exit" for record in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} holds no exit record after {timeout_s:.0f} s"
+        time.sleep(0.2)  # polling the writer's file: the condition is the exit record above
+
+
 def wandb_offline_history(wandb_root: Path, run_id: str) -> History:
     """Every history row of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first,
     as W&B would receive them on `wandb sync` (``_step`` is the step)."""
-    from wandb.proto import wandb_internal_pb2
 
     files = sorted(wandb_root.glob(f"**/run-{run_id}.wandb"), key=lambda path: path.parent.name)
     assert files, f"no offline run {run_id} under {wandb_root}"
     history: History = {}
     for path in files:
-        for raw in _records(path):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(raw)
+        for record in _completed_log(path):
             if record.WhichOneof("record_type") != "history":
                 continue
             values = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
