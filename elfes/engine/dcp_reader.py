@@ -4,6 +4,7 @@ loads with ``torch.load(weights_only=True)`` itself)."""
 
 from __future__ import annotations
 
+import enum
 import pickle
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,18 @@ _METADATA_CLASSES = {
 }
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """What ``getattr`` may build here: a member of one of the metadata's enums (some Python versions, 3.11.2
+    among them, pickle an enum member as ``getattr(cls, name)``), nothing else."""
+    if isinstance(cls, enum.EnumMeta) and isinstance(name, str) and name in cls.__members__:
+        return cls.__members__[name]
+    raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not part of DCP's metadata")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name in _METADATA_CLASSES.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
