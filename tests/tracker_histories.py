@@ -64,6 +64,17 @@ def _records(path: Path) -> list[bytes]:
     return records
 
 
+def _parsed(path: Path) -> list:
+    from wandb.proto import wandb_internal_pb2
+
+    records = []
+    for raw in _records(path):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        records.append(record)
+    return records
+
+
 def _completed_log(path: Path, timeout_s: float = 120.0) -> list:
     """The records of a transaction log once it holds its run's ``exit`` record. W&B's service process writes
     the log: ``finish()`` can return before it has (seen when two runs of one process start within a second and
@@ -83,7 +94,7 @@ def _completed_log(path: Path, timeout_s: float = 120.0) -> list:
         time.sleep(0.2)  # polling the writer's file: the condition is the exit record above
 
 
-def wandb_offline_history(wandb_root: Path, run_id: str) -> History:
+def wandb_offline_history(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> History:
     """Every history row of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first,
     as W&B would receive them on `wandb sync` (``_step`` is the step)."""
 
@@ -91,7 +102,7 @@ def wandb_offline_history(wandb_root: Path, run_id: str) -> History:
     assert files, f"no offline run {run_id} under {wandb_root}"
     history: History = {}
     for path in files:
-        for record in _completed_log(path):
+        for record in _completed_log(path) if wait_for_exit else _parsed(path):
             if record.WhichOneof("record_type") != "history":
                 continue
             values = {item.key or "/".join(item.nested_key): json.loads(item.value_json)

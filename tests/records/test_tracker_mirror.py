@@ -126,7 +126,7 @@ def test_wandb_offline_gets_every_step_once_with_the_run_id_kept_in_the_run_dire
 
     state = read_mirror_state(tmp_path / "run", "wandb")
     assert state is not None and not state.behind
-    history = wandb_offline_history(wandb_dir(tmp_path / "run"), state.run_id)
+    history = wandb_offline_history(wandb_dir(tmp_path / "run"), state.run_id, wait_for_exit=True)
     assert history["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.5)]
     assert history["eval/val/accuracy"] == [(4, 0.5)]
     assert len(list(wandb_dir(tmp_path / "run").glob(f"**/run-{state.run_id}.wandb"))) == 3  # one per attempt
