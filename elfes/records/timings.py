@@ -37,7 +37,7 @@ from typing import Any
 
 from elfes.files import temporary_name
 
-from .reader import iter_events
+from .reader import events_of_bytes, iter_events
 
 TIMINGS_FILE_NAME = "timings.json"
 TIMINGS_VERSION = 1
@@ -214,19 +214,6 @@ def _events_from(file: Path, offset: int) -> Iterable[Mapping[str, Any]]:
         stream.seek(offset)
         data = stream.read()
     return events_of_bytes(data)
-
-
-def events_of_bytes(data: bytes) -> list[dict[str, Any]]:
-    """The events in ``data`` (whole lines of ``events.jsonl``); lines that are not JSON events are skipped."""
-    events = []
-    for line in data.split(b"\n"):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and "event" in event:
-            events.append(event)
-    return events
 
 
 def events_file_size(file: Path) -> int:

@@ -15,7 +15,8 @@ import os
 from datetime import datetime
 
 from elfes.records.goodput import Goodput, LaunchTimes, account_goodput
-from elfes.records.timings import RunTimings, events_of_bytes, read_timings, timings_of_events
+from elfes.records.reader import events_of_bytes
+from elfes.records.timings import RunTimings, read_timings, timings_of_events
 
 from .paths import RunPaths
 from .state import ENDED, Outcome, RunState
