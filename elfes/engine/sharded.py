@@ -102,6 +102,27 @@ def sharded_weights(folder: Path, weights: Weights) -> dict[str, torch.Tensor]:
     return {**state["model"], **state.get("ema", {})}
 
 
+def whole_sharded_checkpoint(folder: Path) -> dict[str, Any]:
+    """Sharded checkpoint ``folder`` as one payload, read in this process alone: ``state.pt``'s entries, with the
+    whole tensors of the shards under ``model`` and ``ema`` (by parameter name) and ``optimizer`` (by parameter
+    index, then state name), for comparing two checkpoints tensor by tensor whatever world size wrote them."""
+    payload = read_checkpoint(folder)
+    metadata = SafeReader(folder).read_metadata()
+    tensors = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+               for key, entry in metadata.state_dict_metadata.items() if isinstance(entry, TensorStorageMetadata)}
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what is asked here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(tensors, storage_reader=SafeReader(folder), no_dist=True)
+    for key, tensor in sorted(tensors.items()):
+        part, _, name = key.partition(".")
+        if part == "optimizer":
+            index, _, name = name.partition(".")
+            payload.setdefault(part, {}).setdefault(index, {})[name] = tensor
+        else:
+            payload.setdefault(part, {})[name] = tensor
+    return payload
+
+
 def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None, main: bool) -> dict[str, torch.Tensor]:
     """A sharded model's full state dict on the CPU of the main process (empty elsewhere), with the averaged
     parameters ``average`` in place of the raw ones when given. Every rank calls it (it gathers the shards)."""

@@ -22,6 +22,29 @@ def slow_quickstart(job: Any) -> Any:
     return quickstart.run(job, slow_step)
 
 
+# examples/charlm, tiny (85 optimizer steps an epoch on two ranks), for sharded_charlm.
+TINY_CHARLM = {"train_chars": 20_000, "context": 32, "width": 32, "depth": 2, "heads": 2, "epochs": 1, "batch_size": 4,
+               "accumulation": 2, "warmup_steps": 5, "evaluate_every": 20, "checkpoint_every": 20, "log_every": 1}
+
+
+def sharded_charlm(job: Any) -> Any:
+    """examples/charlm with its model sharded over the ranks (FSDP2) and ``step_delay_s`` of sleep in every step,
+    or only in the attempts up to ``slow_attempts`` (both popped from the config)."""
+    from examples.charlm import job as charlm
+
+    config = dict(job.config)
+    delay = float(config.pop("step_delay_s", 0.0))
+    if job.attempt > int(config.pop("slow_attempts", job.attempt)):
+        delay = 0.0
+    job.config = {**config, "shard": True}
+
+    def slow_step(model, batch):
+        time.sleep(delay)
+        return charlm.step(model, batch)
+
+    return charlm.run(job, slow_step)
+
+
 def failing(job: Any) -> Any:
     """Fails on every rank, before any training, with a recognisable message."""
     raise RuntimeError(f"the data folder /nonexistent/{job.rank} is missing")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import slurm_runs
 from cluster import process_alive, wait_for
 from run_comparison import assert_runs_bitwise_equal
 from two_hosts import TwoHostCluster
@@ -322,6 +323,31 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
     assert [r["environment"]["SLURM_RESTART_COUNT"] for r in rank_records(run_dir, 2)] == ["1", "1"]
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
     assert_runs_bitwise_equal(run_dir, expected)
+
+
+def test_a_sharded_model_over_two_hosts_preempted_resumes_bitwise(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
+    """examples/charlm with its model sharded over 2 nodes x 1 task (FSDP2, gloo between the hosts), given the
+    requeue signal by `elfes preempt`: the rank on each host writes its shards of `last` into one folder, rank 0
+    requeues, and the relaunch on both hosts reads them back and ends bitwise equal to a straight local run."""
+    straight_spec = slurm_runs.write_spec(tmp_path, "straight", tasks=2, step_delay_s=0.0,
+                                          **slurm_runs.SHARDED_CHARLM)  # type: ignore[arg-type]
+    assert "as local job" in elfes(slurm_two_hosts, "submit", str(straight_spec), "--executor", "local").stdout
+    spec = slurm_runs.write_spec(tmp_path, "sharded", nodes=2, tasks=1, step_delay_s=0.1, **slurm_runs.SHARDED_CHARLM)  # type: ignore[arg-type]
+    assert "as slurm job" in elfes(slurm_two_hosts, "submit", str(spec), "--executor", "slurm").stdout
+    run_dir = tmp_path / "sharded"
+    wait_run(run_dir, lambda: task(run_dir, 0, 1) and task(run_dir, 1, 1) and trained_to(run_dir, 2),
+             "attempt 1 to train to step 2")
+    elfes(slurm_two_hosts, "preempt", str(run_dir))
+    state = wait_finished(run_dir)
+
+    hosts = ("node1", "node2")
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit", hosts), ("finished", None, "requeue", hosts)]
+    assert 2 <= state.attempts[0].step < state.attempts[1].step
+    shards = sorted(entry.name for entry in RunPaths(run_dir).final.resolve().iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"], shards
+    straight = wait_finished(tmp_path / "straight")
+    assert straight.attempts[-1].step == state.attempts[1].step
+    assert_runs_bitwise_equal(run_dir, tmp_path / "straight")
 
 
 def test_a_two_node_job_that_loses_a_rank_is_requeued_onto_both_nodes_and_resumes_bitwise(

@@ -169,12 +169,31 @@ def generator_note(generator: str) -> str:
 def _compare_file(ours: Path, theirs: Path, relative: str) -> list[TensorDifference]:
     import torch
 
+    if ours.is_dir() or theirs.is_dir():
+        return _compare_sharded(ours, theirs, relative)
     try:
         a_payload = torch.load(ours, map_location="cpu", weights_only=True)
         b_payload = torch.load(theirs, map_location="cpu", weights_only=True)
     except Exception:  # not a torch file (torch raises KeyError, UnpicklingError, ... then): its bytes are compared
         return [] if ours.read_bytes() == theirs.read_bytes() else [TensorDifference(relative, "", None,
                                                                                       "the bytes differ")]
+    return _compare_payloads(a_payload, b_payload, relative)
+
+
+def _compare_sharded(ours: Path, theirs: Path, relative: str) -> list[TensorDifference]:
+    """Two checkpoints of a sharded model (folders of DCP shards), read whole in this process."""
+    from elfes.engine.checkpoint import CheckpointError
+    from elfes.engine.sharded import whole_sharded_checkpoint
+
+    if not (ours.is_dir() and theirs.is_dir()):
+        return [TensorDifference(relative, "", None, "a sharded checkpoint (a folder) in one run, a file in the other")]
+    try:
+        return _compare_payloads(whole_sharded_checkpoint(ours), whole_sharded_checkpoint(theirs), relative)
+    except (CheckpointError, OSError, RuntimeError) as error:  # DCP raises a RuntimeError (CheckpointException) for a damaged shard
+        return [TensorDifference(relative, "", None, f"cannot be read: {error}")]
+
+
+def _compare_payloads(a_payload: Any, b_payload: Any, relative: str) -> list[TensorDifference]:
     a, b = dict(named_leaves(a_payload)), dict(named_leaves(b_payload))
     differences = [TensorDifference(relative, name, None, "only in one run") for name in sorted(a.keys() ^ b.keys())]
     for name in a.keys() & b.keys():
