@@ -96,6 +96,7 @@ class WarningKind(StrEnum):
     INEXACT_STREAM = "inexact_stream"  # a stream whose state_dict leaves out part of its place (a shuffle buffer)
     STREAM_REPLAY = "stream_replay"  # a resume read and discarded a stream's consumed batches
     TRACKER_BEHIND = "tracker_behind"  # an experiment tracker (MLflow, W&B) did not take the records sent to it
+    WORLD_SIZE_CHANGED = "world_size_changed"  # a run continued on another world size: equal to float rounding
 
 
 # -- heartbeat ------------------------------------------------------------------------------------------------

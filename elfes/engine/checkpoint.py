@@ -30,6 +30,14 @@ from .collectives import every_rank_value
 from .dcp_reader import SafeReader
 from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
 from .payload import TensorCopy, model_mismatches, plain_payload
+from .resize import (
+    PER_WORLD_LAYOUT,
+    next_batch_after_resize,
+    rank_stream_seed,
+    remap_log_interval,
+    resize_problems,
+    seed_rank_streams,
+)
 
 FORMAT = "elfes-checkpoint"
 VERSION = 2
@@ -287,19 +295,21 @@ class Checkpointer:
     def check_fits(self, payload: Mapping[str, Any], resolved: Path, mismatches: list[str]) -> None:
         """Refuse checkpoint ``resolved`` whose layout (or model: ``mismatches``) does not fit this run."""
         expected, found = self.layout(), payload["layout"]
+        resized = len(payload["ranks"]) != self.accelerator.num_processes
+        unchecked = _ADVISORY_LAYOUT + (PER_WORLD_LAYOUT if resized else ())  # a resize checks them as one window
         mismatches = [
             f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
             for key in expected
-            if key not in _ADVISORY_LAYOUT and found.get(key) != expected[key]
+            if key not in unchecked and found.get(key) != expected[key]
         ] + mismatches
-        ranks = payload["ranks"]
-        if len(ranks) != self.accelerator.num_processes and not any("world_size" in m for m in mismatches):
-            mismatches.append(f"world_size: the checkpoint has {len(ranks)}, this run has {self.accelerator.num_processes}")
+        if resized:
+            mismatches += resize_problems(found, expected, per_rank_data=self.per_rank["data"].per_rank_position())
         if mismatches:
             raise CheckpointError(
                 f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
-                "Resume with the same world size, batching, objective, EMA, precision, optimizer, scheduler and "
-                "model (names, shapes and dtypes); to change them, start a new run from its weights (load_weights)."
+                "Resume with the same batching (on another world size, the same window of microbatches per update), "
+                "objective, EMA, precision, optimizer, scheduler and model (names, shapes and dtypes); to change them, "
+                "start a new run from its weights (load_weights)."
             )
         if found.get("torch_threads") != expected["torch_threads"]:
             warnings.warn(
@@ -310,9 +320,15 @@ class Checkpointer:
             )
 
     def restore_per_rank(self, payload: Mapping[str, Any]) -> None:
-        own = payload["ranks"][self.accelerator.process_index]
+        ranks, rank, world = payload["ranks"], self.accelerator.process_index, self.accelerator.num_processes
+        if len(ranks) != world:  # another world size, which check_fits allowed (see .resize)
+            seed_rank_streams(rank_stream_seed(payload, rank))
+            remap_log_interval(self.per_rank["log_interval"], [old["log_interval"] for old in ranks], rank)
+            state = self.shared["state"]
+            state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
+            return
         for key, component in self.per_rank.items():
-            component.load_state_dict(own.get(key, {}))  # checkpoints older than a component hold none of it
+            component.load_state_dict(ranks[rank].get(key, {}))  # checkpoints older than a component hold none of it
 
     def _gather(self, states: list[Any]) -> list[list[Any]]:
         if self.accelerator.num_processes == 1:

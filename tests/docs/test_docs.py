@@ -450,7 +450,7 @@ def test_the_benchmark_command_shows_progress_then_prints_its_table_and_writes_j
     assert re.search(r"loop tiny: round 1/1: hand wall [\d.]+ s cpu [\d.]+ s, elfes wall", first_round)
     assert still_running
     assert "ELFES benchmarks" in stdout and "SMOKE SIZES" in stdout
-    benchmarks = ("loop", "checkpoint", "stop", "resume", "login", "sweep_status")
+    benchmarks = ("loop", "sharded", "checkpoint", "stop", "resume", "login", "sweep_status")
     for name in benchmarks:
         assert re.search(rf"^│ {name} +│", stdout, flags=re.M), name
     results = json.loads(written.read_text())
@@ -461,7 +461,10 @@ def test_the_benchmark_command_shows_progress_then_prints_its_table_and_writes_j
     assert any("async" in row["measure"] for row in rows if row["benchmark"] == "checkpoint")
     differences = {row["case"]: row["details"]["max_parameter_difference_vs_hand"] for row in rows
                    if "max_parameter_difference_vs_hand" in (row.get("details") or {})}
-    assert differences["tiny"] == differences["tiny+augment"] == differences["tiny+eval+ema"] == 0.0, differences
+    # Without random draws in the data, the engine's arithmetic is the hand loop's (augmented batches it reads
+    # under a seed of the batch's place, which the hand loop does not).
+    assert differences["tiny"] == differences["tiny+eval+ema"] == 0.0, differences
+    assert differences["fsdp2 mlp, 2 ranks"] == differences["fsdp2 mlp, 4 ranks"] == 0.0, differences
     (skipped,) = [row for row in rows if row["measure"].startswith("samples of skipped batches")]
     assert skipped["result"] == 0 and skipped["holds"] is True
 

@@ -145,6 +145,10 @@ def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[P
     assert state_of(straight).attempts[-1].step == planned
     assert_runs_bitwise_equal(preempted, straight)
     assert (preempted / "checkpoints" / "final").resolve().suffix == (".dcp" if reader.get("shard") else ".pt")
+    # `elfes export` of the run (its `last`, here the final folder of shards) gives the exported EMA model's tensors.
+    assert elfes(["export", str(preempted), str(tmp_path / "exported.pt"), "--weights", "ema"]) == 0
+    exported, saved = (torch.load(path, weights_only=True) for path in (tmp_path / "exported.pt", preempted / "model.pt"))
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
 
     evaluation = [e for e in events(preempted) if e["event"] == "evaluation"][-1]["metrics"]["validation"]
     assert math.isclose(evaluation["bits_per_character"], evaluation["loss"] / math.log(2), rel_tol=1e-5)
