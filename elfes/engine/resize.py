@@ -111,5 +111,6 @@ def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any]) -> str
         f"Continuing on {describe(expected)} a run whose checkpoint was written on {describe(found)}: every update "
         f"trains on the same {window(found)} microbatches as before, but the sum over ranks is reduced in another "
         "order, so the run now matches an uninterrupted one to float rounding, not bitwise; and each rank's "
-        "generators (dropout, and random draws made while reading batches without DataLoader workers) start from "
-        "new streams derived from (seed, step, rank). Draws made in DataLoader workers stay those of the batch.")
+        "generators (dropout, and NumPy's or Python's draws while reading batches in the training process) start "
+        "from new streams derived from (seed, step, rank). torch's draws while reading a batch, in DataLoader "
+        "workers or not, and every draw in workers, stay those of the batch.")

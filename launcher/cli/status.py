@@ -89,7 +89,7 @@ def _time(text: str | None) -> str:
 
 def _attempt_cells(attempt: dict[str, Any]) -> list[str]:
     return [str(attempt["number"]), attempt["launch"], attempt["job_id"], ",".join(attempt["hosts"]) or "-",
-            _time(attempt["started_at"]), _time(attempt["ended_at"]), _outcome(attempt),
+            str(attempt["world_size"]), _time(attempt["started_at"]), _time(attempt["ended_at"]), _outcome(attempt),
             attempt["signal"] or "-", _cell(attempt["step"])]
 
 
@@ -106,7 +106,7 @@ def _runs_table(results: Sequence[Any]) -> Table:
 
 def _attempts_table(result: Any) -> Table:
     table = Table(title="attempts (UTC)", show_edge=False)
-    for column in ("#", "launch", "job", "hosts", "started", "ended", "outcome", "signal", "step"):
+    for column in ("#", "launch", "job", "hosts", "ranks", "started", "ended", "outcome", "signal", "step"):
         table.add_column(column, no_wrap=True)
     for attempt in result.attempts:
         table.add_row(*_attempt_cells(attempt))
@@ -124,9 +124,9 @@ def _run_block(result: Any, *, with_attempts: bool) -> RenderableType:
             ("last checkpoint", _short_checkpoint(result))]
     if with_attempts:
         for attempt in result.attempts:
-            number, launch, job, hosts, started, ended, outcome, signal, step = _attempt_cells(attempt)
+            number, launch, job, hosts, ranks, started, ended, outcome, signal, step = _attempt_cells(attempt)
             rows.append((f"attempt {number}", f"{outcome}" + ("" if signal == "-" else f" ({signal})")
-                         + f" at step {step}; {launch}, job {job} on {hosts}; {started} to {ended} UTC"))
+                         + f" at step {step}; {launch}, job {job} on {hosts}, {ranks} ranks; {started} to {ended} UTC"))
     for key, value in rows:
         grid.add_row(key, value)
     return Group(head, Padding(grid, (0, 0, 0, 2)))

@@ -55,6 +55,7 @@ TESTED = {
     "vision/run": "tests/examples/test_vision.py::test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise",
     "trackers/job.yaml": "tests/records/test_tracker_mirror.py::test_the_trackers_section_of_the_guide_validates",
     "charlm/gpu": "tests/examples/test_charlm.py::test_the_gpu_spec_validates_and_dry_runs_for_slurm",
+    "resize/accumulation.py": "test_the_window_block_derives_the_accumulation_from_the_world_size",
 }
 
 
@@ -486,3 +487,25 @@ def test_the_map_of_the_house_names_every_floor_and_only_paths_that_exist():
     floors = [f"launcher/{folder.name}/" for folder in (REPOSITORY / "launcher").iterdir()
               if (folder / "__init__.py").is_file()]
     assert len(floors) >= 7 and not [floor for floor in floors + ["launcher/errors.py"] if f"`{floor}`" not in page]
+
+
+def test_the_window_block_derives_the_accumulation_from_the_world_size():
+    """The guide's block, run as `main(job)` runs it, for the world sizes a window of 8 allows and one it does not
+    (the continuation itself: tests/engine/test_resize.py, tests/launcher/test_continuing_runs.py)."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.state import AcceleratorState, GradientState
+
+    code = compile(block("resize/accumulation.py").text, "resize/accumulation.py", "exec")
+    for world_size, accumulation in ((1, 8), (2, 4), (4, 2), (8, 1)):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        names = {"job": SimpleNamespace(config={"window": 8}, world_size=world_size), "Accelerator": Accelerator,
+                 "DataLoaderConfiguration": DataLoaderConfiguration}
+        exec(code, names)
+        assert names["accelerator"].gradient_accumulation_steps == accumulation
+    with pytest.raises(ValueError, match="config window is 8, which 3 ranks cannot share; use a multiple"):
+        exec(code, {"job": SimpleNamespace(config={"window": 8}, world_size=3)})
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

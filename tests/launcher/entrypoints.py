@@ -53,7 +53,10 @@ def failing(job: Any) -> Any:
 def budget_free_quickstart(job: Any) -> Any:
     """The quickstart model, data and step with a constant learning rate: nothing it computes depends on
     ``epochs``, so raising them on a finished run must continue it to the bits of a run that had the
-    larger budget from the start (the quickstart's own schedule spans the budget, so it would not)."""
+    larger budget from the start (the quickstart's own schedule spans the budget, so it would not).
+
+    With ``window`` in the config (microbatches per update over all ranks) its accumulation is derived from the
+    world size, as a job that may continue on another one does, and ``dropout`` sets the model's dropout."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.utils import set_seed
@@ -63,11 +66,13 @@ def budget_free_quickstart(job: Any) -> Any:
     from elfes.engine import Evaluator, RunLogger, TrainConfig, Trainer
     from examples.quickstart.train import make_data, step
 
-    config = {**quickstart.DEFAULTS, **job.config}
+    config = {**quickstart.DEFAULTS, "dropout": 0.1, **job.config}
+    if "window" in config:
+        config["accumulation"] = config.pop("window") // job.world_size
     accelerator = Accelerator(gradient_accumulation_steps=config["accumulation"],
                               dataloader_config=DataLoaderConfiguration(even_batches=False))
     set_seed(config["seed"])
-    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(config["dropout"]), nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
     train_loader = DataLoader(make_data(config["train_samples"], seed=1), batch_size=config["batch_size"], shuffle=True)
     evaluator = Evaluator(accelerator, {"validation": DataLoader(make_data(64, seed=2), batch_size=64)}, step)
