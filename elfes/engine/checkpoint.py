@@ -37,10 +37,11 @@ from .resize import (
     remap_log_interval,
     resize_problems,
     seed_rank_streams,
+    shared_generators,
 )
 
 FORMAT = "elfes-checkpoint"
-VERSION = 2
+VERSION = 3  # 3: a batch read in the training process draws torch's numbers under its place's seed (2 did not)
 SHARDED_STATE_FILE = "state.pt"  # in a sharded checkpoint's folder: all but the sharded tensors
 Weights = Literal["raw", "ema"]
 
@@ -322,8 +323,12 @@ class Checkpointer:
     def restore_per_rank(self, payload: Mapping[str, Any]) -> None:
         ranks, rank, world = payload["ranks"], self.accelerator.process_index, self.accelerator.num_processes
         if len(ranks) != world:  # another world size, which check_fits allowed (see .resize)
-            seed_rank_streams(rank_stream_seed(payload, rank))
-            remap_log_interval(self.per_rank["log_interval"], [old["log_interval"] for old in ranks], rank)
+            shared = shared_generators(ranks)
+            if shared is not None:
+                self.per_rank["rng"].load_state_dict(shared)
+            else:
+                seed_rank_streams(rank_stream_seed(payload, rank))
+            remap_log_interval(self.per_rank["log_interval"], [old.get("log_interval", {}) for old in ranks], rank)
             state = self.shared["state"]
             state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
             return

@@ -43,7 +43,9 @@ def resize_problems(found: Mapping[str, Any], expected: Mapping[str, Any], *, pe
     if old != new:
         ranks = describe({"world_size": world, "gradient_accumulation_steps": old // world}).partition(" x ")[0]
         keeps = (f"{ranks} x accumulation {old // world} keeps the window of {old} microbatches: set "
-                 f"Accelerator(gradient_accumulation_steps={old // world})") if old % world == 0 else (
+                 f"Accelerator(gradient_accumulation_steps={old // world}), as a job does that derives it from the "
+                 "world size (window // world_size; the guide's 'Continuing on another world size')"
+                 ) if old % world == 0 else (
                  f"no accumulation on {ranks} keeps it: use a world size that divides {old}")
         problems.append(
             f"world_size: the checkpoint was written on {describe(found)} (a window of {old} microbatches per "
@@ -65,6 +67,28 @@ def resize_problems(found: Mapping[str, Any], expected: Mapping[str, Any], *, pe
             "over; continue on the same world size, or read a map-style dataset through the engine's sampler "
             "(DataLoader(dataset, shuffle=True), with or without workers), whose position is the run's")
     return problems
+
+
+def shared_generators(ranks: list[Mapping[str, Any]]) -> Any | None:
+    """The generator states every old rank saved, when they are all the same (a job that seeds every rank alike
+    and draws alike, which a layer drop under FSDP2 needs): every new rank takes them. None when they differ."""
+    import torch
+
+    states = [rank.get("rng") for rank in ranks]
+    first = states[0]
+    if not first:
+        return None
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return a.shape == b.shape and bool(torch.equal(a, b))
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return bool(a == b)
+
+    return first if all(same(first, other) for other in states[1:]) else None
 
 
 def rank_stream_seed(payload: Mapping[str, Any], rank: int) -> int:
@@ -98,9 +122,7 @@ def seed_rank_streams(seed: int) -> None:
 def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: int) -> int:
     """The batch of its share where a rank of the new world size resumes the epoch."""
     consumed = next_batch * int(found["world_size"])  # batches of the epoch that every rank together read
-    if consumed % world:
-        raise ValueError(f"the checkpoint is {consumed} batches into its epoch, which {world} ranks cannot share")
-    return consumed // world
+    return consumed // world  # a whole number of windows (or the epoch's start): check_fits admitted the window
 
 
 def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
@@ -112,5 +134,6 @@ def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any]) -> str
         f"trains on the same {window(found)} microbatches as before, but the sum over ranks is reduced in another "
         "order, so the run now matches an uninterrupted one to float rounding, not bitwise; and each rank's "
         "generators (dropout, and NumPy's or Python's draws while reading batches in the training process) start "
-        "from new streams derived from (seed, step, rank). torch's draws while reading a batch, in DataLoader "
-        "workers or not, and every draw in workers, stay those of the batch.")
+        "from new streams derived from (seed, step, rank), unless every old rank's were the same, which every new "
+        "rank then takes. The CPU draws of torch while reading a batch, in DataLoader workers or not, and every "
+        "draw in workers, stay those of the batch.")

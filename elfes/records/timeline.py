@@ -307,8 +307,10 @@ class TimelineBuilder:
             name: Series(name, *map(tuple, kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
             for name in names
         }
-        markers = tuple(marker for index, attempt in enumerate(attempts)
-                        for marker in _markers(attempt, attempts[index - 1].world_size if index else None))
+        known = [None] + [attempt.world_size for attempt in attempts]  # each attempt's, or the last one known
+        for index in range(1, len(known)):
+            known[index] = known[index] if known[index] is not None else known[index - 1]
+        markers = tuple(marker for index, attempt in enumerate(attempts) for marker in _markers(attempt, known[index]))
         spans = tuple(LostSpan(attempt.number, max(int(redo), attempt.start_step), attempt.last_step)
                       for attempt, redo in zip(attempts, redo_from) if attempt.last_step > redo)
         return Timeline(attempts=tuple(attempts), markers=markers, series=series, lost_spans=spans)

@@ -126,7 +126,8 @@ def _run_block(result: Any, *, with_attempts: bool) -> RenderableType:
         for attempt in result.attempts:
             number, launch, job, hosts, ranks, started, ended, outcome, signal, step = _attempt_cells(attempt)
             rows.append((f"attempt {number}", f"{outcome}" + ("" if signal == "-" else f" ({signal})")
-                         + f" at step {step}; {launch}, job {job} on {hosts}, {ranks} ranks; {started} to {ended} UTC"))
+                         + f" at step {step}; {launch}, job {job} on {hosts}, {ranks} rank{'' if ranks == '1' else 's'}; "
+                         f"{started} to {ended} UTC"))
     for key, value in rows:
         grid.add_row(key, value)
     return Group(head, Padding(grid, (0, 0, 0, 2)))

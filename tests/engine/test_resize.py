@@ -125,3 +125,15 @@ def test_the_training_data_of_a_stream_and_of_a_stateful_sampler_name_their_per_
     assert TrainingData(accelerator, DataLoader(data, batch_size=2, shuffle=True)).per_rank_position() is None
     own = TrainingData(accelerator, DataLoader(data, batch_size=2, sampler=ResumableSampler(8)))
     assert own.per_rank_position() == "the training loader's sampler (TensorDataset) keeps state"
+
+
+def test_generators_every_old_rank_shared_are_every_new_ranks_and_differing_ones_are_not_taken():
+    from elfes.engine.resize import shared_generators
+    from elfes.engine.rng import capture_rng
+
+    torch.manual_seed(3)
+    same = capture_rng()
+    assert shared_generators([{"rng": same}, {"rng": capture_rng()}]) is not None
+    torch.rand(1)  # this rank drew once more
+    assert shared_generators([{"rng": same}, {"rng": capture_rng()}]) is None
+    assert shared_generators([{"rng": {}}, {"rng": {}}]) is None  # nothing saved: derived streams

@@ -69,6 +69,12 @@ def budget_free_quickstart(job: Any) -> Any:
     config = {**quickstart.DEFAULTS, "dropout": 0.1, **job.config}
     if "window" in config:
         config["accumulation"] = config.pop("window") // job.world_size
+    delay = float(config.pop("step_delay_s", 0.0))
+
+    def slow_step(model, batch):
+        time.sleep(delay)
+        return step(model, batch)
+
     accelerator = Accelerator(gradient_accumulation_steps=config["accumulation"],
                               dataloader_config=DataLoaderConfiguration(even_batches=False))
     set_seed(config["seed"])
@@ -77,7 +83,7 @@ def budget_free_quickstart(job: Any) -> Any:
     train_loader = DataLoader(make_data(config["train_samples"], seed=1), batch_size=config["batch_size"], shuffle=True)
     evaluator = Evaluator(accelerator, {"validation": DataLoader(make_data(64, seed=2), batch_size=64)}, step)
     with RunLogger(job.run_dir, is_main_process=accelerator.is_main_process) as logger:
-        trainer = Trainer(accelerator, model, optimizer, train_loader, step, evaluator=evaluator, ema_decay=0.9,
+        trainer = Trainer(accelerator, model, optimizer, train_loader, slow_step, evaluator=evaluator, ema_decay=0.9,
                           logger=logger)
         state = trainer.train(TrainConfig(epochs=config["epochs"], log_every=config["log_every"]),
                               checkpoint_dir=job.checkpoint_dir, resume_from=job.resume_from, stop=job.stop)

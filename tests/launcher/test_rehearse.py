@@ -210,6 +210,35 @@ def test_a_sharded_job_rehearses_exact_through_sigterm_and_sigkill(tmp_path, cap
     assert final.resolve().suffix == ".dcp"
 
 
+def test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_data_identical(tmp_path, capsys):
+    """--resize 1 on a 2-rank job that derives its accumulation from its window (4 microbatches) and has no
+    dropout: one pause, the continuation on 1 rank, a verdict that names the data identical and the largest
+    relative difference of any tensor."""
+    config = {"epochs": 3, "train_samples": 256, "log_every": 1, "window": 4, "dropout": 0.0, "step_delay_s": 0.04}
+    spec = write_spec(tmp_path, "tests.launcher.entrypoints:budget_free_quickstart", config=config,
+                      resources={"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
+                                 "timeout_min": 10})
+    code, report = rehearse(spec, "--resize", "1", "--keep", capsys=capsys)
+    assert (code, report["verdict"]) in ((0, "within rounding"), (0, "exact")), report
+    [pause] = report["interruptions"]
+    assert pause["kind"] == "stop" and pause["landed"], pause
+    resized = report["resized"]
+    assert resized["ranks"] == 1 and resized["data_identical"] and resized["resumed_at"] == pause["saved_step"]
+    assert resized["largest_difference"] <= resized["tolerance"] and resized["unmatched"] == []
+    assert report["summary"].startswith(f"{report['verdict']} on 1 rank (the data identical in every update after "
+                                        f"step {pause['saved_step']}; the largest relative difference of any tensor")
+    state = json.loads((tmp_path / "run.rehearsal" / "interrupted" / "state.json").read_text())
+    assert [attempt["world_size"] for attempt in state["attempts"]] == [2, 1]
+
+
+@pytest.mark.parametrize(("ranks", "says"), [(0, "give the number of ranks to continue on"),
+                                             (1, "the job already runs on 1 rank; give another world size")])
+def test_a_resize_to_no_other_world_size_exits_2_and_creates_nothing(tmp_path, capsys, ranks, says):
+    spec = write_spec(tmp_path)
+    assert elfes(["rehearse", str(spec), "--executor", "local", "--resize", str(ranks)]) == 2
+    assert says in capsys.readouterr().err and not (tmp_path / "run.rehearsal").exists()
+
+
 def sharded_run(run_dir: Path, weight: Any) -> Path:
     """A run directory whose final checkpoint is a folder of DCP shards holding ``weight`` as the model's ``w``."""
     import torch
