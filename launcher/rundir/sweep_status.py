@@ -13,6 +13,7 @@ import os
 import socket
 from collections import Counter
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,15 @@ class SweepStatus:
     scheduler: dict[str, Any] | None
     problems: dict[str, str]
     stalled: str | None = None  # why waiting members will not start (no live scheduler), or None
+    # the members' goodput summed (elfes.records.goodput.Goodput.to_json, without attempts): their wall times,
+    # parts and redone steps added, the compute the sweep used; None before any member has records
+    goodput: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"sweep_dir": self.sweep_dir, "name": self.name, "executor": self.executor,
                 "max_parallel": self.max_parallel, "members": [member.to_json() for member in self.members],
                 "counts": self.counts, "jobs": self.jobs, "scheduler": self.scheduler, "problems": self.problems,
-                "stalled": self.stalled}
+                "stalled": self.stalled, "goodput": self.goodput}
 
 
 def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
@@ -165,7 +169,30 @@ def sweep_status(sweep_dir: str | os.PathLike[str], record: SweepRecord | None =
         sweep_dir=str(paths.sweep_dir), name=record.name, executor=record.executor,
         max_parallel=record.max_parallel, members=best_first(members), counts=counts,
         jobs=[asdict(job) for job in record.jobs], scheduler=record.scheduler, problems=dict(record.problems),
-        stalled=stall(paths, record) or _cut_short(paths, [m for m in members if m.name not in queued], processes))
+        stalled=stall(paths, record) or _cut_short(paths, [m for m in members if m.name not in queued], processes),
+        goodput=summed_goodput([RunPaths(Path(member.run_dir)) for member in members]))
+
+
+def summed_goodput(members: list[RunPaths]) -> dict[str, Any] | None:
+    """The goodput of ``members`` summed: each one's wall time, parts and redone steps added (members whose
+    records cannot be read, or that have none yet, left out)."""
+    from elfes.records.goodput import Goodput
+
+    from .goodput_reading import NoTimings, run_goodput
+
+    now = datetime.now(timezone.utc)
+    total: Goodput | None = None
+    for paths in members:
+        try:
+            state = run_state.load_state(paths)
+            if state is None or not state.attempts:
+                continue
+            goodput = run_goodput(paths, state, now)
+        except (run_state.RunDamaged, NoTimings, ValueError, OSError):
+            continue
+        total = goodput if total is None else Goodput(total.wall_s + goodput.wall_s, total.parts + goodput.parts,
+                                                      total.redone_steps + goodput.redone_steps)
+    return None if total is None else {**Goodput(total.wall_s, total.parts, total.redone_steps).to_json(), "attempts": []}
 
 
 def _may_start(paths: RunPaths, state: run_state.RunState, processes: ProcessTable | None) -> bool:

@@ -154,6 +154,16 @@ def test_a_2x2_grid_with_max_parallel_2_runs_all_four_bitwise_equal_to_each_alon
     for run_dir in members:
         assert not RunPaths(run_dir).code.exists()
         assert [a.provenance.code.path for a in state_of(run_dir).attempts] == [str(snapshot)]
+    # The sweep's goodput is its members' summed: wall times, parts and redone steps added.
+    from elfes.launcher.commands.status import run_status
+    from elfes.launcher.rundir.sweep_status import sweep_status
+
+    each = [run_status(run_dir).goodput for run_dir in members]
+    summed = sweep_status(sweep_dir).goodput
+    assert summed["wall_s"] == pytest.approx(sum(g["wall_s"] for g in each), rel=1e-9)
+    for part in summed["parts"]:
+        assert summed["parts"][part] == pytest.approx(sum(g["parts"][part] for g in each), rel=1e-9, abs=1e-9), part
+    assert summed["goodput"] == pytest.approx(summed["parts"]["useful_s"] / summed["wall_s"])
 
 
 def test_a_preempted_member_requeues_alone_and_ends_bitwise(sweeps: Sweeps, twins, tmp_path: Path) -> None:
