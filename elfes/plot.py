@@ -20,7 +20,11 @@ axis. Tests read the data back by gid:
 - a label per run and step naming its markers (``SIGTERM / requeue``, ``kill``; gid ``label:<run>``),
   above the top panel in as many rows as it takes for no label to cover another; a label that three or
   more runs share at one step is drawn once (``6 runs: start``; gid ``label:<n> runs``);
-- a title naming each run's interruptions, or for many runs (a sweep) their sum.
+- a title naming each run's interruptions, or for many runs (a sweep) their sum;
+- for one run with a goodput (``RunCurves.goodput``), a last panel (gid ``panel:time``) with a horizontal bar
+  per attempt: its window of the run's wall time split into the goodput's parts (useful training, redone,
+  evaluation, checkpoint stalls, start-up, queue, between attempts, other), each segment gid
+  ``timebar:<attempt>:<part>`` (``after`` for the wait after the last attempt).
 
 Example:
     >>> figure = draw([RunCurves("quickstart", build_timeline(read_events(run_dir)))], ["train/loss"])  # doctest: +SKIP
@@ -33,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elfes.records.goodput import PART_LABELS, Goodput
 from elfes.records.timeline import Marker, Timeline
 
 try:
@@ -79,6 +84,12 @@ class RunCurves:
 
     name: str
     timeline: Timeline
+    goodput: Goodput | None = None  # where its wall time went, drawn as a bar per attempt (one run only)
+
+
+# Each part of the wall time in the time bars: useful work in green, lost work in red, waiting in greys.
+PART_COLORS = {"useful_s": "#2ca02c", "redone_s": "#d62728", "evaluation_s": "#1f77b4", "checkpoint_s": "#9467bd",
+               "startup_s": "#ff7f0e", "queue_s": "#7f7f7f", "between_s": "#c7c7c7", "other_s": "#bcbd22"}
 
 
 def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None = None) -> Figure:
@@ -88,9 +99,15 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     """
     if not runs or not metrics:
         raise ValueError("draw needs at least one run and one metric; give run directories and metric names")
-    figure = Figure(figsize=(9.0, 1.2 + PANEL_HEIGHT_IN * len(metrics)), layout="constrained")
+    goodput = runs[0].goodput if len(runs) == 1 and runs[0].goodput is not None and runs[0].goodput.attempts else None
+    bars = [] if goodput is None else [0.6 + 0.3 * len(goodput.attempts)]
+    figure = Figure(figsize=(9.0, 1.2 + PANEL_HEIGHT_IN * len(metrics) + sum(bars)), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    grid = figure.add_gridspec(len(metrics) + len(bars), 1, height_ratios=[PANEL_HEIGHT_IN] * len(metrics) + bars)
+    axes = [figure.add_subplot(grid[0])]
+    axes += [figure.add_subplot(grid[index], sharex=axes[0]) for index in range(1, len(metrics))]
+    for ax in axes[:-1]:
+        ax.tick_params(labelbottom=False)
     colors = run_colors(len(runs))
     for ax, metric in zip(axes, metrics):
         for run, color in zip(runs, colors):
@@ -108,7 +125,35 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     axes[0].legend(handles=_legend_handles(runs, colors), loc="upper right", fontsize=8, framealpha=0.85)
     figure.suptitle(title or _title(runs), fontsize=10)
     _stack_labels(axes[0], labels)
+    if goodput is not None:
+        _draw_time_bars(figure.add_subplot(grid[len(metrics)]), goodput)
     return figure
+
+
+def _draw_time_bars(ax, goodput: Goodput) -> None:
+    """A horizontal bar per attempt of the run's wall time (and one for the wait after the last, if any), each
+    cut into the goodput's parts, in seconds."""
+    drawn: set[str] = set()
+    rows = []
+    for row, window in enumerate(goodput.attempts):
+        rows.append(f"attempt {window.number}" if window.number is not None else "after")
+        left = 0.0
+        for part, label in PART_LABELS.items():
+            width = float(getattr(window.parts, part))
+            if width <= 0:
+                continue
+            [bar] = ax.barh(row, width, left=left, height=0.6, color=PART_COLORS[part],
+                            label=label if part not in drawn else "_nolegend_")
+            bar.set_gid(f"timebar:{window.number if window.number is not None else 'after'}:{part.removesuffix('_s')}")
+            drawn.add(part)
+            left += width
+    ax.set_yticks(range(len(rows)), rows)
+    ax.invert_yaxis()
+    share = goodput.goodput
+    ax.set_xlabel("seconds of the run's wall time" + (f" (goodput {share:.1%})" if share is not None else ""))
+    ax.set_gid("panel:time")
+    ax.legend(loc="lower right", fontsize=7, ncols=4, framealpha=0.85)
+    ax.grid(True, axis="x", alpha=0.25)
 
 
 def _title(runs: Sequence[RunCurves]) -> str:

@@ -16,7 +16,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class PlottedRun:
     run_dir: Path
     name: str
     timeline: Timeline
+    goodput: Any = None  # elfes.records.goodput.Goodput, where its records give one
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def plot(run_dirs: Sequence[str | os.PathLike[str]], *, output: str | os.PathLik
         from elfes import plot as drawing
     except ImportError as error:
         raise ActionFailed(str(error)) from None
-    figure = drawing.draw([drawing.RunCurves(run.name, run.timeline) for run in runs], chosen)
+    figure = drawing.draw([drawing.RunCurves(run.name, run.timeline, run.goodput) for run in runs], chosen)
     drawing.save(figure, output)
     return Plotted(output=output, metrics=chosen, runs=tuple(runs), figure=figure, not_drawn=not_drawn,
                    notes=_sweep_notes(labels))
@@ -129,7 +130,17 @@ def _read_run(run_dir: Path, label: str | None = None) -> PlottedRun:
     timeline = builder.build(launches=[attempt.launch if attempt is not None else None for attempt in recorded],
                              outcomes=[attempt.outcome if attempt is not None else None for attempt in recorded],
                              failures=[failure_label(attempt) for attempt in recorded])
-    return PlottedRun(run_dir=run_dir, name=label or _run_name(paths), timeline=timeline)
+    return PlottedRun(run_dir=run_dir, name=label or _run_name(paths), timeline=timeline, goodput=_goodput(paths, state))
+
+
+def _goodput(paths: RunPaths, state: run_state.RunState | None) -> Any:
+    """The run's goodput for its time bars, or None where its records give none."""
+    from ..rundir.goodput_reading import NoTimings, run_goodput
+
+    try:
+        return run_goodput(paths, state, datetime.now(timezone.utc)) if state is not None and state.attempts else None
+    except (NoTimings, ValueError, OSError):
+        return None
 
 
 def failure_label(attempt: run_state.Attempt | None) -> str | None:

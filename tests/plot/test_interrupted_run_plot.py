@@ -56,7 +56,7 @@ def test_the_plot_has_one_kept_path_the_lost_segment_apart_and_every_interruptio
     assert result.output.read_bytes().startswith(PNG_SIGNATURE)
     assert result.metrics == ("train/loss", "eval/validation/loss", "eval/validation/mae", "eval/validation/rmse")
     panels = {ax.get_gid().removeprefix("panel:"): ax for ax in result.figure.get_axes()}
-    assert list(panels) == list(result.metrics)
+    assert list(panels) == [*result.metrics, "time"]  # the goodput's time bars last
     loss_panel = panels["train/loss"]
 
     # The kept path: one line, every step once and in order, each with the value the records keep last.
@@ -84,7 +84,7 @@ def test_the_plot_has_one_kept_path_the_lost_segment_apart_and_every_interruptio
     first_stop, second_stop = attempts[0].step, attempts[1].step
     expected = {("start", 1, 0), ("stop", 1, first_stop), ("requeue", 2, first_stop), ("stop", 2, second_stop),
                 ("requeue", 3, second_stop), ("killed", 3, interrupted.killed_at_step), ("resume", 4, last_checkpoint)}
-    for ax in panels.values():
+    for ax in (panels[metric] for metric in result.metrics):
         drawn = set()
         for line in lines(ax, "marker:"):
             _, kind, attempt, run = line.get_gid().split(":", 3)
@@ -177,3 +177,30 @@ def test_the_goodput_redoes_the_killed_steps_past_the_last_checkpoint_and_its_pa
     assert elfes(["status", str(run_dir)]) == 0
     shown = capsys.readouterr().out
     assert f"goodput {goodput['goodput']:.1%} of " in shown and f"({redone_steps} steps)" in shown, shown
+
+
+def test_the_plot_draws_a_time_bar_per_attempt_cut_into_the_goodputs_parts(interrupted, tmp_path, capsys):
+    """The last panel: one bar per attempt, its segments the goodput's parts of that attempt's window (as
+    `elfes status --json` gives them), the redone part only in the killed attempt's."""
+    import json
+
+    from elfes.launcher.cli.main import main as elfes
+
+    run_dir = interrupted.run_dir
+    result = plot([run_dir], output=tmp_path / "interrupted.png")
+    [time_panel] = [ax for ax in result.figure.get_axes() if ax.get_gid() == "panel:time"]
+    segments: dict[str, dict[str, float]] = {}
+    for patch in time_panel.patches:
+        _, attempt, part = patch.get_gid().split(":")
+        segments.setdefault(attempt, {})[part] = patch.get_width()
+    assert elfes(["status", str(run_dir), "--json"]) == 0
+    windows = json.loads(capsys.readouterr().out)["goodput"]["attempts"]
+    assert list(segments) == [str(window["number"]) for window in windows] == ["1", "2", "3", "4"]
+    for window in windows:
+        drawn = segments[str(window["number"])]
+        parts = {name.removesuffix("_s"): value for name, value in window["parts"].items() if value > 0}
+        assert drawn.keys() == parts.keys()
+        for part, width in drawn.items():  # the plot's goodput is read a moment later than status's
+            assert width == pytest.approx(parts[part], rel=1e-6, abs=1e-3), (window["number"], part)
+    assert [("redone" in segments[number]) for number in "1234"] == [False, False, True, False]
+    assert "goodput" in time_panel.get_xlabel()
