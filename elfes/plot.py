@@ -87,7 +87,9 @@ class RunCurves:
     goodput: Goodput | None = None  # where its wall time went, drawn as a bar per attempt (one run only)
 
 
-# Each part of the wall time in the time bars: useful work in green, lost work in red, waiting in greys.
+# Each part of the wall time in the time bars, in the order they come within an attempt's window (the wait for
+# it, its start, its work, the rest): useful work in green, lost work in red, waiting in greys.
+BAR_ORDER = ("between_s", "queue_s", "startup_s", "useful_s", "redone_s", "evaluation_s", "checkpoint_s", "other_s")
 PART_COLORS = {"useful_s": "#2ca02c", "redone_s": "#d62728", "evaluation_s": "#1f77b4", "checkpoint_s": "#9467bd",
                "startup_s": "#ff7f0e", "queue_s": "#7f7f7f", "between_s": "#c7c7c7", "other_s": "#bcbd22"}
 
@@ -100,7 +102,7 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     if not runs or not metrics:
         raise ValueError("draw needs at least one run and one metric; give run directories and metric names")
     goodput = runs[0].goodput if len(runs) == 1 and runs[0].goodput is not None and runs[0].goodput.attempts else None
-    bars = [] if goodput is None else [0.6 + 0.3 * len(goodput.attempts)]
+    bars = [] if goodput is None else [0.9 + 0.3 * len(goodput.attempts)]
     figure = Figure(figsize=(9.0, 1.2 + PANEL_HEIGHT_IN * len(metrics) + sum(bars)), layout="constrained")
     FigureCanvasAgg(figure)
     grid = figure.add_gridspec(len(metrics) + len(bars), 1, height_ratios=[PANEL_HEIGHT_IN] * len(metrics) + bars)
@@ -138,8 +140,8 @@ def _draw_time_bars(ax, goodput: Goodput) -> None:
     for row, window in enumerate(goodput.attempts):
         rows.append(f"attempt {window.number}" if window.number is not None else "after")
         left = 0.0
-        for part, label in PART_LABELS.items():
-            width = float(getattr(window.parts, part))
+        for part in BAR_ORDER:
+            label, width = PART_LABELS[part], float(getattr(window.parts, part))
             if width <= 0:
                 continue
             [bar] = ax.barh(row, width, left=left, height=0.6, color=PART_COLORS[part],
@@ -152,7 +154,7 @@ def _draw_time_bars(ax, goodput: Goodput) -> None:
     share = goodput.goodput
     ax.set_xlabel("seconds of the run's wall time" + (f" (goodput {share:.1%})" if share is not None else ""))
     ax.set_gid("panel:time")
-    ax.legend(loc="lower right", fontsize=7, ncols=4, framealpha=0.85)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), fontsize=7, ncols=8, frameon=False)
     ax.grid(True, axis="x", alpha=0.25)
 
 
