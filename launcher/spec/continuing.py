@@ -8,7 +8,7 @@ A field declares ``json_schema_extra=MAY_CHANGE`` (how long, where and with what
 it to each of them. ``config`` is fixed but for the keys :func:`fixed_but` names (the training budget).
 A field without a declaration, on itself or its section, fails a test. Torch-free.
 
->>> may_change("resources.timeout_min"), may_change("resources.nodes"), may_change("config.epochs")
+>>> may_change("resources.timeout_min"), may_change("config.lr"), may_change("config.epochs")
 (True, False, True)
 """
 

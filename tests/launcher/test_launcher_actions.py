@@ -78,14 +78,14 @@ def test_submitting_a_spec_that_changes_the_math_of_a_run_with_checkpoints_is_re
     paths.checkpoints.mkdir()
     (paths.checkpoints / "step-00000004.pt").write_bytes(b"a checkpoint")
     spec = tmp_path / "demo.yaml"
-    spec.write_text(spec.read_text().replace("tasks_per_node: 2", "tasks_per_node: 1").replace("epochs: 1", "epochs: 5"))
+    spec.write_text(spec.read_text().replace("epochs: 1", "epochs: 5, lr: 0.1"))
     recorded = {path: path.read_bytes() for path in (paths.spec, paths.state)}
     for argv in (["submit", str(spec), "--executor", "local"], ["submit", str(spec), "--executor", "local", "--dry-run"],
-                 ["resume", str(paths.run_dir), "--set", "resources.tasks_per_node=1", "--set", "config.epochs=5"]):
+                 ["resume", str(paths.run_dir), "--set", "config.lr=0.1", "--set", "config.epochs=5"]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert ("holds a different job (fields that may not change when a run continues from its checkpoints: "
-                "resources.tasks_per_node)") in err  # config.epochs, the budget, may change
+                "config.lr)") in err  # config.epochs, the budget, may change
         assert "another run_dir (e.g. --set run_dir=NEW_FOLDER)" in err
     assert {path: path.read_bytes() for path in recorded} == recorded
 

@@ -108,8 +108,8 @@ def test_a_refused_sbatch_leaves_the_run_directory_byte_for_byte_and_resume_take
         assert "sbatch refused job demo" in refused.stderr and "Traceback" not in refused.stderr
         assert tree_digest(paths.run_dir) == before  # no attempt, no executor change, no submitit files
 
-    resumed = elfes("resume", str(paths.run_dir), "--executor", "local", "--set", "resources.tasks_per_node=1")
-    assert resumed.returncode == 2 and "resources.tasks_per_node" in resumed.stderr  # has a checkpoint
+    resumed = elfes("resume", str(paths.run_dir), "--executor", "local", "--set", "config.lr=0.1")
+    assert resumed.returncode == 2 and "config.lr" in resumed.stderr  # has a checkpoint
     resumed = elfes("resume", str(paths.run_dir), "--executor", "local")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed as local job" in resumed.stdout
