@@ -5,6 +5,7 @@ from the clock; bad input exits 2 and leaves nothing behind."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -229,6 +230,10 @@ def test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_dat
                                         f"step {pause['saved_step']}; the largest relative difference of any tensor")
     state = json.loads((tmp_path / "run.rehearsal" / "interrupted" / "state.json").read_text())
     assert [attempt["world_size"] for attempt in state["attempts"]] == [2, 1]
+    # docs/rehearse.md shows such a line: the same words around the numbers.
+    shown = re.sub(r"\d+(\.\d+)?(e-\d+)?", "N", (REPOSITORY / "docs" / "rehearse.md").read_text().split(
+        "<!-- doc-test: rehearse/resize-line -->\n```\n", 1)[1].split("\n```", 1)[0])
+    assert re.sub(r"\d+(\.\d+)?(e-\d+)?", "N", report["summary"]).split(", in ")[0] == shown.split(", in ")[0]
 
 
 @pytest.mark.parametrize(("ranks", "says"), [(0, "give the number of ranks to continue on"),
