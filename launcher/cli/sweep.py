@@ -156,10 +156,6 @@ def _sweep_table(console: Any, result: Any) -> None:
             console.print(f"{member.name}: error: {member.error}", markup=False)
     if result.stalled:
         console.print(f"sweep {result.name}: {result.stalled}", markup=False)
-    if result.goodput is not None:
-        from .status import goodput_line
-
-        console.print(f"sweep {result.name}, its members summed: {goodput_line(result.goodput)}", markup=False)
 
 
 def _wait_sweeps(args: argparse.Namespace, sweeps: list[str]) -> int:
