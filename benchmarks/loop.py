@@ -4,11 +4,13 @@ Every variant trains one epoch of the same in-memory data, in the same order, fr
 weights, with accumulation 2 and the exact mean over each window's samples, AdamW and gradient clipping,
 on one CPU thread. The Trainer's and the hand loop's final weights are compared to show that they did
 the same arithmetic. Both read each batch when its step comes; a second hand loop that reads a whole
-window first (``tiny`` only) shows what that reading order alone costs.
+window first (``tiny`` only) shows what that reading order alone costs, and a second Trainer with
+``TrainConfig(model_randomness="per_batch")`` (``tiny`` only) what seeding torch before every microbatch costs.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import warnings
@@ -198,7 +200,8 @@ def hand_evaluate(model: nn.Module, parameters: list[nn.Parameter], average: lis
     return total / count
 
 
-def elfes_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validation: TensorDataset) -> dict[str, float]:
+def elfes_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validation: TensorDataset, *,
+                model_randomness: str = "per_rank") -> dict[str, float]:
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION)
@@ -209,7 +212,8 @@ def elfes_epoch(case: LoopCase, model: nn.Module, train: TensorDataset, validati
     trainer = Trainer(accelerator, model, optimizer, train_loader(case, train), step,
                       evaluator=evaluator, ema_decay=case.ema_decay)
     evaluate_every = Interval(case.evaluate_every, "step") if case.evaluate_every else None
-    config = TrainConfig(epochs=1, max_grad_norm=MAX_GRAD_NORM, evaluate_every=evaluate_every, checkpoint_every=None)
+    config = TrainConfig(epochs=1, max_grad_norm=MAX_GRAD_NORM, evaluate_every=evaluate_every, checkpoint_every=None,
+                         model_randomness=model_randomness)
     return timed(lambda: trainer.train(config))
 
 
@@ -265,6 +269,8 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
             variants["hand again"] = _Variant(hand_epoch, "hand again", case, finals)
         if not smoke and case.name == "tiny":
             variants["hand ahead"] = _Variant(hand_window_ahead_epoch, "hand ahead", case, finals)
+            variants["elfes per batch"] = _Variant(
+                functools.partial(elfes_epoch, model_randomness="per_batch"), "elfes per batch", case, finals)
         samples = interleave(variants, rounds, progress, f"loop {case.name}", repeats=case.repeats)
         difference = max((a - b).abs().max().item() for a, b in zip(finals["elfes"].parameters(), finals["hand"].parameters()))
         for name in [name for name in variants if name in ("elfes", "lightning")]:
@@ -273,6 +279,8 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
             rows.append(_noise_row(case, samples, rounds))
         if "hand ahead" in variants:
             rows.append(_reading_order_row(case, samples, rounds))
+        if "elfes per batch" in variants:
+            rows.append(_keyed_randomness_row(case, samples, rounds))
     return rows + _augmentation_rows(rows)
 
 
@@ -312,6 +320,17 @@ def _reading_order_row(case: LoopCase, samples: dict[str, list[dict[str, float]]
         "loop", case.name, "hand loop reading each window ahead: CPU µs per microbatch over the hand loop", "µs",
         median_of(samples, "hand ahead", "cpu_s") * per_microbatch, median_of(samples, "hand", "cpu_s") * per_microbatch,
         "hand loop", "difference", median_difference(samples, "hand ahead", "hand", "cpu_s", per_microbatch), rounds=rounds,
+    )
+
+
+def _keyed_randomness_row(case: LoopCase, samples: dict[str, list[dict[str, float]]], rounds: int) -> Row:
+    """What ``TrainConfig(model_randomness="per_batch")`` adds: torch's generator seeded before each microbatch."""
+    per_microbatch = 1e6 / case.microbatches
+    return Row(
+        "loop", case.name, "ELFES with model_randomness='per_batch': CPU µs per microbatch over ELFES", "µs",
+        median_of(samples, "elfes per batch", "cpu_s") * per_microbatch, median_of(samples, "elfes", "cpu_s") * per_microbatch,
+        "ELFES (per_rank)", "difference", median_difference(samples, "elfes per batch", "elfes", "cpu_s", per_microbatch),
+        rounds=rounds,
     )
 
 

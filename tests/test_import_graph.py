@@ -216,3 +216,9 @@ def test_no_test_module_imports_a_test_module_or_a_conftest():
             if any(name.startswith("test_") or name == "conftest" for name in last):
                 offending.append(f"{file.relative_to(REPOSITORY)}:{node.lineno}")
     assert not offending, offending
+
+
+def test_no_module_of_the_library_or_the_launcher_is_over_400_lines():
+    lengths = {str(file.relative_to(REPOSITORY)): len(file.read_text().splitlines()) for file in module_files().values()}
+    assert len(lengths) > 50, "the walk found the modules"
+    assert {name: length for name, length in lengths.items() if length > 400} == {}

@@ -30,15 +30,7 @@ from .collectives import every_rank_value
 from .dcp_reader import SafeReader
 from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
 from .payload import TensorCopy, model_mismatches, plain_payload
-from .resize import (
-    PER_WORLD_LAYOUT,
-    next_batch_after_resize,
-    rank_stream_seed,
-    remap_log_interval,
-    resize_problems,
-    seed_rank_streams,
-    shared_generators,
-)
+from .resize import PER_WORLD_LAYOUT, resize_problems, restore_resized
 
 FORMAT = "elfes-checkpoint"
 VERSION = 3  # 3: a batch read in the training process draws torch's numbers under its place's seed (2 did not)
@@ -323,14 +315,7 @@ class Checkpointer:
     def restore_per_rank(self, payload: Mapping[str, Any]) -> None:
         ranks, rank, world = payload["ranks"], self.accelerator.process_index, self.accelerator.num_processes
         if len(ranks) != world:  # another world size, which check_fits allowed (see .resize)
-            shared = shared_generators(ranks)
-            if shared is not None:
-                self.per_rank["rng"].load_state_dict(shared)
-            else:
-                seed_rank_streams(rank_stream_seed(payload, rank))
-            remap_log_interval(self.per_rank["log_interval"], [old.get("log_interval", {}) for old in ranks], rank)
-            state = self.shared["state"]
-            state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
+            restore_resized(payload, self.per_rank, self.shared["state"], rank, world)
             return
         for key, component in self.per_rank.items():
             component.load_state_dict(ranks[rank].get(key, {}))  # checkpoints older than a component hold none of it

@@ -100,6 +100,8 @@ class TrainConfig:
     ``epochs`` and ``max_steps`` are cumulative limits: raising them on a finished run continues it.
     ``async_checkpoints`` writes interval and best checkpoints in the background: the loop only waits
     for a copy of the payload in host memory (stop and final checkpoints stay synchronous).
+    ``model_randomness="per_batch"`` seeds torch's generators before each microbatch's step from the batch's
+    place in the run, so that its dropout is the same on any world size (``"per_rank"``: each rank's own stream).
 
     >>> TrainConfig(epochs=100, max_grad_norm=1.0, monitor=Monitor("validation/loss", patience=10))  # doctest: +SKIP
     """
@@ -114,6 +116,7 @@ class TrainConfig:
     monitor: Monitor | None = None
     scheduler_interval: Literal["step", "epoch"] = "step"
     async_checkpoints: bool = False
+    model_randomness: Literal["per_rank", "per_batch"] = "per_rank"
 
     def __post_init__(self) -> None:
         _require(
@@ -164,6 +167,12 @@ class TrainConfig:
             True,
             f"TrainConfig.async_checkpoints is {self.async_checkpoints!r}; use True (write interval and best "
             "checkpoints in the background) or False.",
+        )
+        _require(
+            isinstance(self.model_randomness, str),
+            self.model_randomness in ("per_rank", "per_batch"),
+            f"TrainConfig.model_randomness is {self.model_randomness!r}; use 'per_rank' (each rank's own generator "
+            "stream) or 'per_batch' (every microbatch's torch draws seeded by the batch's place in the run).",
         )
 
     def describe(self) -> dict[str, Any]:

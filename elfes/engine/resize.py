@@ -15,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from .data.fetch import fetch_seed, seed_generators
 
 # Layout entries that differ per rank count, checked as one window by :func:`resize_problems` instead.
 PER_WORLD_LAYOUT = ("world_size", "sharding", "gradient_accumulation_steps", "batches_per_epoch")
 # Mixed into the stream seed of a rank after a resize, so that it never equals a batch's fetch seed.
 _RANK_STREAM = 0x52414E4B
+# Mixed into the data seed, so that a microbatch's model draws never reuse the numbers of its batch's fetch.
+_MODEL_STREAM = 0x4D4F44454C
 
 
 def window(layout: Mapping[str, Any]) -> int:
@@ -72,8 +76,6 @@ def resize_problems(found: Mapping[str, Any], expected: Mapping[str, Any], *, pe
 def shared_generators(ranks: list[Mapping[str, Any]]) -> Any | None:
     """The generator states every old rank saved, when they are all the same (a job that seeds every rank alike
     and draws alike, which a layer drop under FSDP2 needs): every new rank takes them. None when they differ."""
-    import torch
-
     states = [rank.get("rng") for rank in ranks]
     first = states[0]
     if not first:
@@ -112,11 +114,22 @@ def remap_log_interval(interval: Any, states: list[Mapping[str, Any]], rank: int
 
 def seed_rank_streams(seed: int) -> None:
     """Seed this process's generators (CUDA's too, where there is one) for a remapped rank."""
-    import torch
-
     seed_generators(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
+
+
+def restore_resized(payload: Mapping[str, Any], per_rank: Mapping[str, Any], state: Any, rank: int, world: int) -> None:
+    """Rank ``rank`` of ``world`` takes over a checkpoint of another world size: its generators, the statistics
+    since the last ``train`` record (``per_rank``'s components) and its place in the epoch (``state``)."""
+    ranks = payload["ranks"]
+    shared = shared_generators(ranks)
+    if shared is not None:
+        per_rank["rng"].load_state_dict(shared)
+    else:
+        seed_rank_streams(rank_stream_seed(payload, rank))
+    remap_log_interval(per_rank["log_interval"], [old.get("log_interval", {}) for old in ranks], rank)
+    state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
 
 
 def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: int) -> int:
@@ -125,15 +138,42 @@ def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: in
     return consumed // world  # a whole number of windows (or the epoch's start): check_fits admitted the window
 
 
-def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
-    """What a run continued on another world size keeps, and what it cannot; None on the same world size."""
+def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any], model_randomness: str) -> str | None:
+    """What a run continued on another world size keeps, and what it cannot (``model_randomness``: the
+    TrainConfig's); None on the same world size."""
     if found["world_size"] == expected["world_size"]:
         return None
+    generators = (
+        "every microbatch's torch draws (dropout) stay those of its batch (TrainConfig.model_randomness='per_batch'), "
+        "while NumPy's and Python's draws in the training process start"
+        if model_randomness == "per_batch" else
+        "each rank's generators (dropout, and NumPy's or Python's draws while reading batches in the training "
+        "process) start")
     return (
         f"Continuing on {describe(expected)} a run whose checkpoint was written on {describe(found)}: every update "
         f"trains on the same {window(found)} microbatches as before, but the sum over ranks is reduced in another "
-        "order, so the run now matches an uninterrupted one to float rounding, not bitwise; and each rank's "
-        "generators (dropout, and NumPy's or Python's draws while reading batches in the training process) start "
+        f"order, so the run now matches an uninterrupted one to float rounding, not bitwise; and {generators} "
         "from new streams derived from (seed, step, rank), unless every old rank's were the same, which every new "
         "rank then takes. The CPU draws of torch while reading a batch, in DataLoader workers or not, and every "
         "draw in workers, stay those of the batch.")
+
+
+class BatchKeyedRandomness:
+    """``TrainConfig(model_randomness="per_batch")``: torch's generators of this process (the CPU one, and the
+    CUDA device's the model runs on) are seeded before each microbatch's step from (data seed, epoch, the batch's
+    index in the epoch over all ranks). Rank ``rank`` reads the epoch's batches ``rank``, ``rank + world``, ...,
+    so a batch draws the same dropout whichever rank reads it, on any world size, and after any resume."""
+
+    def __init__(self, data_seed: int, rank: int, world_size: int, device: torch.device) -> None:
+        self.data_seed = data_seed ^ _MODEL_STREAM
+        self.rank = rank
+        self.world_size = world_size
+        self.generators = [torch.default_generator]
+        if device.type == "cuda":
+            self.generators.append(torch.cuda.default_generators[torch.device(device).index or 0])
+
+    def seed(self, epoch: int, batch: int) -> None:
+        """Seed for batch ``batch`` of this rank's share of epoch ``epoch``."""
+        seed = fetch_seed(self.data_seed, epoch, batch * self.world_size + self.rank)
+        for generator in self.generators:
+            generator.manual_seed(seed)

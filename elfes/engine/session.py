@@ -115,7 +115,7 @@ class TrainingSession:
         payload = self.checkpointer.restore(source)
         resolved = source.resolve()
         self.restored = (resolved, payload["state"], payload["progress"])
-        self.resized = resize_warning(payload["layout"], self.checkpointer.layout())
+        self.resized = resize_warning(payload["layout"], self.checkpointer.layout(), self.config.model_randomness)
         check_schedule_horizons(self.scheduler, self.budget, self.config.scheduler_interval, resolved)
         if self.directory is not None and self.accelerator.is_main_process:
             repair_pointers(self.directory, resolved, self._best_file())

@@ -36,6 +36,7 @@ from .heartbeat import Heartbeat
 from .loss import loss_path
 from .objective import Objective, Step
 from .process_group import hold_process_group, release_process_groups
+from .resize import BatchKeyedRandomness
 from .rng import RandomState
 from .session import TrainingSession
 from .sharded import ShardedCheckpointer, checkpoint_group, full_state_dict, is_sharded, mesh_shape
@@ -209,6 +210,12 @@ class Trainer:
         if run.stop_already_requested():
             return run.pause()
         self.model.train()
+        self.runner.keyed_randomness = None
+        if run.config.model_randomness == "per_batch":
+            assert self.progress.data_seed is not None  # drawn, or restored, by run.start
+            self.runner.keyed_randomness = BatchKeyedRandomness(
+                self.progress.data_seed, self.accelerator.process_index, self.accelerator.num_processes,
+                self.accelerator.device)
         early_stop = run.finish_deferred_boundary() or run.patience_exhausted()
         while not early_stop and not run.budget_spent():
             epoch = self.data.batches(self.state.epoch, self.state.next_batch, self.progress.data_seed, run.warn)

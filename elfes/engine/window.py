@@ -34,6 +34,7 @@ from .ema import ExponentialMovingAverage
 from .loss import LossPath, WindowLoss
 from .metrics import MetricAccumulator
 from .objective import Step
+from .resize import BatchKeyedRandomness
 from .sharded import is_sharded
 from .stop import StopRequest
 
@@ -91,6 +92,7 @@ class WindowRunner:
         self.world_size = accelerator.num_processes
         self.distributed = self.world_size > 1
         self.sharded = is_sharded(model)
+        self.keyed_randomness: BatchKeyedRandomness | None = None  # TrainConfig.model_randomness="per_batch"
 
     def run(
         self,
@@ -111,7 +113,7 @@ class WindowRunner:
         window = self.loss.open_window(batches, self.sum_over_ranks, reference)
         scaler = self.accelerator.scaler
         model, step, contribute, labelled = self.model, self.step, window.contribution, window.labelled
-        sharded = self.sharded
+        sharded, keyed = self.sharded, self.keyed_randomness
         last = size - 1
         local_samples = consumed = 0
         # Grad mode is set once for the window: its microbatches all run with the same.
@@ -123,6 +125,8 @@ class WindowRunner:
                 # Gradients are all-reduced (reduce-scattered: FSDP2) once per window, on its last microbatch.
                 if sharded:
                     model.set_requires_gradient_sync(index == last)
+                if keyed is not None:
+                    keyed.seed(state.epoch, state.next_batch + index)
                 with self.accelerator.no_sync(model) if self.distributed and not sharded and index != last else _NO_CONTEXT:
                     output = step(model, batch)
                     count = output.num_samples

@@ -3,15 +3,17 @@
     python -m torch.distributed.run --standalone --nproc_per_node N resize_cases.py PHASE OUTPUT_DIR
 
 Every run reads 16 batches of 4 augmented samples an epoch (noise drawn in the dataset: in this process, or
-in 2 DataLoader workers), shuffled, in float64, without dropout, with a window of 4 microbatches per update:
-2 ranks x accumulation 2, 4 x 1 or 1 x 4. Each rank records the inputs of every microbatch with the update
-they went into (``<run>.rank<r>.pt``) and a snapshot of the final state (gathered whole; ``<run>.final.pt``).
+in 2 DataLoader workers), shuffled, in float64, without dropout (but one kind, whose dropout is keyed by the
+batch: ``TrainConfig(model_randomness="per_batch")``), with a window of 4 microbatches per update: 2 ranks x
+accumulation 2, 4 x 1 or 1 x 4. Each rank records the inputs of every microbatch with the update they went into
+(``<run>.rank<r>.pt``; with dropout, each row's mask too) and a snapshot of the final state (gathered whole;
+``<run>.final.pt``).
 
 - ``two``: on 2 ranks, straight and paused after the second update (mid-epoch), replicated (main-process
-  augmentation, and in workers) and sharded with FSDP2;
+  augmentation, and in workers), sharded with FSDP2, and with dropout keyed by the batch;
 - ``four``: on 4 ranks, the 2-rank pauses continued, the same straight and paused (replicated and sharded),
   and a continuation whose window would change (accumulation 2), whose refusal is recorded;
-- ``one``: on 1 rank, the 2-rank replicated and sharded pauses continued;
+- ``one``: on 1 rank, the 2-rank replicated, sharded and dropout pauses continued;
 - ``two-again``: on 2 ranks, the 4-rank pauses continued.
 """
 
@@ -39,7 +41,9 @@ WINDOW = 4  # microbatches per update, over all ranks
 BASE = RunSpec(samples=64, batch_size=4, accumulation=2, epochs=2, dropout=0.0, dtype="float64", augment=True,
                validation_samples=16)
 # What each run varies: DataLoader workers, and whether the model is sharded.
-KINDS = {"main": {}, "workers": {"num_workers": 2}, "sharded": {"shard": True}}
+KINDS = {"main": {}, "workers": {"num_workers": 2}, "sharded": {"shard": True},
+         "dropout": {"dropout": 0.5, "model_randomness": "per_batch"}}
+FROM_FOUR = ("main", "workers", "sharded")  # the kinds also paused on 4 ranks and continued on 2
 PAUSE_AT = 3  # the last rank's microbatch during which the pause is requested: it lands after update 2 of 8
 
 
@@ -50,16 +54,22 @@ def spec(kind: str, world: int, accumulation: int | None = None) -> RunSpec:
     return BASE.with_(accumulation=accumulation or WINDOW // world, **settings)
 
 
-def recording(trainer: Any, inputs: list[tuple[int, torch.Tensor]], stop: StopRequest | None = None) -> Any:
-    """The step, recording each microbatch's inputs with the update they go into (and pausing, with ``stop``)."""
+def recording(trainer: Any, inputs: list[tuple[Any, ...]], stop: StopRequest | None = None) -> Any:
+    """The step, recording each microbatch's inputs with the update they go into (and pausing, with ``stop``);
+    with dropout, each row's mask (the hidden units dropped) after its inputs."""
     calls = {"count": 0}
+    masks: list[torch.Tensor] = []
+    dropout = next(module for module in trainer.model.modules() if isinstance(module, nn.Dropout))
+    if dropout.p > 0:
+        dropout.register_forward_hook(lambda module, _, output: masks.append(output == 0) if module.training else None)
 
     def step(model: nn.Module, batch: Any) -> StepOutput:
         calls["count"] += 1
         if stop is not None and RANK == WORLD - 1 and calls["count"] == PAUSE_AT:
             stop.request("pause")
-        inputs.append((trainer.state.step + 1, batch[0].detach().clone()))
-        return mse_step(model, batch)
+        output = mse_step(model, batch)
+        inputs.append((trainer.state.step + 1, batch[0].detach().clone(), *masks[-1:]))
+        return output
 
     return step
 
@@ -68,7 +78,7 @@ def train(out: Path, name: str, run_spec: RunSpec, *, pause: bool = False, resum
     """One run into ``out/name`` (its checkpoints there), recorded as the module docstring says."""
     reset_accelerate()
     run = build(run_spec)
-    inputs: list[tuple[int, torch.Tensor]] = []
+    inputs: list[tuple[Any, ...]] = []
     stop = StopRequest() if pause else None
     run.trainer.step = recording(run.trainer, inputs, stop)
     with quiet_logger(out / name) as logger:
@@ -100,14 +110,15 @@ def paused_checkpoint(out: Path, kind: str, world: int) -> Path:
 
 def phase(out: Path, name: str) -> None:
     if name in ("two", "four"):
-        for kind in KINDS:
+        for kind in KINDS if name == "two" else FROM_FOUR:
             train(out, f"{kind}-straight-{WORLD}", spec(kind, WORLD))
             train(out, f"{kind}-paused-{WORLD}", spec(kind, WORLD), pause=True)
     if name == "four":
         refused(out, "window-changed", spec("main", WORLD, accumulation=2), paused_checkpoint(out, "main", 2))
     origin = {"four": 2, "one": 2, "two-again": 4}.get(name)
     if origin is not None:
-        for kind in KINDS if WORLD > 1 else ("main", "sharded"):  # one rank: workers change nothing more
+        kinds = KINDS if origin == 2 else FROM_FOUR
+        for kind in (kind for kind in kinds if WORLD > 1 or kind != "workers"):  # one rank: workers change nothing more
             train(out, f"{kind}-{origin}-to-{WORLD}", spec(kind, WORLD), resume_from=paused_checkpoint(out, kind, origin))
 
 

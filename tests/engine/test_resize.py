@@ -5,6 +5,9 @@ after the resume trains on bitwise the same inputs as the uninterrupted run's, a
 float rounding (the sum over ranks is reduced in another order); a resume whose window would change is refused
 naming the accumulation that keeps it, and a loader whose position is kept per rank is refused naming it.
 
+With dropout keyed by the batch (``TrainConfig(model_randomness="per_batch")``), every sample of the continuation
+also keeps the dropout mask it had in the uninterrupted run, so that run too ends within rounding of it.
+
 The phases of ``resize_cases.py`` are torchrun launches on 2, 4, 1 and again 2 ranks (each reading what the
 earlier ones wrote); the assertions run here.
 """
@@ -41,11 +44,20 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def updates(out: Path, name: str, ranks: int) -> dict[int, list[bytes]]:
     """The bytes of every input row of each update of run ``name``, over all its ranks, sorted."""
-    rows: dict[int, list[bytes]] = {}
+    return {step: sorted(rows) for step, rows in dropout_masks(out, name, ranks).items()}
+
+
+def dropout_masks(out: Path, name: str, ranks: int) -> dict[int, dict[bytes, bytes | None]]:
+    """Each update's input rows (their bytes) over all ranks of run ``name``, with the bytes of the row's dropout
+    mask (None without dropout)."""
+    rows: dict[int, dict[bytes, bytes | None]] = {}
     for rank in range(ranks):
-        for step, inputs in torch.load(out / f"{name}.rank{rank}.pt", weights_only=True):
-            rows.setdefault(step, []).extend(row.numpy().tobytes() for row in inputs)
-    return {step: sorted(found) for step, found in rows.items()}
+        for step, inputs, *mask in torch.load(out / f"{name}.rank{rank}.pt", weights_only=True):
+            masks = mask[0] if mask else [None] * len(inputs)
+            rows.setdefault(step, {}).update(
+                (row.numpy().tobytes(), None if dropped is None else dropped.numpy().tobytes())
+                for row, dropped in zip(inputs, masks, strict=True))
+    return rows
 
 
 def events(out: Path, name: str) -> list[dict[str, Any]]:
@@ -53,7 +65,8 @@ def events(out: Path, name: str) -> list[dict[str, Any]]:
 
 
 CONTINUATIONS = [(kind, origin, target) for origin, target in ((2, 4), (2, 1), (4, 2))
-                 for kind in ("main", "workers", "sharded") if not (kind == "workers" and target == 1)]
+                 for kind in ("main", "workers", "sharded", "dropout")
+                 if not (kind == "workers" and target == 1) and not (kind == "dropout" and origin == 4)]
 
 
 @pytest.mark.parametrize(("kind", "origin", "target"), CONTINUATIONS, ids=[f"{k}-{o}-to-{t}" for k, o, t in CONTINUATIONS])
@@ -65,6 +78,11 @@ def test_each_update_after_the_resume_trains_on_the_same_inputs_and_the_run_ends
     assert sorted(resumed) == list(range(paused["step"] + 1, UPDATES + 1))
     for step in resumed:
         assert len(resumed[step]) == 16 and resumed[step] == straight[step], f"update {step} read other inputs"
+    if kind == "dropout":  # TrainConfig(model_randomness="per_batch"): every row keeps its mask on the new size
+        straight_masks, resumed_masks = dropout_masks(out, f"{kind}-straight-{origin}", origin), dropout_masks(out, name, target)
+        for step in resumed:
+            assert None not in resumed_masks[step].values()
+            assert resumed_masks[step] == straight_masks[step], f"update {step} dropped other units"
 
     expected = torch.load(out / f"{kind}-straight-{origin}.final.pt", weights_only=True)
     final = torch.load(out / f"{name}.final.pt", weights_only=True)
@@ -79,6 +97,7 @@ def test_each_update_after_the_resume_trains_on_the_same_inputs_and_the_run_ends
     assert warning["kind"] == "world_size_changed"
     assert f"written on {origin} rank{'s' if origin > 1 else ''} x accumulation {4 // origin}" in warning["message"]
     assert "to float rounding, not bitwise" in warning["message"]
+    assert ("every microbatch's torch draws (dropout) stay those of its batch" in warning["message"]) == (kind == "dropout")
 
 
 def test_a_resume_that_would_change_the_window_is_refused_naming_the_accumulation_that_keeps_it(out):

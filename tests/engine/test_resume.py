@@ -44,6 +44,7 @@ SPECS = {
     "shuffle-dropout-ema-adamw-warmup-tail-monitor": RunSpec(),
     "two-loader-workers": RunSpec(num_workers=2),
     "sgd-momentum-no-ema-step-eval": RunSpec(optimizer="sgd", ema_decay=None, warmup=False, max_grad_norm=None),
+    "dropout-keyed-by-batch": RunSpec(model_randomness="per_batch"),
 }
 
 

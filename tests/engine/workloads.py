@@ -158,6 +158,7 @@ class RunSpec:
     keep_checkpoints: int | None = None
     objective: bool = False  # train TWO_TERMS with two_term_step instead of the mean squared error
     async_checkpoints: bool = False
+    model_randomness: str = "per_rank"  # TrainConfig.model_randomness
     shard: tuple[int, ...] | None = None  # a device mesh shape: the model sharded with FSDP2's fully_shard over it
     augment: bool = False  # random noise drawn in the training dataset
     validation_samples: int = 13
@@ -222,6 +223,7 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
         max_grad_norm=spec.max_grad_norm,
         monitor=Monitor("validation/loss") if spec.evaluate and spec.monitor else None,
         async_checkpoints=spec.async_checkpoints,
+        model_randomness=spec.model_randomness,
     )
     if spec.warmup:
         total = trainer.planned_steps(config)
