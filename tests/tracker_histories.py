@@ -1,5 +1,6 @@
 """Read back what the tracker mirrors sent, from the trackers themselves: an MLflow run's metric histories
-through MlflowClient, and a W&B run's history from the SDK's offline transaction logs (``run-<id>.wandb``).
+through MlflowClient, and a W&B run's history, summary and ends from the SDK's offline transaction logs
+(``run-<id>.wandb``).
 
 wandb 0.31 has no Python reader of its transaction log left (its core is a Go binary), so
 :func:`wandb_offline_history` reads the log's record framing (a 7-byte header, 32 KiB blocks, records of
@@ -63,24 +64,55 @@ def _records(path: Path) -> list[bytes]:
     return records
 
 
-def wandb_offline_history(wandb_root: Path, run_id: str) -> History:
-    """Every history row of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first,
-    as W&B would receive them on `wandb sync` (``_step`` is the step)."""
+def wandb_offline_records(wandb_root: Path, run_id: str) -> list:
+    """Every record of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first (each
+    offline folder is named by the time its ``wandb.init`` began), as W&B would receive them on `wandb sync`."""
     from wandb.proto import wandb_internal_pb2
 
     files = sorted(wandb_root.glob(f"**/run-{run_id}.wandb"), key=lambda path: path.parent.name)
     assert files, f"no offline run {run_id} under {wandb_root}"
-    history: History = {}
+    records = []
     for path in files:
         for raw in _records(path):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(raw)
-            if record.WhichOneof("record_type") != "history":
-                continue
-            values = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                      for item in record.history.item}
-            step = values.pop("_step")
-            for key, value in values.items():
-                if not key.startswith("_"):
-                    history.setdefault(key, []).append((int(step), float(value)))
+            records.append(record)
+    return records
+
+
+def wandb_offline_ends(wandb_root: Path, run_id: str) -> list[tuple[bool, int]]:
+    """Each ``finish`` of the W&B run, in order: (marked preempting before it, its exit code)."""
+    ends, preempting = [], False
+    for record in wandb_offline_records(wandb_root, run_id):
+        kind = record.WhichOneof("record_type")
+        if kind == "preempting":
+            preempting = True
+        elif kind == "exit":
+            ends.append((preempting, record.exit.exit_code))
+            preempting = False
+    return ends
+
+
+def wandb_offline_summary(wandb_root: Path, run_id: str) -> dict:
+    """The W&B run's summary as its updates leave it (the last value of each key)."""
+    summary = {}
+    for record in wandb_offline_records(wandb_root, run_id):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return summary
+
+
+def wandb_offline_history(wandb_root: Path, run_id: str) -> History:
+    """Every history row of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first,
+    as W&B would receive them on `wandb sync` (``_step`` is the step)."""
+    history: History = {}
+    for record in wandb_offline_records(wandb_root, run_id):
+        if record.WhichOneof("record_type") != "history":
+            continue
+        values = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        step = values.pop("_step")
+        for key, value in values.items():
+            if not key.startswith("_"):
+                history.setdefault(key, []).append((int(step), float(value)))
     return dict(sorted(history.items()))
