@@ -4,13 +4,13 @@ The launcher decides all of it (``state.json``); elfes only carries it to the tr
 :class:`Lifecycle` to ``RUN_DIR/tracking/lifecycle.json`` when an attempt begins (status RUNNING, the ends of
 the attempts before, the spec, the attempt's provenance) and when one ends. The mirror of a running attempt
 sends what is new with its first send (elfes/records/tracker_mirror.py); at an end that ends the run
-(FINISHED, FAILED, KILLED) no mirror runs any more, so the launcher sends it itself with
-:func:`send_lifecycle`. An attempt whose end leaves the run going on (requeued, a failure retried) is told
+(FINISHED, FAILED, KILLED) no mirror runs any more, so the launcher sends it itself
+(:func:`elfes.records.tracker_mirror.send_lifecycle_once`, from launcher/job/tracker_lifecycle.py). An attempt whose end leaves the run going on (requeued, a failure retried) is told
 by the next attempt's mirror: no tracker call delays a preemption's short grace time.
 
 What each tracker gets (:meth:`Lifecycle.tags`: one dictionary, tags in MLflow, the run summary in W&B):
-:data:`STATUS_TAG`, ``elfes.attempt.<n>.end`` per ended attempt, and the provenance (``elfes.code.*``,
-``elfes.version.*``); the spec as parameters ``spec.<field>`` (MLflow keeps a parameter's first value and
+:data:`STATUS_TAG`, a tag per ended attempt (:func:`attempt_end_tag`), and the provenance
+(:data:`CODE_TAG_PREFIX`, :data:`VERSION_TAG_PREFIX`); the spec as parameters ``spec.<field>`` (MLflow keeps a parameter's first value and
 refuses to change it, so one a later attempt changes keeps its first; W&B's config ``spec`` shows the
 latest). MLflow's status is the lifecycle's; W&B has no status an SDK may set, so its run ends with
 :data:`WANDB_EXIT_CODES` (0 finished, anything else shown as failed) and an attempt that does not end the
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,25 +30,19 @@ from typing import Any, Literal
 
 from elfes.files import write_text_atomically
 
-from .tracking import TrackingSettings, lifecycle_path, looks_like_credential
-
-log = logging.getLogger(__name__)
+from .tracking import lifecycle_path, looks_like_credential
 
 TrackerStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]
 TERMINAL: frozenset[str] = frozenset({"FINISHED", "FAILED", "KILLED"})
 STATUS_TAG = "elfes.status"
 # W&B's run state follows the exit code alone: 0 finished, any other failed (it has no "killed" the SDK sets).
 WANDB_EXIT_CODES: dict[str, int] = {"FINISHED": 0, "FAILED": 1, "KILLED": 143}
-SEND_TIMEOUT_S = 20.0  # what the end of a run waits for the trackers, each at once
+CODE_TAG_PREFIX = "elfes.code."  # the attempt's code snapshot: commit, dirty, fingerprint, path
+VERSION_TAG_PREFIX = "elfes.version."  # python, torch, elfes, cuda, cudnn, nccl, accelerate
 
 
 def attempt_end_tag(number: int) -> str:
-    """The tag of attempt ``number``'s end.
-
-    Example:
-        >>> attempt_end_tag(3)
-        'elfes.attempt.3.end'
-    """
+    """The tag of attempt ``number``'s end (``attempt.<n>.end`` after the ``elfes`` of every tag of ours)."""
     return f"elfes.attempt.{number}.end"
 
 
@@ -61,7 +53,7 @@ class Lifecycle:
     status: TrackerStatus
     attempt_ends: dict[int, str] = field(default_factory=dict)  # attempt number -> its end, e.g. "requeued (SIGUSR2)"
     params: dict[str, str] = field(default_factory=dict)  # spec.<field> -> value, credentials left out
-    provenance: dict[str, str] = field(default_factory=dict)  # elfes.code.* and elfes.version.* tags
+    provenance: dict[str, str] = field(default_factory=dict)  # tags under CODE_TAG_PREFIX and VERSION_TAG_PREFIX
 
     @property
     def terminal(self) -> bool:
@@ -123,43 +115,3 @@ def spec_params(spec: Mapping[str, Any]) -> dict[str, str]:
 
     add("spec", spec)
     return params
-
-
-def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | None = None,
-                   timeout_s: float = SEND_TIMEOUT_S) -> list[str]:
-    """Send the run's lifecycle to each tracker of ``settings`` that lacks it, at most ``timeout_s`` (all at
-    once, each in a thread of its own). Returns one line per tracker that did not take it; never raises."""
-    from .mlflow_sink import MlflowSink
-    from .tracker_mirror import send_lifecycle_once
-    from .wandb_sink import WandbSink
-
-    lifecycle = read_lifecycle(run_dir)
-    if lifecycle is None:
-        return []
-    sinks: list[Any] = []
-    if settings.mlflow is not None:
-        sinks.append(MlflowSink(settings.mlflow, run_dir, group))
-    if settings.wandb is not None:
-        sinks.append(WandbSink(settings.wandb, run_dir, group, sync_dir_suffix="end"))
-    problems: dict[str, str] = {}
-
-    def send(sink: Any) -> None:
-        try:
-            send_lifecycle_once(sink, run_dir, lifecycle)
-        except Exception as error:  # the tracker, its library or the network
-            problems[sink.name] = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
-
-    threads = [threading.Thread(target=send, args=(sink,), name=f"elfes-{sink.name}-lifecycle", daemon=True)
-               for sink in sinks]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout_s)
-    for sink, thread in zip(sinks, threads):
-        if thread.is_alive():
-            problems[sink.name] = f"no answer within {timeout_s:.0f} s"
-    lines = [f"the {name} run was not set {lifecycle.status} ({problem}); `elfes status RUN_DIR --sync-trackers` "
-             "sends it again" for name, problem in sorted(problems.items())]
-    for line in lines:
-        log.warning(f"elfes: warning: {line}")
-    return lines

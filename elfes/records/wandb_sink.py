@@ -11,8 +11,8 @@ How a W&B run ends: W&B sets its state from the exit code ``finish`` sends (0 fi
 and has none for a run that goes on later. So the mirror finishes with 0 only after the ``finished`` record; an
 attempt that ends otherwise is first marked preempting (``mark_preempting()``) and finished with
 :data:`PAUSED_EXIT_CODE`, which W&B shows as preempted and the next attempt resumes. The launcher's lifecycle
-(elfes/records/tracker_lifecycle.py) goes to the summary (``elfes.status``, ``elfes.attempt.<n>.end``, the
-provenance) and the spec to the config (``spec``); at a run's end the launcher resumes the run once more to
+(elfes/records/tracker_lifecycle.py) goes to the summary (the status, each attempt's end, the
+provenance: :meth:`~elfes.records.tracker_lifecycle.Lifecycle.tags`) and the spec to the config (``spec``); at a run's end the launcher resumes the run once more to
 finish it with :data:`~elfes.records.tracker_lifecycle.WANDB_EXIT_CODES` of its status, in an offline folder
 of its own (``sync_dir_suffix``: two runs of the same id begun in the same second would share one).
 

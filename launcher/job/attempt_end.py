@@ -25,7 +25,6 @@ from ..rundir import state as run_state
 from ..rundir.task_files import cancel_requested, remove_pid_file
 from .attempt_context import AttemptContext
 from .outcome import Decision
-from .tracker_lifecycle import publish_lifecycle
 from .requeue import (
     LOCAL_MAX_STARTS,
     LOCAL_REQUEUE_EXIT_CODE,
@@ -34,6 +33,7 @@ from .requeue import (
     resubmit_local,
     wait_for_slurm_to_end_the_job,
 )
+from .tracker_lifecycle import publish_lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,19 @@ status --sync-trackers``. Torch-free; the trackers' libraries are imported only 
 from __future__ import annotations
 
 import logging
+import threading
+from pathlib import Path
+from typing import Any
 
-from elfes.records.tracker_lifecycle import Lifecycle, send_lifecycle, spec_params, write_lifecycle
-from elfes.records.tracking import tracking_group
+from elfes.records.tracker_lifecycle import (
+    CODE_TAG_PREFIX,
+    VERSION_TAG_PREFIX,
+    Lifecycle,
+    read_lifecycle,
+    spec_params,
+    write_lifecycle,
+)
+from elfes.records.tracking import TrackingSettings, tracking_group
 
 from ..rundir.paths import RunPaths
 from ..rundir.provenance import Provenance
@@ -23,6 +33,8 @@ from ..rundir.state import Attempt, Outcome, RunState, RunStatus, load_state
 from ..spec import JobSpec
 
 log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_S = 20.0  # what the end of a run waits for the trackers, all at once
 
 TRACKER_STATUS: dict[RunStatus, str] = {
     RunStatus.FINISHED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELLED: "KILLED",
@@ -42,15 +54,16 @@ def attempt_end(attempt: Attempt) -> str | None:
 
 
 def provenance_tags(provenance: Provenance | None) -> dict[str, str]:
-    """An attempt's provenance as tags: ``elfes.code.*`` (its snapshot) and ``elfes.version.*``; unknowns left out."""
+    """An attempt's provenance as tags: its snapshot under ``CODE_TAG_PREFIX``, the versions under
+    ``VERSION_TAG_PREFIX``; unknowns left out."""
     if provenance is None:
         return {}
-    found = {f"elfes.version.{name}": getattr(provenance, name)
+    found = {f"{VERSION_TAG_PREFIX}{name}": getattr(provenance, name)
              for name in ("python", "torch", "elfes", "cuda", "cudnn", "nccl", "accelerate")}
     found["elfes.gpu"] = provenance.gpu
     if provenance.code is not None:
         for name in ("commit", "dirty", "fingerprint", "path"):
-            found[f"elfes.code.{name}"] = getattr(provenance.code, name)
+            found[f"{CODE_TAG_PREFIX}{name}"] = getattr(provenance.code, name)
     return {key: str(value).lower() if isinstance(value, bool) else str(value)
             for key, value in found.items() if value is not None}
 
@@ -82,3 +95,43 @@ def publish_lifecycle(paths: RunPaths, spec: JobSpec | None, state: RunState | N
     if not (send and lifecycle.terminal):
         return []
     return send_lifecycle(paths.run_dir, spec.tracking, group=tracking_group())
+
+
+def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | None = None,
+                   timeout_s: float = SEND_TIMEOUT_S) -> list[str]:
+    """Send the run's lifecycle to each tracker of ``settings`` that lacks it, at most ``timeout_s`` (all at
+    once, each in a thread of its own). Returns one line per tracker that did not take it; never raises."""
+    from elfes.records.mlflow_sink import MlflowSink
+    from elfes.records.tracker_mirror import send_lifecycle_once
+    from elfes.records.wandb_sink import WandbSink
+
+    lifecycle = read_lifecycle(run_dir)
+    if lifecycle is None:
+        return []
+    sinks: list[Any] = []
+    if settings.mlflow is not None:
+        sinks.append(MlflowSink(settings.mlflow, run_dir, group))
+    if settings.wandb is not None:
+        sinks.append(WandbSink(settings.wandb, run_dir, group, sync_dir_suffix="end"))
+    problems: dict[str, str] = {}
+
+    def send(sink: Any) -> None:
+        try:
+            send_lifecycle_once(sink, run_dir, lifecycle)
+        except Exception as error:  # the tracker, its library or the network
+            problems[sink.name] = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+
+    threads = [threading.Thread(target=send, args=(sink,), name=f"elfes-{sink.name}-lifecycle", daemon=True)
+               for sink in sinks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    for sink, thread in zip(sinks, threads):
+        if thread.is_alive():
+            problems[sink.name] = f"no answer within {timeout_s:.0f} s"
+    lines = [f"the {name} run was not set {lifecycle.status} ({problem}): it shows the status it had; the run's "
+             "own records (state.json, elfes status) are complete" for name, problem in sorted(problems.items())]
+    for line in lines:
+        log.warning(f"elfes: warning: {line}")
+    return lines

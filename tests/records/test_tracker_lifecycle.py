@@ -149,6 +149,19 @@ def test_a_vanished_attempt_is_set_right_by_the_next(tmp_path, store):
     assert lifecycle.status == "RUNNING" and lifecycle.attempt_ends == {1: "lost"}
 
 
+def test_a_stopped_run_is_killed_until_its_next_attempt(tmp_path, store):
+    run = Run(tmp_path, store, "stopped")
+    run.state = run_state.begin_attempt(run.state, token="42:0/1", job_id="42", launch="submit", hosts=["a"],
+                                        world_size=1)
+    run.state = run_state.end_attempt(run.state, token="42:0/1", outcome="stopped", signal="SIGTERM")
+    lifecycle = lifecycle_of(run.state, run.spec)
+    assert lifecycle.status == "KILLED" and lifecycle.attempt_ends == {1: "stopped (SIGTERM)"}
+    run.state = run_state.begin_attempt(run.state, token="42:1/1", job_id="42", launch="requeue", hosts=["a"],
+                                        world_size=1)  # SLURM requeued the preempted job
+    lifecycle = lifecycle_of(run.state, run.spec)
+    assert lifecycle.status == "RUNNING" and lifecycle.attempt_ends == {1: "requeued (SIGTERM)"}
+
+
 def test_the_spec_parameters_leave_out_what_looks_like_a_credential():
     params = spec_params({"env": {"HF_TOKEN": "x", "AWS_SECRET_ACCESS_KEY": "y", "WANDB_API_KEY": "z",
                                   "DATABASE": "postgres://me:pw@db/x", "OMP_NUM_THREADS": "1"}, "command": ["a", "b"]})
