@@ -31,6 +31,7 @@ BENCHMARKS = {
     "loop": ("benchmarks.loop",),
     "loop-cuda": ("benchmarks.loop_cuda",),
     "ddp": ("benchmarks.loop_ddp",),
+    "sharded": ("benchmarks.sharded",),
     "checkpoint": ("benchmarks.checkpoint", "benchmarks.checkpoint_blocking"),
     "stop": ("benchmarks.stop",),
     "resume": ("benchmarks.resume",),

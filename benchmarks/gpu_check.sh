@@ -16,9 +16,11 @@
 #    workers, paused and resumed bitwise, which needs torchvision for this torch: its wheel in .whl/
 #    or from the index); only those files, so that a module skipped for a missing optional package
 #    (matplotlib, tensorboard) is not counted.
-# 3. charlm-cuda: the charlm example on the GPU (bf16 autocast, fused AdamW) through `elfes submit`,
-#    preempted with `elfes preempt`, resumed, and compared with a straight run tensor by tensor
-#    (tests/examples/test_charlm.py, its cuda case).
+# 3. charlm-cuda: the charlm example on the GPU (bf16, fused AdamW) through `elfes submit`, preempted
+#    with `elfes preempt`, resumed, and compared with a straight run tensor by tensor
+#    (tests/examples/test_charlm.py, its cuda cases): replicated, read as documents and as a stream,
+#    and its model sharded with FSDP2 over NCCL (bf16 by its MixedPrecisionPolicy), whose checkpoints
+#    are folders of DCP shards, read back whole for the comparison.
 # 4. loop-cuda: python -m benchmarks --only loop-cuda (ELFES against the hand loop on the GPU, bf16).
 #
 # A step passes when its command exits 0 and, for the tests, nothing was skipped (a skip is no pass).
@@ -36,7 +38,7 @@ RESULTS=$(cd "$RESULTS" && pwd)
 SUMMARY=$RESULTS/summary.txt
 # Each step's most seconds; together under 8 minutes. INSTALL_S may be raised where the machine is shared (the test
 # suite runs this script beside three other workers: a pip install of the project then takes minutes, not seconds).
-INSTALL_S=${INSTALL_S:-60} GPU_TESTS_S=150 CHARLM_S=150 LOOP_S=90
+INSTALL_S=${INSTALL_S:-60} GPU_TESTS_S=120 CHARLM_S=210 LOOP_S=90
 failed=0
 : >"$SUMMARY"
 

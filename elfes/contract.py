@@ -1,7 +1,7 @@
 """The words the engine writes and the launcher reads: one home for each, both sides import it. Torch-free.
 
 - Checkpoint files and pointers: a checkpoint is ``step-<step>-batches-<batches>.pt`` (:class:`CheckpointName`)
-  in the ``checkpoint_dir``; :class:`Pointer` names its ``last``, ``best`` and ``final`` symlinks.
+  in the ``checkpoint_dir``, or a folder ``step-<step>-batches-<batches>.dcp`` for a sharded (FSDP2) model; :class:`Pointer` names its ``last``, ``best`` and ``final`` symlinks.
 - Heartbeat phases (:class:`Phase`): where a training process is, for the launcher's hang watchdog.
 - Stop reasons: a stop on a terminating signal (:data:`TERMINATING_SIGNALS`) is final; one of
   :data:`FINISHING_REASONS` (the monitor stopped improving) ends the run finished, not stopped.
@@ -11,7 +11,9 @@ The launcher imports this module on login nodes, so it imports nothing heavy; th
 launcher holds (``Heartbeat``, ``StopRequest``) it types under ``typing.TYPE_CHECKING`` only.
 
 >>> CheckpointName.parse("step-00000016-batches-0000000064.pt")
-CheckpointName(step=16, batches=64)
+CheckpointName(step=16, batches=64, sharded=False)
+>>> CheckpointName(16, 64, sharded=True).filename
+'step-00000016-batches-0000000064.dcp'
 >>> f"{Pointer.LAST}", Phase.ENDED == "ended"
 ('last', True)
 """
@@ -43,25 +45,27 @@ class StrEnum(str, Enum):
 
 # -- checkpoints ------------------------------------------------------------------------------------------------
 
-CHECKPOINT_FILE = re.compile(r"^step-(\d+)-batches-(\d+)\.pt$")
+CHECKPOINT_FILE = re.compile(r"^step-(\d+)-batches-(\d+)\.(pt|dcp)$")
 
 
 @dataclass(frozen=True, order=True)
 class CheckpointName:
-    """A published checkpoint file's name: the optimizer steps and the batches it was saved after."""
+    """A published checkpoint's name: the optimizer steps and the batches it was saved after, and whether it
+    is a folder of shards (an FSDP2 model's, written by every rank) rather than one file."""
 
     step: int
     batches: int
+    sharded: bool = False
 
     @property
     def filename(self) -> str:
-        return f"step-{self.step:08d}-batches-{self.batches:010d}.pt"
+        return f"step-{self.step:08d}-batches-{self.batches:010d}.{'dcp' if self.sharded else 'pt'}"
 
     @classmethod
     def parse(cls, filename: str) -> CheckpointName | None:
-        """The name of a checkpoint file, or None for any other file (a temporary, a pointer)."""
+        """The name of a checkpoint file or folder, or None for any other entry (a temporary, a pointer)."""
         match = CHECKPOINT_FILE.match(filename)
-        return cls(int(match[1]), int(match[2])) if match else None
+        return cls(int(match[1]), int(match[2]), match[3] == "dcp") if match else None
 
 
 class Pointer(StrEnum):
@@ -92,6 +96,7 @@ class WarningKind(StrEnum):
     INEXACT_STREAM = "inexact_stream"  # a stream whose state_dict leaves out part of its place (a shuffle buffer)
     STREAM_REPLAY = "stream_replay"  # a resume read and discarded a stream's consumed batches
     TRACKER_BEHIND = "tracker_behind"  # an experiment tracker (MLflow, W&B) did not take the records sent to it
+    WORLD_SIZE_CHANGED = "world_size_changed"  # a run continued on another world size: equal to float rounding
 
 
 # -- heartbeat ------------------------------------------------------------------------------------------------

@@ -29,13 +29,23 @@ def named_tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from named_tensors(item, f"{prefix}[{index}]")
 
 
+def load_whole(path: Path) -> dict[str, Any]:
+    """A checkpoint or exported model, read whole in this process: a sharded checkpoint's folder of DCP shards too."""
+    import torch
+
+    if path.is_dir():
+        from elfes.engine.sharded import whole_sharded_checkpoint
+
+        return whole_sharded_checkpoint(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def assert_runs_bitwise_equal(run_dir: Path, reference: Path) -> None:
     """Every tensor of ``run_dir``'s final checkpoint and exported model is torch.equal to the reference's."""
     import torch
 
     for relative in COMPARED_FILES:
-        ours, theirs = (dict(named_tensors(torch.load(folder / relative, map_location="cpu", weights_only=True)))
-                        for folder in (run_dir, reference))
+        ours, theirs = (dict(named_tensors(load_whole(folder / relative))) for folder in (run_dir, reference))
         assert ours, f"{run_dir / relative} holds no tensors"
         assert ours.keys() == theirs.keys(), f"{relative}: different tensors: {sorted(ours.keys() ^ theirs.keys())}"
         different = [name for name in ours if not torch.equal(ours[name], theirs[name])]

@@ -1,18 +1,19 @@
 """The checkpoint format and its directory: atomic files, pointer symlinks, retention, loading.
 
 One checkpoint is one complete PyTorch file, ``step-<step>-batches-<batches>.pt``, written under a
-temporary name in the same folder, fsynced, renamed into place, and the folder fsynced. ``last``,
-``best`` and ``final`` are relative symlinks, each replaced by renaming a new link over the old one,
-so a reader (or a killed writer) always finds a complete file behind every name.
+temporary name in the same folder, fsynced, renamed into place, and the folder fsynced (a sharded
+model's is a folder, ``.dcp``, published the same way: :mod:`.sharded`). ``last``, ``best`` and
+``final`` are relative symlinks, each replaced by renaming a new link over the old one, so a reader
+(or a killed writer) always finds a complete checkpoint behind every name.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import warnings
 import zipfile
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +27,23 @@ from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
 
 from .collectives import every_rank_value
+from .dcp_reader import SafeReader
+from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
+from .payload import TensorCopy, model_mismatches, plain_payload
+from .resize import (
+    PER_WORLD_LAYOUT,
+    next_batch_after_resize,
+    rank_stream_seed,
+    remap_log_interval,
+    resize_problems,
+    seed_rank_streams,
+    shared_generators,
+)
 
 FORMAT = "elfes-checkpoint"
-VERSION = 2
+VERSION = 3  # 3: a batch read in the training process draws torch's numbers under its place's seed (2 did not)
+SHARDED_STATE_FILE = "state.pt"  # in a sharded checkpoint's folder: all but the sharded tensors
 Weights = Literal["raw", "ema"]
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used, with the reason and what to do instead."""
 
 
 class CheckpointDirectory:
@@ -62,7 +73,7 @@ class CheckpointDirectory:
     def save(self, payload: Mapping[str, Any], name: CheckpointName) -> tuple[Path, int]:
         """Write ``payload`` as checkpoint ``name`` atomically; return its path and size in bytes."""
         self.path.mkdir(parents=True, exist_ok=True)
-        self._remove_stale_temporaries()
+        self.remove_stale_temporaries()
         final = self.file(name)
         with atomic_writer(final) as stream:
             torch.save(dict(payload), stream)
@@ -84,11 +95,11 @@ class CheckpointDirectory:
         """The newest checkpoint file whose archive is complete (a kill may leave none behind a pointer),
         of run ``run_id`` when given."""
         return next((path for path in reversed(self.checkpoints())
-                     if _is_complete_zip(path) and (run_id is None or checkpoint_run_id(path) == run_id)), None)
+                     if _is_complete(path) and (run_id is None or checkpoint_run_id(path) == run_id)), None)
 
     def run_ids(self) -> set[str | None]:
         """The run ids of the folder's complete checkpoints (None for a file that records none)."""
-        return {checkpoint_run_id(path) for path in self.checkpoints() if _is_complete_zip(path)}
+        return {checkpoint_run_id(path) for path in self.checkpoints() if _is_complete(path)}
 
     def apply_retention(self, keep: int | None, protect: tuple[Path, ...] = ()) -> list[Path]:
         """Delete all but the ``keep`` newest checkpoints, never a pointer's target nor ``protect``.
@@ -102,16 +113,33 @@ class CheckpointDirectory:
         deleted = []
         for path in files[: max(len(files) - keep, 0)]:
             if path.resolve() not in protected:
-                path.unlink()
+                remove_entry(path)
                 deleted.append(path)
         if deleted:
             fsync_directory(self.path)
         return deleted
 
-    def _remove_stale_temporaries(self) -> None:
+    def remove_stale_temporaries(self) -> None:
         # A single process writes this folder, so any temporary left here belongs to a killed writer.
         for entry in self.path.glob(f"{TEMPORARY_PREFIX}*"):
-            entry.unlink(missing_ok=True)
+            remove_entry(entry)
+
+
+def remove_entry(path: Path) -> None:
+    """Delete a checkpoint file, or a folder after renaming it to a temporary name: a kill half-way through
+    leaves no half-deleted folder under a checkpoint's name."""
+    if not path.is_dir() or path.is_symlink():
+        path.unlink(missing_ok=True)
+        return
+    if not path.name.startswith(TEMPORARY_PREFIX):
+        path = path.rename(path.with_name(f"{TEMPORARY_PREFIX}{path.name}.deleted"))
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def payload_file(path: Path) -> Path:
+    """The file holding a checkpoint's marker, run id and layout: the checkpoint itself, or a sharded
+    checkpoint folder's state file."""
+    return path / SHARDED_STATE_FILE if path.is_dir() else path
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -122,7 +150,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"Checkpoint {path} does not exist.{hint} Pass an existing checkpoint file or pointer.")
     resolved = path.resolve()
     try:
-        payload = torch.load(resolved, map_location="cpu", weights_only=True)
+        payload = torch.load(payload_file(resolved), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         raise CheckpointError(
             f"{resolved} holds Python objects that safe loading (torch.load(weights_only=True)) refuses to "
@@ -159,14 +187,15 @@ def _unreadable_message(path: Path, error: Exception) -> str:
 def _previous_readable(path: Path, name: CheckpointName) -> Path | None:
     for candidate in reversed(CheckpointDirectory(path.parent).checkpoints()):
         parsed = CheckpointName.parse(candidate.name)
-        if parsed is not None and parsed < name and _is_complete_zip(candidate):
+        if parsed is not None and parsed < name and _is_complete(candidate):
             return candidate
     return None
 
 
-def _is_complete_zip(path: Path) -> bool:
+def _is_complete(path: Path) -> bool:
+    """Whether a checkpoint's file (a sharded folder's state file, written last) is a complete archive."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(payload_file(path)) as archive:
             return archive.testzip() is None
     except (zipfile.BadZipFile, OSError):
         return False
@@ -182,9 +211,6 @@ def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # Layout entries that change rounding but not meaning: a mismatch warns instead of refusing.
 _ADVISORY_LAYOUT = ("torch_threads",)
-_PLAIN_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
-
-TensorCopy = Callable[[torch.Tensor, str], torch.Tensor]  # (tensor, where in the payload) -> its copy
 
 
 @dataclass(frozen=True)
@@ -196,6 +222,7 @@ class PendingCheckpoint:
     name: CheckpointName
     payload: dict[str, Any] | None
     main: bool
+    every_rank_writes = False  # a sharded checkpoint's write is collective (:mod:`.sharded`)
 
     @property
     def path(self) -> Path:
@@ -219,6 +246,8 @@ class Checkpointer:
     what a resuming run must share with the checkpoint. Every rank calls :meth:`snapshot` (then
     ``write()`` it) and :meth:`restore`.
     """
+
+    sharded = False  # one file, written by the main process (a sharded model's: :mod:`.sharded`)
 
     def __init__(
         self,
@@ -256,36 +285,55 @@ class Checkpointer:
         """Check that checkpoint ``source`` fits this run, then load every component from it."""
         payload = read_checkpoint(source)
         resolved = Path(source).resolve()
+        saved_model = payload.get("model")  # None in a sharded checkpoint: its layout tells this run it does not fit
+        self.check_fits(payload, resolved, [] if saved_model is None else model_mismatches(saved_model, self.shared["model"].state_dict()))
+        for key, component in self.shared.items():
+            if component is not None:
+                component.load_state_dict(payload[key])
+        self.restore_per_rank(payload)
+        return payload
+
+    def check_fits(self, payload: Mapping[str, Any], resolved: Path, mismatches: list[str]) -> None:
+        """Refuse checkpoint ``resolved`` whose layout (or model: ``mismatches``) does not fit this run."""
         expected, found = self.layout(), payload["layout"]
+        resized = len(payload["ranks"]) != self.accelerator.num_processes
+        unchecked = _ADVISORY_LAYOUT + (PER_WORLD_LAYOUT if resized else ())  # a resize checks them as one window
         mismatches = [
             f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
             for key in expected
-            if key not in _ADVISORY_LAYOUT and found.get(key) != expected[key]
-        ]
-        mismatches += model_mismatches(payload["model"], self.shared["model"].state_dict())
-        ranks = payload["ranks"]
-        if len(ranks) != self.accelerator.num_processes and not any("world_size" in m for m in mismatches):
-            mismatches.append(f"world_size: the checkpoint has {len(ranks)}, this run has {self.accelerator.num_processes}")
+            if key not in unchecked and found.get(key) != expected[key]
+        ] + mismatches
+        if resized:
+            mismatches += resize_problems(found, expected, per_rank_data=self.per_rank["data"].per_rank_position())
         if mismatches:
             raise CheckpointError(
                 f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
-                "Resume with the same world size, batching, objective, EMA, precision, optimizer, scheduler and "
-                "model (names, shapes and dtypes); to change them, start a new run from its weights (load_weights)."
+                "Resume with the same batching (on another world size, the same window of microbatches per update), "
+                "objective, EMA, precision, optimizer, scheduler and model (names, shapes and dtypes); to change them, "
+                "start a new run from its weights (load_weights)."
             )
         if found.get("torch_threads") != expected["torch_threads"]:
             warnings.warn(
                 f"Checkpoint {resolved} was written with {found.get('torch_threads')} torch threads per process and "
                 f"this run uses {expected['torch_threads']}; CPU kernels may round differently, so the continuation "
                 "may not be bitwise identical. Set the same OMP_NUM_THREADS (or torch.set_num_threads) to keep it exact.",
-                stacklevel=4,
+                stacklevel=5,
             )
-        for key, component in self.shared.items():
-            if component is not None:
-                component.load_state_dict(payload[key])
-        own = ranks[self.accelerator.process_index]
+
+    def restore_per_rank(self, payload: Mapping[str, Any]) -> None:
+        ranks, rank, world = payload["ranks"], self.accelerator.process_index, self.accelerator.num_processes
+        if len(ranks) != world:  # another world size, which check_fits allowed (see .resize)
+            shared = shared_generators(ranks)
+            if shared is not None:
+                self.per_rank["rng"].load_state_dict(shared)
+            else:
+                seed_rank_streams(rank_stream_seed(payload, rank))
+            remap_log_interval(self.per_rank["log_interval"], [old.get("log_interval", {}) for old in ranks], rank)
+            state = self.shared["state"]
+            state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
+            return
         for key, component in self.per_rank.items():
-            component.load_state_dict(own.get(key, {}))  # checkpoints older than a component hold none of it
-        return payload
+            component.load_state_dict(ranks[rank].get(key, {}))  # checkpoints older than a component hold none of it
 
     def _gather(self, states: list[Any]) -> list[list[Any]]:
         if self.accelerator.num_processes == 1:
@@ -321,7 +369,7 @@ def resume_source(path: Path) -> tuple[Path, str | None]:
 def checkpoint_run_id(path: Path) -> str | None:
     """The id of the run that wrote checkpoint ``path`` (None where it cannot be read or records none)."""
     try:  # mmap reads the small pickle, not the tensors
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        payload = torch.load(payload_file(Path(path)), map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return None
     return payload.get("run_id") if isinstance(payload, dict) else None
@@ -331,7 +379,7 @@ def safe_load_problem(path: Path) -> str | None:
     """Why ``path`` is not a checkpoint ELFES can load safely, in a few words; None for one it can. Reads it with
     ``torch.load(weights_only=True)``, which builds no object the file names (nothing of a planted pickle runs)."""
     try:  # mmap reads the small pickle, not the tensors
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        payload = torch.load(payload_file(Path(path)), map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return f"it holds Python objects that safe loading (torch.load(weights_only=True)) refuses to build: {reason}"
@@ -339,52 +387,12 @@ def safe_load_problem(path: Path) -> str | None:
         return f"it is not a torch checkpoint archive ({type(error).__name__})"
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         return f"it has no '{FORMAT}' marker"
+    if Path(path).is_dir():  # a sharded checkpoint: its DCP metadata too, read by the safe unpickler
+        try:
+            SafeReader(path).read_metadata()
+        except (CheckpointError, OSError, EOFError) as error:
+            return f"its shards' metadata cannot be read safely: {str(error).split(';')[0]}"
     return None
-
-
-def model_mismatches(saved: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor]) -> list[str]:
-    """Differences between a checkpoint's model and this run's, at most a few of each kind."""
-    missing = sorted(set(current) - set(saved))
-    unexpected = sorted(set(saved) - set(current))
-    common = set(saved) & set(current)
-    reshaped = sorted(
-        f"{name} {tuple(saved[name].shape)} -> {tuple(current[name].shape)}"
-        for name in common
-        if saved[name].shape != current[name].shape
-    )
-    retyped = sorted(
-        f"{name} {saved[name].dtype} -> {current[name].dtype}" for name in common if saved[name].dtype != current[name].dtype
-    )
-    problems = []
-    kinds = (("missing from the checkpoint", missing), ("unknown to this model", unexpected), ("reshaped", reshaped), ("of another dtype", retyped))
-    for label, names in kinds:
-        if names:
-            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            problems.append(f"model parameters {label}: {shown}")
-    return problems
-
-
-def plain_payload(value: Any, where: str = "checkpoint", *, copy: TensorCopy | None = None) -> Any:
-    """``value`` with NumPy scalars turned into Python numbers, or a ``TypeError`` naming the first
-    field that ``torch.load(weights_only=True)`` could not load back (found at the save, not at the
-    resume). Containers are rebuilt; with ``copy``, every tensor is replaced by ``copy(tensor, where)``."""
-    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:  # np.float64 is also a float
-        return value.item()
-    if isinstance(value, torch.Tensor) and copy is not None:
-        return copy(value, where)
-    if isinstance(value, _PLAIN_TYPES):
-        return value
-    if isinstance(value, Mapping):
-        plain = {key: plain_payload(item, f"{where}[{key!r}]", copy=copy) for key, item in value.items()}
-        return OrderedDict(plain) if isinstance(value, OrderedDict) else plain
-    if isinstance(value, (list, tuple)):
-        items = [plain_payload(item, f"{where}[{index}]", copy=copy) for index, item in enumerate(value)]
-        return items if isinstance(value, list) else tuple(items)
-    raise TypeError(
-        f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which safe loading "
-        "(torch.load(weights_only=True)) cannot rebuild, so this checkpoint could never be resumed. Keep only "
-        "tensors, Python numbers, strings, lists and dicts in state_dict() (e.g. float(x) for a NumPy number)."
-    )
 
 
 def _component_state(component: Any, model_to_cpu: bool) -> Any:

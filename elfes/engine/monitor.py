@@ -24,13 +24,16 @@ def missing_metric_message(results: Mapping[str, Mapping[str, float]], monitor: 
     )
 
 
-def update_monitor(monitor: Monitor, value: float, state: TrainState, progress: Progress, scheduler: Any) -> tuple[bool, bool]:
-    """Record an evaluation's monitored ``value``; returns (improved, patience exhausted)."""
+def update_monitor(
+    monitor: Monitor, value: float, state: TrainState, progress: Progress, scheduler: Any, sharded: bool = False
+) -> tuple[bool, bool]:
+    """Record an evaluation's monitored ``value`` (``sharded``: checkpoints are folders); returns (improved,
+    patience exhausted)."""
     improved = monitor.improves(value, state.best_metric)
     if improved:
         state.best_metric, state.best_step = value, state.step
         state.evaluations_without_improvement = 0
-        progress.best_checkpoint = CheckpointName(state.step, state.batches).filename
+        progress.best_checkpoint = CheckpointName(state.step, state.batches, sharded).filename
     else:
         state.evaluations_without_improvement += 1
     if isinstance(scheduler, ReduceLROnPlateau):

@@ -32,6 +32,7 @@ from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epo
 from .loss import LossPath
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
 from .publish import BackgroundWriter, HostBuffers, publish
+from .resize import resize_warning
 from .resumption import check_schedule_horizons, checkpoint_dir_problem, repair_pointers
 from .stop import StopRequest, decisive_reason
 from .window import Scheduler, UpdateRule, WindowResult
@@ -65,6 +66,7 @@ class TrainingSession:
         )
         self.saved: CheckpointName | None = None  # the position this call last published
         self.restored: tuple[Path, dict[str, Any], dict[str, Any]] | None = None  # file, state, progress
+        self.resized: str | None = None  # what a continuation on another world size changes
         self.writer = BackgroundWriter()  # writes asynchronous checkpoints (main process)
         self.host_buffers = HostBuffers()  # what their snapshots copy into, freed when the call ends
         self.world_size = accelerator.num_processes
@@ -94,6 +96,8 @@ class TrainingSession:
                 stacklevel=4,
             )
         self._log_start(metadata, resumed_from, past_budget)
+        if self.resized is not None:
+            self.warn(WarningKind.WORLD_SIZE_CHANGED, self.resized)
         self.state.stop_reason = None
         if not self.budget_spent():
             self._forget_unscheduled_final_evaluation()
@@ -111,6 +115,7 @@ class TrainingSession:
         payload = self.checkpointer.restore(source)
         resolved = source.resolve()
         self.restored = (resolved, payload["state"], payload["progress"])
+        self.resized = resize_warning(payload["layout"], self.checkpointer.layout())
         check_schedule_horizons(self.scheduler, self.budget, self.config.scheduler_interval, resolved)
         if self.directory is not None and self.accelerator.is_main_process:
             repair_pointers(self.directory, resolved, self._best_file())
@@ -274,7 +279,7 @@ class TrainingSession:
                 if checkpoint_due and self.directory is not None:
                     self.save(reason=SaveReason.INTERVAL)  # keep the work of this boundary before refusing
                 raise ValueError(missing_metric_message(results, monitor))
-            improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler)
+            improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler, self.checkpointer.sharded)
         self.log(
             "evaluation",
             **self._where(),
@@ -308,7 +313,7 @@ class TrainingSession:
         started = time.perf_counter()
         self.stop.heartbeat.beat(Phase.CHECKPOINTING)
         waited = self.collect_write(wait=True)
-        name = CheckpointName(state.step, state.batches)
+        name = CheckpointName(state.step, state.batches, self.checkpointer.sharded)
         asynchronous = self.config.async_checkpoints and reason in (SaveReason.INTERVAL, SaveReason.BEST)
         snapshot = self.host_buffers.snapshot() if asynchronous else None
         pending = self.checkpointer.snapshot(
@@ -324,7 +329,7 @@ class TrainingSession:
         if asynchronous:
             snapshot.wait()
             blocked = time.perf_counter() - started
-            if pending.main:
+            if pending.main or pending.every_rank_writes:
                 self.writer.start(publication, {**record, "blocked_s": blocked})
         else:
             writing = time.perf_counter()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -37,6 +38,7 @@ from .objective import Objective, Step
 from .process_group import hold_process_group, release_process_groups
 from .rng import RandomState
 from .session import TrainingSession
+from .sharded import ShardedCheckpointer, checkpoint_group, full_state_dict, is_sharded, mesh_shape
 from .stop import StopRequest
 from .weights import save_state_dict
 from .window import Scheduler, WindowRunner
@@ -46,7 +48,8 @@ class Trainer:
     """Trains ``model`` with exact accumulation windows, evaluation, checkpoints and resumable stops.
 
     The trainer prepares the model and the training DataLoader with ``accelerator``; pass them
-    unprepared. ``accelerator.gradient_accumulation_steps`` sets the window length. Every rank
+    unprepared. A model sharded with FSDP2's ``fully_shard`` is used as it is (never wrapped in DDP) and
+    checkpointed in shards. ``accelerator.gradient_accumulation_steps`` sets the window length. Every rank
     constructs the trainer and calls :meth:`train` with the same arguments.
 
     >>> trainer = Trainer(accelerator, model, optimizer, train_loader, step,  # doctest: +SKIP
@@ -69,13 +72,17 @@ class Trainer:
         logger: RunLogger | None = None,
     ) -> None:
         check_process_group(accelerator)
+        self.sharded = is_sharded(model)
+        _check_sharding(accelerator, self.sharded)
         self.accelerator = accelerator
         self.optimizer = optimizer
         self.evaluator = evaluator
         self.objective = objective
         self.loss = loss_path(objective, accelerator.device)
         self.logger = logger
-        self.model = accelerator.prepare_model(model)
+        # A sharded model's checkpoints are written on a process group of their own (see .sharded).
+        self._checkpoint_group = checkpoint_group() if self.sharded else None
+        self.model = model if self.sharded else accelerator.prepare_model(model)
         # Python, not the DDP wrapper's Reducer, frees the process group (see .process_group).
         release_process_groups()
         hold_process_group(self.model)
@@ -127,6 +134,8 @@ class Trainer:
             "progress": self.progress,
         }
         per_rank = {"rng": self.rng, "log_interval": self.log_interval, "data": self.data}
+        if self.sharded:
+            return ShardedCheckpointer(self.accelerator, shared, per_rank, self._layout, self._checkpoint_group)
         return Checkpointer(self.accelerator, shared, per_rank, self._layout)
 
     # ----------------------------------------------------------------------------------------
@@ -268,9 +277,12 @@ class Trainer:
         >>> trainer.save_model(run_dir / "model.pt", weights="ema")  # doctest: +SKIP
         """
         self._check_weight_choice(weights)
-        state = plain_state_dict(self.module)
-        if weights == "ema":
-            state.update({name: tensor.detach().cpu().clone() for name, tensor in self.ema.state_dict().items()})
+        average = self.ema.state_dict() if weights == "ema" else None
+        if self.sharded:  # every rank sends its shards; the main process holds the whole
+            state = full_state_dict(self.module, average, self.accelerator.is_main_process)
+        else:
+            state = plain_state_dict(self.module)
+            state.update({name: tensor.detach().cpu().clone() for name, tensor in (average or {}).items()})
         if self.accelerator.is_main_process:
             save_state_dict(state, Path(path))
         self.accelerator.wait_for_everyone()
@@ -284,6 +296,7 @@ class Trainer:
         """What a checkpoint must share with the run that resumes it."""
         return {
             "world_size": self.accelerator.num_processes,
+            "sharding": mesh_shape(self.module) if self.sharded else None,
             "gradient_accumulation_steps": self.accumulation_steps,
             "batches_per_epoch": self.batches_per_epoch,
             "mixed_precision": str(self.accelerator.mixed_precision),
@@ -335,6 +348,24 @@ class Trainer:
                 "weights='ema' was requested but this trainer keeps no EMA; pass Trainer(..., ema_decay=0.999) "
                 "or ask for weights='raw'."
             )
+
+
+def _check_sharding(accelerator: Accelerator, sharded: bool) -> None:
+    """Refuse Accelerate's own FSDP (one way to shard: the job's ``fully_shard``) and Accelerate's autocast on a
+    sharded model (FSDP2 casts by its own policy; a loss scaler would see only this rank's shards)."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        raise ConfigurationError(
+            "The Accelerator was built with an FSDP plugin; ELFES trains a model sharded by the job itself. Build "
+            "Accelerator() without fsdp_plugin (and without ACCELERATE_USE_FSDP), then shard before Trainer(...): "
+            "mesh = init_device_mesh(device_type, (world_size,)); fully_shard(block, mesh=mesh) for each block, "
+            "then fully_shard(model, mesh=mesh); build the optimizer over model.parameters()."
+        )
+    if sharded and str(accelerator.mixed_precision) != "no":
+        raise ConfigurationError(
+            f"Accelerator(mixed_precision={str(accelerator.mixed_precision)!r}) with a model sharded by fully_shard: "
+            "Accelerate's autocast and loss scaler do not apply to it. Use Accelerator(mixed_precision='no') and give "
+            "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)) instead."
+        )
 
 
 _STREAM_END = object()

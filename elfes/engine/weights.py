@@ -13,12 +13,16 @@ from elfes.files import atomic_writer
 from elfes.refusals import ConfigurationError
 
 from .checkpoint import CheckpointError, Weights, read_checkpoint
+from .sharded import sharded_weights
 
 
 def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Path) -> dict[str, torch.Tensor]:
-    """The plain model state dict of a checkpoint: raw weights, or EMA parameters with raw buffers."""
+    """The plain model state dict of a checkpoint: raw weights, or EMA parameters with raw buffers. A sharded
+    checkpoint's (a folder) are read from its shards, in this process alone."""
     if weights not in ("raw", "ema"):
         raise ConfigurationError(f"weights is {weights!r}; use 'raw' or 'ema'.")
+    if source.is_dir():
+        return sharded_weights(source, weights)
     if weights == "raw":
         return dict(payload["model"])
     if payload.get("ema") is None:
@@ -32,8 +36,8 @@ def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Pat
 def load_weights(model: nn.Module, checkpoint: Path, *, weights: Weights = "raw") -> None:
     """Load a checkpoint's raw or EMA weights into an unwrapped, uncompiled model.
 
-    No optimizer or DataLoader is needed. ``checkpoint`` may be a file or a pointer such as
-    ``run_dir / "checkpoints" / "best"``.
+    No optimizer, DataLoader or process group is needed. ``checkpoint`` may be a file, a sharded
+    checkpoint's folder (of any world size), or a pointer such as ``run_dir / "checkpoints" / "best"``.
 
     >>> load_weights(model, run_dir / "checkpoints" / "best", weights="ema")  # doctest: +SKIP
     >>> model = accelerator.prepare(model)  # doctest: +SKIP

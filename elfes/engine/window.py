@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
@@ -33,6 +34,7 @@ from .ema import ExponentialMovingAverage
 from .loss import LossPath, WindowLoss
 from .metrics import MetricAccumulator
 from .objective import Step
+from .sharded import is_sharded
 from .stop import StopRequest
 
 Scheduler = LRScheduler | ReduceLROnPlateau
@@ -88,6 +90,7 @@ class WindowRunner:
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
         self.world_size = accelerator.num_processes
         self.distributed = self.world_size > 1
+        self.sharded = is_sharded(model)
 
     def run(
         self,
@@ -108,6 +111,7 @@ class WindowRunner:
         window = self.loss.open_window(batches, self.sum_over_ranks, reference)
         scaler = self.accelerator.scaler
         model, step, contribute, labelled = self.model, self.step, window.contribution, window.labelled
+        sharded = self.sharded
         last = size - 1
         local_samples = consumed = 0
         # Grad mode is set once for the window: its microbatches all run with the same.
@@ -116,8 +120,10 @@ class WindowRunner:
                 if stop.reason is not None:
                     on_stop()
                 consumed += 1
-                # Gradients are all-reduced once per window, on its last microbatch.
-                with self.accelerator.no_sync(model) if self.distributed and index != last else _NO_CONTEXT:
+                # Gradients are all-reduced (reduce-scattered: FSDP2) once per window, on its last microbatch.
+                if sharded:
+                    model.set_requires_gradient_sync(index == last)
+                with self.accelerator.no_sync(model) if self.distributed and not sharded and index != last else _NO_CONTEXT:
                     output = step(model, batch)
                     count = output.num_samples
                     if count.__class__ is not int or count < 0:  # the exact type: a bool or a NumPy integer is checked
@@ -200,9 +206,10 @@ class WindowRunner:
         gradients = [p.grad for p in self.parameters if p.grad is not None]
         if factor != 1.0:
             torch._foreach_mul_(gradients, factor)
-        norm = torch.nn.utils.get_total_norm(gradients) if gradients else torch.zeros(())
+        norm = torch.nn.utils.get_total_norm(gradients) if gradients else torch.zeros(())  # over all shards
         learning_rates = [float(group["lr"]) for group in self.optimizer.param_groups]
-        norm_value = norm.item()  # the window's one host synchronisation after the agreement
+        # the window's one host synchronisation after the agreement (a sharded model's norm is a replicated DTensor)
+        norm_value = (norm.to_local() if isinstance(norm, DTensor) else norm).item()
         finite = math.isfinite(norm_value)
         if scaler is None and not finite:
             raise FloatingPointError(

@@ -98,3 +98,16 @@ def _parse_chunk(path: Path, first: int, block: list[str]) -> list[dict[str, Any
             continue
         events.append(event)
     return events
+
+
+def events_of_bytes(data: bytes) -> list[dict[str, Any]]:
+    """The events in ``data`` (whole lines of ``events.jsonl``); lines that are not JSON events are skipped."""
+    events = []
+    for line in data.split(b"\n"):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            events.append(event)
+    return events

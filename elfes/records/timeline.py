@@ -60,6 +60,7 @@ class Attempt:
     stop_signal: str | None = None  # the stop's signal (or reason when code requested it)
     failure: str | None = None  # the exception's type name, or the launcher's account (cause, retried or not)
     cancelled: bool = False  # the launcher recorded the stop as a cancel (`elfes cancel`)
+    world_size: int | None = None  # the ranks it trained on, as its start event says
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,10 @@ class TimelineBuilder:
             name: Series(name, *map(tuple, kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
             for name in names
         }
-        markers = tuple(marker for attempt in attempts for marker in _markers(attempt))
+        known = [None] + [attempt.world_size for attempt in attempts]  # each attempt's, or the last one known
+        for index in range(1, len(known)):
+            known[index] = known[index] if known[index] is not None else known[index - 1]
+        markers = tuple(marker for index, attempt in enumerate(attempts) for marker in _markers(attempt, known[index]))
         spans = tuple(LostSpan(attempt.number, max(int(redo), attempt.start_step), attempt.last_step)
                       for attempt, redo in zip(attempts, redo_from) if attempt.last_step > redo)
         return Timeline(attempts=tuple(attempts), markers=markers, series=series, lost_spans=spans)
@@ -337,11 +341,15 @@ def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str
     last_step = parts.high_step if parts.high_step is not None else start_step
     return Attempt(number=number, launch=kind, start_step=start_step, end=end, end_step=end_step,
                    last_step=last_step, stop_signal=stop_signal, failure=failure,
-                   cancelled=end == "stopped" and outcome == "cancelled")
+                   cancelled=end == "stopped" and outcome == "cancelled", world_size=first.get("world_size"))
 
 
-def _markers(attempt: Attempt) -> list[Marker]:
-    markers = [Marker(attempt.start_step, attempt.launch, attempt.number, attempt.launch)]
+def _markers(attempt: Attempt, previous_world_size: int | None) -> list[Marker]:
+    """An attempt's start (``resume on 1 rank`` where it continued on another world size), then its end."""
+    label, ranks = attempt.launch, attempt.world_size
+    if previous_world_size is not None and ranks is not None and ranks != previous_world_size:
+        label = f"{attempt.launch} on {ranks} rank{'s' if ranks != 1 else ''}"
+    markers = [Marker(attempt.start_step, attempt.launch, attempt.number, label)]
     if attempt.end == "stopped":
         stop = "cancel" if attempt.cancelled else "stop"
         markers.append(Marker(attempt.end_step, "stop", attempt.number, f"{stop} ({attempt.stop_signal})"))

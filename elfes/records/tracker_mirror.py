@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -49,6 +50,16 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 1000  # metric values per send (MLflow's log_batch takes at most 1000)
 RETRY_S = 1.0  # between tries while the tracker cannot be reached
 FLUSH_TIMEOUT_S = 20.0  # what a RunLogger's close waits for the mirror to send the rest
+FLUSH_TIMEOUT_VARIABLE = "ELFES_TRACKER_FLUSH_TIMEOUT_S"  # another wait, in seconds (a tracker slow to start)
+
+
+def flush_timeout_s() -> float:
+    """What a close waits: ``ELFES_TRACKER_FLUSH_TIMEOUT_S`` when it holds a positive number, else FLUSH_TIMEOUT_S."""
+    try:
+        value = float(os.environ.get(FLUSH_TIMEOUT_VARIABLE, ""))
+    except ValueError:
+        return FLUSH_TIMEOUT_S
+    return value if math.isfinite(value) and value > 0 else FLUSH_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -154,11 +165,13 @@ class TrackerMirror:
         """New lines are in ``events.jsonl``: wake the thread. Never blocks."""
         self._wake.set()
 
-    def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
-        """Send what is left, waiting at most ``timeout_s``; True when the tracker has every record.
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Send what is left, waiting at most ``timeout_s`` (:func:`flush_timeout_s` when None); True when the
+        tracker has every record.
 
         A mirror already behind (its tracker down) tries once more and leaves the rest to the next attempt: a
         tracker that is down never delays the end of an attempt (a preemption's grace time is short)."""
+        timeout_s = flush_timeout_s() if timeout_s is None else timeout_s
         self._deadline = time.monotonic() + (0.0 if self.state.behind else timeout_s)
         self._closing.set()
         self._wake.set()

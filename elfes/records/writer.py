@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .schema import event_json_line, events_path, validate_event
+from .timings import TimingsWriter
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -78,6 +79,9 @@ class RunLogger:
         if self._trackers_settings.trackers:
             self._start_trackers()
         self._file: TextIO | None = None
+        self._size = 0  # the bytes of events.jsonl once the last line is written
+        # The running totals of the phases' times (timings.json), which `elfes status` reads for the goodput.
+        self._timings = TimingsWriter(self.run_dir, self.path) if is_main_process else None
         self._closed = False
         # Checkpoint or evaluation code may log from a helper thread; lines must not interleave.
         self._lock = threading.Lock()
@@ -116,6 +120,9 @@ class RunLogger:
             events_file = self._open()
             events_file.write(line + "\n")
             events_file.flush()
+            self._size += len(line.encode("utf-8")) + 1
+            if self._timings is not None:
+                self._timings.add(event, now.isoformat(), self._size)
             if self._tensorboard is not None:
                 self._tensorboard.write(event)
             for tracker in self._trackers:
@@ -168,6 +175,10 @@ class RunLogger:
             if torn:
                 # A kill mid-write left a partial line; isolate it so ours stay parseable.
                 self._file.write("\n")
+            self._file.flush()
+            self._size = self.path.stat().st_size
+            if self._timings is not None:
+                self._timings.open()
         return self._file
 
 

@@ -8,7 +8,9 @@ spec's ``config`` (keys of :data:`DEFAULTS`), ``job.resume_from`` is the run's `
 preemption, and ``job.stop`` already catches the stop signals. The documents differ in length, so
 the loss of a batch is its mean over real (unpadded) characters, and ``loss_weight`` is their count:
 the engine then weighs every character of an update alike, whichever rank and microbatch it is in.
-On CUDA the model trains under bf16 autocast with fused AdamW.
+On CUDA the model trains in bf16 with fused AdamW. With ``shard: true`` the model is sharded over the
+ranks with FSDP2 (:func:`examples.charlm.model.shard`): each rank holds a share of every block's weights and
+optimizer state, and every checkpoint is a folder of each rank's shards.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from elfes.engine import (
     MeanMetric,
     Monitor,
     RunLogger,
+    Step,
     StepOutput,
     TrainConfig,
     Trainer,
@@ -39,7 +42,7 @@ from elfes.engine import (
     weight_decay_groups,
 )
 from examples.charlm.data import IGNORED, VOCABULARY, DocumentStream, LibraryText, pad
-from examples.charlm.model import CharTransformer
+from examples.charlm.model import CharTransformer, shard
 
 # What `config:` in a spec may set; anything else is refused by name.
 DEFAULTS: dict[str, Any] = {
@@ -47,8 +50,8 @@ DEFAULTS: dict[str, Any] = {
     # "documents" (a shuffled map-style dataset) or "stream" (each rank's own stream of randomly cropped
     # documents, resumed from its state_dict)
     "train_chars": 1_000_000, "context": 128, "reader": "documents",
-    # model
-    "width": 128, "depth": 4, "heads": 4, "dropout": 0.1,
+    # model, and whether it is sharded over the ranks (FSDP2) rather than replicated (DDP)
+    "width": 128, "depth": 4, "heads": 4, "dropout": 0.1, "shard": False,
     # optimization: documents per rank and microbatch, microbatches per update
     "epochs": 3, "batch_size": 16, "accumulation": 2, "lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 20,
     "ema_decay": 0.95,
@@ -74,6 +77,11 @@ def no_decay(name: str, parameter: nn.Parameter) -> bool:
 
 def main(job: Any) -> TrainState:
     """Train the model of ``job.config``; every rank calls it. Returns the trainer's state."""
+    return run(job, step)
+
+
+def run(job: Any, step_function: Step) -> TrainState:
+    """:func:`main` with another step function (tests slow it down to land signals mid-run)."""
     unknown = sorted(set(job.config) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"config has unknown keys {unknown}; the charlm job reads {sorted(DEFAULTS)}.")
@@ -82,12 +90,15 @@ def main(job: Any) -> TrainState:
     cuda = torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU")
     accelerator = Accelerator(
         gradient_accumulation_steps=config["accumulation"],
-        mixed_precision="bf16" if cuda else "no",
+        # A sharded model computes in bf16 by its FSDP2 policy (model.shard); Accelerate's autocast is for DDP.
+        mixed_precision="bf16" if cuda and not config["shard"] else "no",
         dataloader_config=DataLoaderConfiguration(even_batches=False),
     )
     set_seed(config["seed"])
     model = CharTransformer(VOCABULARY, config["context"], config["width"], config["depth"], config["heads"],
                             config["dropout"])
+    if config["shard"]:  # before the optimizer, which is then built over the shards
+        shard(model, "cuda" if cuda else "cpu", accelerator.num_processes, bf16=cuda)
     optimizer = torch.optim.AdamW(weight_decay_groups(model, config["weight_decay"], exclude=no_decay),
                                   lr=config["lr"], betas=(0.9, 0.95), fused=cuda)
     data = {split: LibraryText(split, train_chars=config["train_chars"], context=config["context"])
@@ -101,9 +112,9 @@ def main(job: Any) -> TrainState:
     else:
         raise ValueError(f"config reader is {config['reader']!r}; use 'documents' or 'stream'.")
     validation_loader = DataLoader(data["validation"], batch_size=2 * config["batch_size"], collate_fn=pad)
-    evaluator = Evaluator(accelerator, {"validation": validation_loader}, step)
+    evaluator = Evaluator(accelerator, {"validation": validation_loader}, step_function)
     with RunLogger(job.run_dir, is_main_process=accelerator.is_main_process) as logger:
-        trainer = Trainer(accelerator, model, optimizer, train_loader, step, evaluator=evaluator,
+        trainer = Trainer(accelerator, model, optimizer, train_loader, step_function, evaluator=evaluator,
                           ema_decay=config["ema_decay"], logger=logger)
         train_config = TrainConfig(
             epochs=config["epochs"], log_every=config["log_every"], max_grad_norm=1.0,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 class Block(nn.Module):
@@ -57,3 +59,14 @@ class CharTransformer(nn.Module):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
         return self.head(self.norm(self.blocks(x)))
+
+
+def shard(model: CharTransformer, device_type: str, world_size: int, *, bf16: bool) -> None:
+    """Shard ``model`` over all ranks with FSDP2: each block, then the root (the embeddings, the tied head and the
+    last norm), so a forward gathers one block's weights at a time. With ``bf16`` it computes in bf16 and
+    reduces gradients in float32, keeping float32 weights and optimizer state."""
+    mesh = init_device_mesh(device_type, (world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)

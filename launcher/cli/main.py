@@ -279,6 +279,14 @@ def _cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _export(args: argparse.Namespace) -> int:
+    from ..commands import export
+
+    result = export.export(args.source, args.output, weights=args.weights)
+    print_line(f"exported the {result.weights} weights of {result.checkpoint} to {result.output}")
+    return EXIT_OK
+
+
 def _rehearse(args: argparse.Namespace) -> int:
     from .rehearse import rehearse
 
@@ -288,7 +296,7 @@ def _rehearse(args: argparse.Namespace) -> int:
 VERBS = {
     "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
     "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot, "doctor": _doctor,
-    "rehearse": _rehearse,
+    "rehearse": _rehearse, "export": _export,
 }
 
 

@@ -184,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_rehearse_arguments(rehearse)
     set_option(rehearse, "the spec for the rehearsal, typically a shorter budget (--set config.epochs=2)")
 
+    export = verb("export", "Write a checkpoint's raw or EMA weights as a plain state dict file (torch.load-able; needs "
+                  "torch, not a GPU or a cluster; a sharded checkpoint folder of any world size too).")
+    export.add_argument("source", metavar="CHECKPOINT", help="a checkpoint file or .dcp folder, a pointer (last, best, "
+                        "final), or a run directory (its last)")
+    export.add_argument("output", metavar="OUT.pt", help="the file to write")
+    export.add_argument("--weights", choices=("raw", "ema"), default="raw", help="raw (default) or ema")
+
     verb("schema", "Print the JSON Schema of a job spec (for editors).")
 
     doctor = verb("doctor", "Tell what this SLURM cluster does to a job on preemption, time limit and cancel "

@@ -89,7 +89,7 @@ def _time(text: str | None) -> str:
 
 def _attempt_cells(attempt: dict[str, Any]) -> list[str]:
     return [str(attempt["number"]), attempt["launch"], attempt["job_id"], ",".join(attempt["hosts"]) or "-",
-            _time(attempt["started_at"]), _time(attempt["ended_at"]), _outcome(attempt),
+            str(attempt["world_size"]), _time(attempt["started_at"]), _time(attempt["ended_at"]), _outcome(attempt),
             attempt["signal"] or "-", _cell(attempt["step"])]
 
 
@@ -106,7 +106,7 @@ def _runs_table(results: Sequence[Any]) -> Table:
 
 def _attempts_table(result: Any) -> Table:
     table = Table(title="attempts (UTC)", show_edge=False)
-    for column in ("#", "launch", "job", "hosts", "started", "ended", "outcome", "signal", "step"):
+    for column in ("#", "launch", "job", "hosts", "ranks", "started", "ended", "outcome", "signal", "step"):
         table.add_column(column, no_wrap=True)
     for attempt in result.attempts:
         table.add_row(*_attempt_cells(attempt))
@@ -124,12 +124,21 @@ def _run_block(result: Any, *, with_attempts: bool) -> RenderableType:
             ("last checkpoint", _short_checkpoint(result))]
     if with_attempts:
         for attempt in result.attempts:
-            number, launch, job, hosts, started, ended, outcome, signal, step = _attempt_cells(attempt)
+            number, launch, job, hosts, ranks, started, ended, outcome, signal, step = _attempt_cells(attempt)
             rows.append((f"attempt {number}", f"{outcome}" + ("" if signal == "-" else f" ({signal})")
-                         + f" at step {step}; {launch}, job {job} on {hosts}; {started} to {ended} UTC"))
+                         + f" at step {step}; {launch}, job {job} on {hosts}, {ranks} rank{'' if ranks == '1' else 's'}; "
+                         f"{started} to {ended} UTC"))
     for key, value in rows:
         grid.add_row(key, value)
     return Group(head, Padding(grid, (0, 0, 0, 2)))
+
+
+def goodput_line(data: dict[str, Any]) -> str:
+    """``goodput 81.2% of 1h02m: useful training 50m, ...`` from a status's JSON goodput."""
+    from elfes.records.goodput import Goodput, TimeParts, format_goodput
+
+    return format_goodput(Goodput(wall_s=data["wall_s"], parts=TimeParts(**data["parts"]),
+                                  redone_steps=data["redone_steps"]))
 
 
 def _fits(console: Console, renderable: RenderableType) -> bool:
@@ -156,6 +165,8 @@ def print_status(console: Console, results: Sequence[Any]) -> None:
             console.print(f"{result.name or result.run_dir}: node {node['host']} excluded after attempt "
                           f"{node['attempt']} failed there ({node['cause']}); `elfes resume --include-nodes` allows it "
                           "again", markup=False)
+        if single and getattr(result, "goodput", None) is not None:
+            console.print(f"{result.name or result.run_dir}: {goodput_line(result.goodput)}", markup=False)
         if single and result.ran_on:
             console.print(f"{result.name or result.run_dir}: latest attempt ran on {result.ran_on}", markup=False)
         if result.error:

@@ -7,13 +7,14 @@ Torch-free.
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from elfes.records.reader import events_of_bytes
 
 from ..rundir import state as run_state
 from ..rundir.liveness import LivenessProbe, effective_state, liveness
@@ -145,15 +146,7 @@ class EventTail:
             return []
         end = data.rfind(b"\n") + 1
         self.offset += end
-        events = []
-        for line in data[:end].splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and "event" in event:
-                events.append(event)
-        return events
+        return events_of_bytes(data[:end])
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
+from ..rundir.goodput_reading import NoTimings, run_goodput
 from ..rundir.liveness import effective_state
 from ..rundir.lookup import run_paths
 from ..rundir.paths import RunPaths
@@ -59,6 +61,9 @@ class Status:
     failures_counted_since: str = Launch.SUBMIT
     # nodes the run's SLURM jobs leave out after a rank died or hung there (state.json's excluded_nodes)
     excluded_nodes: list[dict[str, Any]] = field(default_factory=list)
+    # where the run's wall time went (elfes.records.goodput.Goodput.to_json: wall_s, goodput, parts, attempts);
+    # None when it cannot be read cheaply (a note says why)
+    goodput: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +135,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
     summary = summary_from_ends(paths)
     notes.extend(getattr(summary, "warnings", ()))  # the engine's warnings since the latest start
     notes.extend(tracker_notes(paths))
+    goodput = _goodput(paths, state, notes)
     return Status(
         run_dir=str(paths.run_dir),
         name=name,
@@ -159,11 +165,25 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
         failures_used=state.failures_used if state is not None else 0,
         failures_counted_since=state.failures_counted_since if state is not None else Launch.SUBMIT,
         excluded_nodes=[asdict(node) for node in state.excluded_nodes] if state is not None else [],
+        goodput=goodput,
     )
+
+
+def _goodput(paths: RunPaths, state: run_state.RunState | None, notes: list[str]) -> dict[str, Any] | None:
+    """The run's goodput as JSON data (elfes.records.goodput), or None with a note saying why not."""
+    try:
+        return run_goodput(paths, state, datetime.now(timezone.utc)).to_json()
+    except NoTimings as error:
+        notes.append(f"no goodput: {error}")
+    except ValueError as error:  # a time in state.json or the records that does not parse
+        notes.append(f"no goodput: a recorded time cannot be read ({error})")
+    return None
 
 
 def tracker_notes(paths: RunPaths) -> list[str]:
     """A line per experiment tracker whose mirror is behind: since when, why, and how much waits to be sent."""
+    if not paths.tracking.is_dir():  # no tracker mirrors this run: status stays free of the mirror's imports
+        return []
     from elfes.records.tracker_mirror import read_mirror_state
     from elfes.records.tracking import TRACKERS
 

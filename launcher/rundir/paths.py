@@ -9,6 +9,7 @@ RUN_DIR/
   job.yaml                      the spec as submitted (every path resolved, absolute)
   state.json                    the run's state (launcher/rundir/state.py), written atomically
   events.jsonl                  the engine's run records (elfes.records)
+  timings.json                  their running totals of each attempt's phase times (elfes.records.timings), for the goodput
   checkpoints/                  last, best, final and the step files (elfes.engine.checkpoint)
   logs/attempt-<A>/rank-<R>.out the standard output of one rank in one attempt
   logs/attempt-<A>/rank-<R>.err its standard error
@@ -111,6 +112,12 @@ class RunPaths:
     def events(self) -> Path:
         """The engine's run records (``elfes.records.EVENTS_FILE_NAME``)."""
         return self.run_dir / "events.jsonl"
+
+    @property
+    def timings(self) -> Path:
+        """The running totals of the run records' phase times (``elfes.records.timings.TIMINGS_FILE_NAME``), written
+        atomically by the RunLogger beside :attr:`events`; ``elfes status`` reads the goodput from it."""
+        return self.run_dir / "timings.json"
 
     @property
     def checkpoints(self) -> Path:

@@ -21,7 +21,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .limits import control_character_problem
-from .resume_markers import FIXED, MAY_CHANGE
+from .resume_markers import MAY_CHANGE
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -84,16 +84,18 @@ class Section(BaseModel):
 class Resources(Section):
     """What one attempt of the job gets from the cluster (or from this machine)."""
 
+    # The world size may change when a run continues: the engine continues it when the job keeps its window of
+    # microbatches per update, and refuses it before training otherwise.
     nodes: StrictInt = Field(
         1, ge=1, description="Number of nodes, an integer >= 1 (the local executor runs 1).",
-        json_schema_extra=FIXED,
+        json_schema_extra=MAY_CHANGE,
     )
     tasks_per_node: StrictInt = Field(
         1, ge=1, description="Processes (ranks) per node, an integer >= 1; with GPUs, one per GPU (= gpus_per_node).",
-        json_schema_extra=FIXED,
+        json_schema_extra=MAY_CHANGE,
     )
     gpus_per_node: StrictInt = Field(
-        0, ge=0, description="GPUs per node, an integer >= 0; 0 trains on CPUs with gloo.", json_schema_extra=FIXED,
+        0, ge=0, description="GPUs per node, an integer >= 0; 0 trains on CPUs with gloo.", json_schema_extra=MAY_CHANGE,
     )
     cpus_per_task: StrictInt = Field(
         1, ge=1, description="CPU cores per process, an integer >= 1.",

@@ -67,4 +67,10 @@ def refused_changes(recorded: JobSpec, new: JobSpec, paths: RunPaths) -> list[st
     checkpoint)."""
     if not has_checkpoints(paths):
         return []
-    return [field for field in recorded.differences(new) if not may_change(field)]
+    refused = [field for field in recorded.differences(new) if not may_change(field)]
+    if (recorded.resources.gpus_per_node == 0) != (new.resources.gpus_per_node == 0):
+        # The number of GPUs may change with the world size, but not whether there are any: CPUs and GPUs
+        # compute differently, and a checkpoint's CUDA generators have no place on CPUs (nor the reverse).
+        refused.append(f"resources.gpus_per_node ({recorded.resources.gpus_per_node} -> {new.resources.gpus_per_node}: "
+                       "from CPUs to GPUs or back)")
+    return refused

@@ -103,7 +103,7 @@ def test_pointers_are_relative_links_to_published_files_and_every_file_is_a_comp
     for path in files:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         assert set(payload) == PAYLOAD_KEYS, f"{path.name}: {sorted(payload)}"
-        assert payload["format"] == "elfes-checkpoint" and payload["version"] == 2
+        assert payload["format"] == "elfes-checkpoint" and payload["version"] == 3
         assert isinstance(payload["ranks"], list) and len(payload["ranks"]) == 1  # one entry per rank
         assert set(payload["ranks"][0]) == {"rng", "log_interval", "data"}
         assert set(payload["ranks"][0]["rng"]) == {"python", "numpy", "torch", "cuda"}

@@ -293,7 +293,7 @@ def test_stop_on_one_rank_stops_every_rank_at_the_same_boundary(launch, case):
         assert [event["event"] for event in events].count("finished") == 0
 
 
-def test_a_two_rank_checkpoint_refuses_to_resume_on_one_rank(launch):
+def test_a_two_rank_checkpoint_refuses_one_rank_with_the_same_accumulation_naming_the_one_that_keeps_the_window(launch):
     from accelerate.state import AcceleratorState, GradientState
     from workloads import RunSpec, build
 
@@ -306,8 +306,12 @@ def test_a_two_rank_checkpoint_refuses_to_resume_on_one_rank(launch):
     with pytest.raises(CheckpointError) as raised:
         run.trainer.train(run.config, resume_from=output / "full" / "checkpoints" / "final")
     message = str(raised.value)
-    assert "world_size: the checkpoint has 2, this run has 1" in message
-    assert "batches_per_epoch: the checkpoint has 5, this run has 10" in message
+    spec = RunSpec()
+    window = 2 * spec.accumulation
+    assert (f"world_size: the checkpoint was written on 2 ranks x accumulation {spec.accumulation} (a window of {window} "
+            f"microbatches per update) and this run has 1 rank x accumulation {spec.accumulation} ({spec.accumulation})"
+            ) in message
+    assert f"1 rank x accumulation {window} keeps the window of {window} microbatches" in message
     assert run.trainer.state.step == 0  # nothing was loaded
 
 

@@ -63,7 +63,8 @@ def events_named(run_dir: Path, name: str) -> list[dict]:
 class RegressionData(Dataset):
     """A deterministic map-style regression dataset that counts its reads (per process)."""
 
-    def __init__(self, samples: int, features: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, samples: int, features: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32, augment: bool = False) -> None:
+        self.augment = augment  # noise drawn from the process's torch generator at each read
         generator = torch.Generator().manual_seed(seed)
         self.inputs = torch.randn(samples, features, generator=generator, dtype=torch.float64).to(dtype)
         weights = torch.linspace(-1.0, 1.0, features, dtype=torch.float64).unsqueeze(1)
@@ -75,6 +76,8 @@ class RegressionData(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.reads.append(int(index))
+        if self.augment:
+            return self.inputs[index] + 0.01 * torch.randn(self.inputs.shape[1], dtype=self.inputs.dtype), self.targets[index]
         return self.inputs[index], self.targets[index]
 
 
@@ -155,6 +158,9 @@ class RunSpec:
     keep_checkpoints: int | None = None
     objective: bool = False  # train TWO_TERMS with two_term_step instead of the mean squared error
     async_checkpoints: bool = False
+    shard: tuple[int, ...] | None = None  # a device mesh shape: the model sharded with FSDP2's fully_shard over it
+    augment: bool = False  # random noise drawn in the training dataset
+    validation_samples: int = 13
 
     def with_(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)
@@ -181,6 +187,8 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
     set_seed(spec.seed)
     dtype = getattr(torch, spec.dtype)
     model = DropoutMLP(dropout=spec.dropout).to(dtype)
+    if spec.shard is not None:
+        shard(model, spec.shard)
     groups = weight_decay_groups(model, 0.01)
     if spec.optimizer == "adamw":
         optimizer = torch.optim.AdamW(groups, lr=spec.learning_rate)
@@ -192,13 +200,13 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
         optimizer = torch.optim.SGD(groups, lr=spec.learning_rate, momentum=0.9)
     else:
         raise ValueError(spec.optimizer)
-    train_data = RegressionData(spec.samples, seed=1, dtype=dtype)
+    train_data = RegressionData(spec.samples, seed=1, dtype=dtype, augment=spec.augment)
     train_loader = DataLoader(train_data, batch_size=spec.batch_size, shuffle=spec.shuffle, num_workers=spec.num_workers,
                               multiprocessing_context=spec.worker_start if spec.num_workers else None)
     evaluator = None
     step, objective = (two_term_step, TWO_TERMS) if spec.objective else (mse_step, None)
     if spec.evaluate:
-        validation = DataLoader(RegressionData(13, seed=2, dtype=dtype), batch_size=4)
+        validation = DataLoader(RegressionData(spec.validation_samples, seed=2, dtype=dtype), batch_size=4)
         evaluator = Evaluator(accelerator, {"validation": validation}, step, objective=objective)
     trainer = Trainer(
         accelerator, model, optimizer, train_loader, step,
@@ -221,18 +229,39 @@ def build(spec: RunSpec, *, logger: Any | None = None) -> Run:
     return Run(spec, accelerator, trainer, config, train_data)
 
 
+def shard(model: nn.Module, mesh_shape: tuple[int, ...]) -> None:
+    """Shard ``model`` with FSDP2 as a job does: each block, then the root (a 2-D mesh: HSDP)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    names = ("replicate", "shard") if len(mesh_shape) == 2 else ("shard",)
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    for block in (model.hidden, model.output):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _whole(tensor: Any) -> torch.Tensor:
+    """A tensor on the CPU, a sharded one gathered whole (every rank must call this for it)."""
+    from torch.distributed.tensor import DTensor
+
+    tensor = torch.as_tensor(tensor) if not isinstance(tensor, torch.Tensor) else tensor
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu().clone()
+
+
 def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """Every tensor that a bitwise resume must reproduce, by a readable name, on the CPU."""
+    """Every tensor that a bitwise resume must reproduce, by a readable name, on the CPU (a sharded model's
+    gathered whole: call on every rank)."""
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in trainer.module.state_dict().items():
-        tensors[f"raw/{name}"] = tensor.detach().cpu().clone()
+        tensors[f"raw/{name}"] = _whole(tensor)
     if trainer.ema is not None:
         for name, tensor in trainer.ema.state_dict().items():
-            tensors[f"ema/{name}"] = tensor.detach().cpu().clone()
+            tensors[f"ema/{name}"] = _whole(tensor)
     optimizer_state = trainer.optimizer.state_dict()
     for index, state in optimizer_state["state"].items():
         for key, value in state.items():
-            tensors[f"optimizer/{index}/{key}"] = torch.as_tensor(value).detach().cpu().clone()
+            tensors[f"optimizer/{index}/{key}"] = _whole(value)
     for index, group in enumerate(optimizer_state["param_groups"]):
         tensors[f"optimizer/group{index}/lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
     if trainer.scheduler is not None:

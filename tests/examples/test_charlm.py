@@ -111,15 +111,21 @@ def run_dirs() -> Iterator[list[Path]]:
     yield from reaped_run_dirs()
 
 
-@pytest.mark.parametrize("reader", ["documents", "stream"])
+# How the job reads its documents, and whether its model is sharded over the ranks (FSDP2).
+READERS = {"documents": {"reader": "documents"}, "stream": {"reader": "stream"},
+           "sharded": {"reader": "documents", "shard": True}}
+
+
+@pytest.mark.parametrize("reader", READERS.values(), ids=READERS.keys())
 @pytest.mark.parametrize("devices", DEVICES.values(), ids=DEVICES.keys())
 def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[Path], devices: dict[str, int],
-                                                reader: str, capsys: pytest.CaptureFixture[str]) -> None:
+                                                reader: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     """Documents of different lengths (a shuffled dataset, or each rank's stream of randomly cropped
-    documents resumed from its state), on two gloo ranks or one GPU: preempted after its first train
-    record, the job saves `last`, relaunches, resumes and ends tensor for tensor equal to a straight run."""
+    documents resumed from its state), a replicated model or one sharded with FSDP2 (its checkpoints
+    folders of shards), on two gloo ranks or one GPU: preempted after its first train record, the job
+    saves `last`, relaunches, resumes and ends tensor for tensor equal to a straight run."""
     for name in ("straight", "preempted"):
-        spec = write_spec(tmp_path, name, devices, reader=reader)
+        spec = write_spec(tmp_path, name, devices, **reader)
         assert elfes(["submit", str(spec), "--executor", "local"]) == 0
         run_dirs.append(tmp_path / name)
     straight, preempted = run_dirs
@@ -138,6 +144,11 @@ def test_a_preempted_charlm_job_resumes_bitwise(tmp_path: Path, run_dirs: list[P
     assert wait_ended(straight).status == "finished", diagnostics(straight)
     assert state_of(straight).attempts[-1].step == planned
     assert_runs_bitwise_equal(preempted, straight)
+    assert (preempted / "checkpoints" / "final").resolve().suffix == (".dcp" if reader.get("shard") else ".pt")
+    # `elfes export` of the run (its `last`, here the final folder of shards) gives the exported EMA model's tensors.
+    assert elfes(["export", str(preempted), str(tmp_path / "exported.pt"), "--weights", "ema"]) == 0
+    exported, saved = (torch.load(path, weights_only=True) for path in (tmp_path / "exported.pt", preempted / "model.pt"))
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
 
     evaluation = [e for e in events(preempted) if e["event"] == "evaluation"][-1]["metrics"]["validation"]
     assert math.isclose(evaluation["bits_per_character"], evaluation["loss"] / math.log(2), rel_tol=1e-5)

@@ -5,6 +5,8 @@ first submission failed before any checkpoint takes the corrected spec, its hist
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +51,42 @@ def test_resume_with_a_raised_epoch_budget_continues_a_finished_run_bitwise(runs
     assert recorded["config"]["epochs"] == 4 and recorded["resources"]["timeout_min"] == 20
     wait_ended(reference, "finished")
     assert_runs_bitwise_equal(run_dir, reference)
+
+
+def test_resume_on_another_world_size_continues_the_run_within_float_rounding(runs: Runs):
+    """A finished 2-rank run (a window of 4 microbatches, no dropout) extended on 1 rank: the job derives its
+    accumulation from the world size, the engine continues the run on the new size, each attempt records its
+    own, the warning says what is no longer bitwise, and the run ends within float rounding of a run that had
+    the larger budget on 2 ranks from the start."""
+    import torch
+    from run_comparison import named_tensors
+
+    config = {**TRAINING, "window": 4, "dropout": 0.0}
+    reference = runs.submit("straight", tasks=2, entrypoint=ENTRYPOINT, config={**config, "epochs": 4})
+    run_dir = runs.submit("resized", tasks=2, entrypoint=ENTRYPOINT, config={**config, "epochs": 2})
+    wait_ended(run_dir, "finished")
+
+    resized = elfes("resume", str(run_dir), "--set", "config.epochs=4", "--set", "resources.tasks_per_node=1")
+    assert resized.returncode == 0, resized.stderr
+    assert "recorded spec changed: config.epochs, resources.tasks_per_node" in resized.stdout
+    state = wait_ended(run_dir, "finished")
+    assert [(a.outcome, a.world_size) for a in state.attempts] == [("finished", 2), ("finished", 1)]
+    records = [json.loads(line) for line in RunPaths(run_dir).events.read_text().splitlines()]
+    starts = [(e["event"], e["world_size"], e["gradient_accumulation_steps"]) for e in records
+              if e["event"] in ("started", "resumed")]
+    assert starts == [("started", 2, 2), ("resumed", 1, 4)]
+    status = json.loads(elfes("status", str(run_dir), "--json").stdout)
+    assert any("Continuing on 1 rank x accumulation 4 a run whose checkpoint was written on 2 ranks" in note
+               for note in status["notes"]), status["notes"]
+    table = elfes("status", str(run_dir)).stdout  # the attempts table: the ranks each attempt trained on
+    assert re.search(r"1 │ submit │ \S+ +│ \S+ +│ 2 ", table) and re.search(r"2 │ resume │ \S+ +│ \S+ +│ 1 ", table), table
+    wait_ended(reference, "finished")
+    expected, final = ({name: tensor for name, tensor in named_tensors(
+        torch.load(folder / "checkpoints" / "final", weights_only=True)) if "/rng/" not in name}
+        for folder in (reference, run_dir))
+    assert final.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(final[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_run_whose_first_submission_failed_before_a_checkpoint_takes_the_corrected_spec(runs: Runs):

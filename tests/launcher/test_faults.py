@@ -138,7 +138,7 @@ def test_a_run_killed_before_its_first_checkpoint_and_again_after_it_resumes_fro
     paths.events.write_text("".join(json.dumps({"event": "started", "time": "2026-12-02T00:00:00+00:00",
                                                 "run_id": run_id}) + "\n" for run_id in ("killed-early", "second")))
     checkpoint = paths.checkpoints / "step-00000004-batches-0000000016.pt"
-    torch.save({"format": "elfes-checkpoint", "version": 2, "run_id": "second"}, checkpoint)
+    torch.save({"format": "elfes-checkpoint", "version": 3, "run_id": "second"}, checkpoint)
     os.symlink(checkpoint.name, paths.last)
     assert resume_point(paths) == (paths.last, None)
 

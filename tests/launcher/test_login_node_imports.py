@@ -37,6 +37,7 @@ COMMANDS = {
     "validate-set": ["validate", "{spec}", "--set", "config.epochs=3", "--set", "slurm.partition=long"],
     "submit-dry-run-set": ["submit", "{spec}", "--executor", "slurm", "--dry-run", "--set", "resources.timeout_min=5"],
     "doctor-help": ["doctor", "--help"],
+    "export-help": ["export", "--help"],
     "doctor": ["doctor", "{spec}"],
 }
 # Exit codes other than 0 that a command may have here: doctor asks SLURM (scontrol), and exits 3 where

@@ -5,6 +5,7 @@ from __future__ import annotations
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import EVENTS_FILE_NAME
 from elfes.records.tensorboard import TENSORBOARD_DIR_NAME, tensorboard_dir
+from elfes.records.timings import timings_path
 from elfes.records.tracking import tracker_state_path, tracking_dir, wandb_dir
 
 
@@ -17,3 +18,4 @@ def test_run_paths_agree_with_the_engines_file_names(tmp_path):
     assert paths.tracker_state("mlflow") == tracker_state_path(tmp_path / "run", "mlflow")
     assert (paths.checkpoints, paths.last) == (tmp_path / "run" / "checkpoints", tmp_path / "run" / "checkpoints" / "last")
     assert paths.plot == tmp_path / "run" / "plot.png"
+    assert paths.timings == timings_path(tmp_path / "run")

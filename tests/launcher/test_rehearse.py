@@ -192,6 +192,84 @@ def test_a_command_job_rehearses_exact(tmp_path, capsys):
     assert report["runs"]["interrupted"]["attempts"] == 2
 
 
+def test_a_sharded_job_rehearses_exact_through_sigterm_and_sigkill(tmp_path, capsys):
+    """examples/charlm with its model sharded over two ranks (FSDP2): SIGTERM then resume and SIGKILL then resume
+    both land, and the three runs' final checkpoints (folders of shards, read whole) and exported models are
+    equal bit for bit. (The requeue signal on a sharded job: tests/slurm.)"""
+    from tests.launcher.entrypoints import TINY_CHARLM
+
+    spec = write_spec(tmp_path, "tests.launcher.entrypoints:sharded_charlm", config=TINY_CHARLM,
+                      resources={"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2,
+                                 "timeout_min": 10})
+    code, report = rehearse(spec, "--interruptions", "2", "--kinds", "stop,kill", "--keep", capsys=capsys)
+    assert (code, report["verdict"]) == (0, "exact"), report
+    assert sorted(i["kind"] for i in report["interruptions"]) == ["kill", "stop"]
+    assert all(i["landed"] for i in report["interruptions"]), report["interruptions"]
+    assert report["differences"]["compared_files"] == ["checkpoints/final", "model.pt"]
+    final = tmp_path / "run.rehearsal" / "interrupted" / "checkpoints" / "final"
+    assert final.resolve().suffix == ".dcp"
+
+
+def test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_data_identical(tmp_path, capsys):
+    """--resize 1 on a 2-rank job that derives its accumulation from its window (4 microbatches) and has no
+    dropout: one pause, the continuation on 1 rank, a verdict that names the data identical and the largest
+    relative difference of any tensor."""
+    config = {"epochs": 3, "train_samples": 256, "log_every": 1, "window": 4, "dropout": 0.0, "step_delay_s": 0.04}
+    spec = write_spec(tmp_path, "tests.launcher.entrypoints:budget_free_quickstart", config=config,
+                      resources={"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
+                                 "timeout_min": 10})
+    code, report = rehearse(spec, "--resize", "1", "--keep", capsys=capsys)
+    assert (code, report["verdict"]) in ((0, "within rounding"), (0, "exact")), report
+    [pause] = report["interruptions"]
+    assert pause["kind"] == "stop" and pause["landed"], pause
+    resized = report["resized"]
+    assert resized["ranks"] == 1 and resized["data_identical"] and resized["resumed_at"] == pause["saved_step"]
+    assert resized["largest_difference"] <= resized["tolerance"] and resized["unmatched"] == []
+    assert report["summary"].startswith(f"{report['verdict']} on 1 rank (the data identical in every update after "
+                                        f"step {pause['saved_step']}; the largest relative difference of any tensor")
+    state = json.loads((tmp_path / "run.rehearsal" / "interrupted" / "state.json").read_text())
+    assert [attempt["world_size"] for attempt in state["attempts"]] == [2, 1]
+
+
+@pytest.mark.parametrize(("ranks", "says"), [(0, "give the number of ranks to continue on"),
+                                             (1, "the job already runs on 1 rank; give another world size")])
+def test_a_resize_to_no_other_world_size_exits_2_and_creates_nothing(tmp_path, capsys, ranks, says):
+    spec = write_spec(tmp_path)
+    assert elfes(["rehearse", str(spec), "--executor", "local", "--resize", str(ranks)]) == 2
+    assert says in capsys.readouterr().err and not (tmp_path / "run.rehearsal").exists()
+
+
+def sharded_run(run_dir: Path, weight: Any) -> Path:
+    """A run directory whose final checkpoint is a folder of DCP shards holding ``weight`` as the model's ``w``."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from elfes.engine.checkpoint import FORMAT, SHARDED_STATE_FILE, VERSION
+
+    folder = run_dir / "checkpoints" / "step-00000001-batches-0000000002.dcp"
+    dcp.save({"model": {"w": weight}}, storage_writer=dcp.FileSystemWriter(folder), no_dist=True)
+    torch.save({"format": FORMAT, "version": VERSION, "run_id": run_dir.name}, folder / SHARDED_STATE_FILE)
+    (run_dir / "checkpoints" / "final").symlink_to(folder.name)
+    return run_dir
+
+
+def test_sharded_checkpoints_are_compared_tensor_by_tensor_read_whole(tmp_path):
+    import torch
+
+    from elfes.launcher.commands.rehearsal.compare import compare_runs
+
+    ours = sharded_run(tmp_path / "ours", torch.tensor([1.0, 2.0, 3.0]))
+    same = sharded_run(tmp_path / "same", torch.tensor([1.0, 2.0, 3.0]))
+    other = sharded_run(tmp_path / "other", torch.tensor([1.0, 2.0, 3.5]))
+    assert compare_runs(ours, same).identical  # the run ids differ, and are not compared
+    [difference] = compare_runs(ours, other).tensors
+    assert (difference.file, difference.name, difference.max_abs_diff) == ("checkpoints/final", "/model/w", 0.5)
+    (tmp_path / "same" / "checkpoints" / "final").unlink()
+    torch.save({"w": torch.zeros(3)}, tmp_path / "same" / "checkpoints" / "final")
+    [difference] = compare_runs(ours, same).tensors
+    assert "a sharded checkpoint (a folder) in one run, a file in the other" in difference.note
+
+
 # -- what is compared decides the verdict -------------------------------------------------------------------------
 SWITCHABLE = "tests.launcher.rehearsal_jobs:switchable"
 

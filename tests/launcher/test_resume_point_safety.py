@@ -28,12 +28,12 @@ class Planted:
 
 
 def bare_pickle(marker: Path) -> bytes:
-    return pickle.dumps({"format": "elfes-checkpoint", "version": 2, "run_id": "ours", "x": Planted(marker)})
+    return pickle.dumps({"format": "elfes-checkpoint", "version": 3, "run_id": "ours", "x": Planted(marker)})
 
 
 def torch_archive(marker: Path) -> bytes:
     buffer = io.BytesIO()
-    torch.save({"format": "elfes-checkpoint", "version": 2, "run_id": "ours", "x": Planted(marker)}, buffer)
+    torch.save({"format": "elfes-checkpoint", "version": 3, "run_id": "ours", "x": Planted(marker)}, buffer)
     return buffer.getvalue()
 
 
@@ -46,7 +46,7 @@ def test_a_pickle_planted_as_last_is_refused_as_no_safe_checkpoint_and_never_run
         paths.events.write_text(json.dumps({"event": "started", "time": "2026-12-02T00:00:00+00:00",
                                             "run_id": "ours"}) + "\n")
     own = paths.checkpoints / "step-00000004-batches-0000000016.pt"
-    torch.save({"format": "elfes-checkpoint", "version": 2, "run_id": "ours"}, own)
+    torch.save({"format": "elfes-checkpoint", "version": 3, "run_id": "ours"}, own)
     marker = tmp_path / "it-ran"
     file = paths.checkpoints / "step-00000008-batches-0000000032.pt"
     file.write_bytes(planted(marker))

@@ -36,7 +36,8 @@ def test_every_field_declares_whether_it_may_change_and_the_docs_list_the_declar
         assert any(path == name or path.startswith(f"{name}.") or name.startswith(f"{path}.") for name in declared), path
     lists = documented()
     assert set(lists) == {"may change", "may not change"}
-    assert "resources.kill_wait_s" in lists["may change"] and "resources.nodes" in lists["may not change"]
+    assert "resources.kill_wait_s" in lists["may change"] and "resources.nodes" in lists["may change"]
+    assert "entrypoint" in lists["may not change"]
     for path in lists["may change"]:
         assert may_change(path), path
     for path in lists["may not change"]:
@@ -50,7 +51,9 @@ def test_a_field_the_docs_call_changeable_is_taken_by_a_continuing_run(tmp_path:
     (run.checkpoints / "step-00000004-batches-0000000004.pt").write_bytes(b"a checkpoint")
     recorded = validate_spec_data(SPEC, source="job.yaml", base=tmp_path, check_files=False)
     for change, refused in ((("resources", "kill_wait_s", 60), []), (("resources", "timeout_min", 90), []),
-                            (("resources", "nodes", 2), ["resources.nodes"])):
+                            (("resources", "nodes", 2), []),  # the engine checks the window of a new world size
+                            (("resources", "gpus_per_node", 1), ["resources.gpus_per_node (0 -> 1: from CPUs to GPUs "
+                                                                 "or back)"])):
         section, name, value = change
         data = {**SPEC, section: {name: value}}
         new = validate_spec_data(data, source="job.yaml", base=tmp_path, check_files=False)

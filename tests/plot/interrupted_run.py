@@ -117,6 +117,7 @@ def write_spec(folder: Path, name: str, *, step_delay_s: dict[str, float] = STEP
     }
     if tracking is not None:
         spec["tracking"] = tracking
+        spec["env"]["ELFES_TRACKER_FLUSH_TIMEOUT_S"] = "300"  # W&B's service starts slowly on a loaded machine
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path

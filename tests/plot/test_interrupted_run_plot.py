@@ -127,3 +127,53 @@ def test_tensorboard_holds_each_steps_loss_once_equal_to_the_run_records(interru
     lost_steps = [e["step"] for e in lost_records]
     assert steps[2] == lost_steps[: len(steps[2])] and len(steps[2]) >= len(lost_steps) - 1, (steps[2], lost_steps)
     assert purges[3] == last_checkpoint + 1 <= min(steps[2] or lost_steps)
+
+
+GOODPUT_PARTS = ("useful_s", "redone_s", "evaluation_s", "checkpoint_s", "startup_s", "queue_s", "between_s", "other_s")
+
+
+def test_the_goodput_redoes_the_killed_steps_past_the_last_checkpoint_and_its_parts_add_up(interrupted, capsys):
+    """Preempted twice (their stops saved `last`: nothing redone), SIGKILLed once: the killed attempt's steps past
+    its last checkpoint, which attempt 4 trained again, are its redone steps, and the parts of every window add up
+    to the wall time from the submission to the last attempt's end; the killed attempt's window ends at its last
+    record, the time until `elfes resume` is between attempts. What status reads (timings.json and the records
+    after it) is what the whole records give."""
+    import json
+    from datetime import datetime
+
+    from elfes.launcher.cli.main import main as elfes
+    from elfes.launcher.rundir.goodput_reading import run_timings
+    from elfes.records import read_events
+    from elfes.records.timings import timings_of_events
+
+    run_dir = interrupted.run_dir
+    last_checkpoint, lost = kill_facts(interrupted)
+    assert lost and attempt_events(run_dir, 4)[0]["state"]["step"] == last_checkpoint
+    redone_steps = interrupted.killed_at_step - last_checkpoint
+    assert elfes(["status", str(run_dir), "--json"]) == 0
+    goodput = json.loads(capsys.readouterr().out)["goodput"]
+    assert [window["number"] for window in goodput["attempts"]] == [1, 2, 3, 4]
+    assert [window["redone_steps"] for window in goodput["attempts"]] == [0, 0, redone_steps, 0]
+    assert [window["parts"]["redone_s"] > 0 for window in goodput["attempts"]] == [False, False, True, False]
+    assert goodput["redone_steps"] == redone_steps
+
+    state = run_state.load_state(RunPaths(run_dir))
+    assert [attempt.outcome for attempt in state.attempts] == ["requeued", "requeued", "lost", "finished"]
+    wall = (datetime.fromisoformat(state.attempts[-1].ended_at)
+            - datetime.fromisoformat(state.submissions[0].at)).total_seconds()
+    assert goodput["wall_s"] == pytest.approx(wall, abs=1e-6)
+    assert sum(goodput["parts"][name] for name in GOODPUT_PARTS) == pytest.approx(wall, abs=1e-6)
+    for window in goodput["attempts"]:
+        assert all(window["parts"][name] >= -1e-6 for name in GOODPUT_PARTS), window  # float rounding
+    for name in ("useful_s", "evaluation_s", "checkpoint_s", "startup_s", "queue_s"):
+        assert goodput["parts"][name] > 0, name
+    killed_last = attempt_events(run_dir, 3)[-1]["time"]
+    assert datetime.fromisoformat(goodput["attempts"][2]["ends_at"]) == datetime.fromisoformat(killed_last)
+    assert goodput["attempts"][3]["parts"]["between_s"] > 0  # from the kill's last record to `elfes resume`
+    assert goodput["goodput"] == pytest.approx(goodput["parts"]["useful_s"] / wall)
+
+    assert RunPaths(run_dir).timings.is_file()
+    assert run_timings(RunPaths(run_dir)).attempts == timings_of_events(read_events(run_dir)).attempts
+    assert elfes(["status", str(run_dir)]) == 0
+    shown = capsys.readouterr().out
+    assert f"goodput {goodput['goodput']:.1%} of " in shown and f"({redone_steps} steps)" in shown, shown

@@ -114,3 +114,18 @@ def test_the_legend_names_what_lost_the_work_that_was_trained_again(end, named):
     figure = draw([RunCurves("run", build_timeline(events))], ["train/loss"])
     legend = [text.get_text() for text in figure.get_axes()[0].get_legend().get_texts()]
     assert [text for text in legend if text.startswith("lost to")] == [named], legend
+
+
+def test_a_resume_on_another_world_size_is_marked_with_its_ranks():
+    events = [
+        {"event": "started", "world_size": 2, "state": {"step": 0}},
+        {"event": "train", "step": 4, "metrics": {"loss": 1.0}},
+        {"event": "stopped", "step": 4, "reason": "SIGTERM", "state": {"step": 4}},
+        {"event": "resumed", "world_size": 1, "state": {"step": 4}},
+        {"event": "train", "step": 8, "metrics": {"loss": 0.5}},
+        {"event": "stopped", "step": 8, "reason": "SIGTERM", "state": {"step": 8}},
+        {"event": "resumed", "world_size": 1, "state": {"step": 8}},
+        {"event": "train", "step": 12, "metrics": {"loss": 0.25}},
+    ]
+    starts = [marker.label for marker in build_timeline(events).markers if marker.kind in ("start", "resume")]
+    assert starts == ["start", "resume on 1 rank", "resume"]

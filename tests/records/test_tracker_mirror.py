@@ -15,7 +15,7 @@ from tracker_histories import mlflow_history, wandb_offline_history
 from elfes.launcher.commands.status import tracker_notes
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import RunLogger, read_events
-from elfes.records.tracker_mirror import read_mirror_state
+from elfes.records.tracker_mirror import FLUSH_TIMEOUT_VARIABLE, read_mirror_state
 from elfes.records.tracking import tracker_state_path, wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
@@ -26,6 +26,12 @@ pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' i
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One SQLite store for the file (creating its tables takes seconds)."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(autouse=True)
+def patient_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close waits for the tracker as long as a loaded test machine needs (W&B's service starts slowly)."""
+    monkeypatch.setenv(FLUSH_TIMEOUT_VARIABLE, "300")
 
 
 @pytest.fixture
@@ -120,7 +126,7 @@ def test_wandb_offline_gets_every_step_once_with_the_run_id_kept_in_the_run_dire
 
     state = read_mirror_state(tmp_path / "run", "wandb")
     assert state is not None and not state.behind
-    history = wandb_offline_history(wandb_dir(tmp_path / "run"), state.run_id)
+    history = wandb_offline_history(wandb_dir(tmp_path / "run"), state.run_id, wait_for_exit=True)
     assert history["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.5)]
     assert history["eval/val/accuracy"] == [(4, 0.5)]
     assert len(list(wandb_dir(tmp_path / "run").glob(f"**/run-{state.run_id}.wandb"))) == 3  # one per attempt

@@ -23,3 +23,4 @@ def first_attempts_slow(job: Any) -> Any:
         config["step_delay_s"] = 0.0
     job.config = config
     return slow_quickstart(job)
+

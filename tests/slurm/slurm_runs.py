@@ -19,6 +19,7 @@ from run_comparison import assert_runs_bitwise_equal
 
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
+from tests.launcher.entrypoints import TINY_CHARLM
 
 ELFES = str(Path(sys.executable).with_name("elfes"))
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -30,13 +31,19 @@ RUN_TIMEOUT_S = 240.0  # torch imports and SLURM's relaunch delays on 2 loaded c
 
 
 # -- specs, runs, waiting -----------------------------------------------------------------------------------------
-def write_spec(folder: Path, name: str, *, tasks: int = 1, cpus_per_task: int = 1, step_delay_s: float = STEP_DELAY_S,
-               timeout_min: int = 10, signal_delay_s: int = 60, max_requeues: int = 3) -> Path:
+# examples/charlm, tiny, its model sharded over the ranks with FSDP2 (checkpoints: folders of every rank's shards),
+# slowed in the first attempt like the quickstart.
+SHARDED_CHARLM = {"entrypoint": "tests.launcher.entrypoints:sharded_charlm", "config": TINY_CHARLM}
+
+
+def write_spec(folder: Path, name: str, *, tasks: int = 1, nodes: int = 1, cpus_per_task: int = 1,
+               step_delay_s: float = STEP_DELAY_S, timeout_min: int = 10, signal_delay_s: int = 60, max_requeues: int = 3,
+               entrypoint: str = "tests.slurm.slurm_jobs:first_attempts_slow", config: dict[str, Any] = CONFIG) -> Path:
     spec = folder / f"{name}.yaml"
     spec.write_text(json.dumps({
-        "name": name, "entrypoint": "tests.slurm.slurm_jobs:first_attempts_slow", "workdir": str(REPOSITORY),
-        "run_dir": str(folder / name), "config": {**CONFIG, "step_delay_s": step_delay_s, "slow_attempts": 1},
-        "resources": {"nodes": 1, "tasks_per_node": tasks, "gpus_per_node": 0, "cpus_per_task": cpus_per_task,
+        "name": name, "entrypoint": entrypoint, "workdir": str(REPOSITORY),
+        "run_dir": str(folder / name), "config": {**config, "step_delay_s": step_delay_s, "slow_attempts": 1},
+        "resources": {"nodes": nodes, "tasks_per_node": tasks, "gpus_per_node": 0, "cpus_per_task": cpus_per_task,
                       "mem_gb": 1, "timeout_min": timeout_min},
         "slurm": {"partition": "low", "signal_delay_s": signal_delay_s}, "requeue": {"max_requeues": max_requeues},
         "env": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPOSITORY)},

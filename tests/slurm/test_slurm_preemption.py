@@ -30,6 +30,7 @@ from run_comparison import assert_runs_bitwise_equal
 from slurm_runs import (
     PLANNED_STEPS,
     RUN_TIMEOUT_S,
+    SHARDED_CHARLM,
     accounted,
     assert_bitwise_equal_to,
     diagnostics,
@@ -83,6 +84,32 @@ def test_preempted_with_the_user_signal_requeues_itself_and_resumes_bitwise(
     assert submitit_starts(run_dir, job_id) == 2  # --open-mode=append: the relaunch kept the first start's log
     assert [e["world_size"] for e in events(run_dir) if e["event"] in ("started", "resumed")] == [tasks, tasks]
     assert_bitwise_equal_to(run_dir, expected, tasks)
+
+
+def test_a_sharded_model_preempted_on_slurm_resumes_bitwise_from_its_folder_of_shards(
+    slurm_user_signal: SlurmCluster, tmp_path: Path
+):
+    """examples/charlm with its model sharded over two tasks (FSDP2 over gloo), preempted by a `high` job: both
+    ranks write their shards of `last` into one folder, rank 0 requeues, and the relaunch, reading its shards
+    back, ends bitwise equal (every tensor, the shards read whole) to a straight run on the local executor."""
+    slurm, tasks = slurm_user_signal, 2
+    spec = write_spec(tmp_path, "straight", tasks=tasks, step_delay_s=0.0, **SHARDED_CHARLM)  # type: ignore[arg-type]
+    assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
+    straight = tmp_path / "straight"
+    run_dir = submit(slurm, tmp_path, "sharded", tasks=tasks, step_delay_s=0.1, **SHARDED_CHARLM)
+    wait_run(run_dir, lambda: training_from(run_dir, 2), "attempt 1 to train to step 2")
+    preempt_with_a_high_job(slurm, tmp_path)
+    state = wait_ended(run_dir, "finished")
+
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit"), ("finished", None, "requeue")]
+    final = state.attempts[1].step
+    assert 2 <= state.attempts[0].step < final
+    resumed = [e for e in events(run_dir) if e["event"] == "resumed"]
+    assert [Path(e["resumed_from"]).suffix for e in resumed] == [".dcp"]
+    shards = sorted(entry.name for entry in RunPaths(run_dir).final.resolve().iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"], shards
+    assert wait_ended(straight, "finished").attempts[-1].step == final
+    assert_runs_bitwise_equal(run_dir, straight)
 
 
 def test_an_edit_before_a_preemption_does_not_reach_the_relaunch_on_slurm(slurm_user_signal: SlurmCluster,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import slurm_runs
 from cluster import process_alive, wait_for
 from run_comparison import assert_runs_bitwise_equal
 from two_hosts import TwoHostCluster
@@ -322,6 +323,65 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
     assert [r["environment"]["SLURM_RESTART_COUNT"] for r in rank_records(run_dir, 2)] == ["1", "1"]
     assert wait_finished(expected).attempts[-1].step == PLANNED_STEPS
     assert_runs_bitwise_equal(run_dir, expected)
+
+
+def test_a_sharded_model_over_two_hosts_preempted_resumes_bitwise(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
+    """examples/charlm with its model sharded over 2 nodes x 1 task (FSDP2, gloo between the hosts), given the
+    requeue signal by `elfes preempt`: the rank on each host writes its shards of `last` into one folder, rank 0
+    requeues, and the relaunch on both hosts reads them back and ends bitwise equal to a straight local run."""
+    straight_spec = slurm_runs.write_spec(tmp_path, "straight", tasks=2, step_delay_s=0.0,
+                                          **slurm_runs.SHARDED_CHARLM)  # type: ignore[arg-type]
+    assert "as local job" in elfes(slurm_two_hosts, "submit", str(straight_spec), "--executor", "local").stdout
+    spec = slurm_runs.write_spec(tmp_path, "sharded", nodes=2, tasks=1, step_delay_s=0.1, **slurm_runs.SHARDED_CHARLM)  # type: ignore[arg-type]
+    assert "as slurm job" in elfes(slurm_two_hosts, "submit", str(spec), "--executor", "slurm").stdout
+    run_dir = tmp_path / "sharded"
+    wait_run(run_dir, lambda: task(run_dir, 0, 1) and task(run_dir, 1, 1) and trained_to(run_dir, 2),
+             "attempt 1 to train to step 2")
+    elfes(slurm_two_hosts, "preempt", str(run_dir))
+    state = wait_finished(run_dir)
+
+    hosts = ("node1", "node2")
+    assert outcomes(state) == [("requeued", "SIGUSR2", "submit", hosts), ("finished", None, "requeue", hosts)]
+    assert 2 <= state.attempts[0].step < state.attempts[1].step
+    shards = sorted(entry.name for entry in RunPaths(run_dir).final.resolve().iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"], shards
+    straight = wait_finished(tmp_path / "straight")
+    assert straight.attempts[-1].step == state.attempts[1].step
+    assert_runs_bitwise_equal(run_dir, tmp_path / "straight")
+
+
+def test_a_two_node_run_continues_on_one_node_within_float_rounding(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
+    """A finished 2-node x 1-task run whose job derives its accumulation from the world size (a window of 4
+    microbatches, no dropout), extended with `elfes resume --set resources.nodes=1`: a new submission of the same
+    run trains on one host and ends within float rounding of a run that had the larger budget on 2 ranks."""
+    import torch
+    from run_comparison import named_tensors
+
+    entrypoint, config = "tests.launcher.entrypoints:budget_free_quickstart", {**CONFIG, "window": 4, "dropout": 0.0}
+    reference = slurm_runs.write_spec(tmp_path, "straight", tasks=2, step_delay_s=0.0, entrypoint=entrypoint,
+                                      config={**config, "epochs": 4})
+    assert "as local job" in elfes(slurm_two_hosts, "submit", str(reference), "--executor", "local").stdout
+    spec = slurm_runs.write_spec(tmp_path, "resized", nodes=2, tasks=1, step_delay_s=0.0, entrypoint=entrypoint,
+                                 config=config)
+    assert "as slurm job" in elfes(slurm_two_hosts, "submit", str(spec), "--executor", "slurm").stdout
+    run_dir = tmp_path / "resized"
+    job_id = wait_finished(run_dir).job_id
+    wait_for(lambda: slurm_two_hosts.run("squeue", "-h", "-j", job_id).stdout.strip() == "", timeout_s=60,
+             what=f"job {job_id} to leave the queue")
+    resumed = elfes(slurm_two_hosts, "resume", str(run_dir), "--set", "config.epochs=4", "--set", "resources.nodes=1")
+    assert "recorded spec changed: config.epochs, resources.nodes" in resumed.stdout
+    state = wait_run(run_dir, lambda: (s := state_of(run_dir)) is not None and len(s.attempts) == 2
+                     and s.status in run_state.ENDED and s, "the continuation on one node to end")
+    assert state.status == "finished", diagnostics(run_dir)
+    assert [(a.outcome, a.world_size, len(a.hosts)) for a in state.attempts] == [("finished", 2, 2), ("finished", 1, 1)]
+    assert state.attempts[0].job_id != state.attempts[1].job_id
+    wait_finished(tmp_path / "straight")
+    expected, final = ({name: tensor for name, tensor in named_tensors(
+        torch.load(folder / "checkpoints" / "final", weights_only=True)) if "/rng/" not in name}
+        for folder in (tmp_path / "straight", run_dir))
+    assert final.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(final[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_two_node_job_that_loses_a_rank_is_requeued_onto_both_nodes_and_resumes_bitwise(

@@ -54,7 +54,8 @@ def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader)
         raise ConfigurationError(
             f"The training DataLoader has {batches} batches, which {world} ranks cannot share equally "
             f"({batches} % {world} = {batches % world}). Change the dataset size, batch_size or drop_last so "
-            f"that the number of batches is a multiple of {world}."
+            f"that the number of batches is a multiple of {world}; a run continued from a checkpoint keeps its data: "
+            f"continue it on a number of ranks that divides {batches}."
         )
 
 

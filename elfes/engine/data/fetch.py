@@ -1,4 +1,5 @@
-"""Batches fetched in DataLoader workers draw from generators seeded by the batch's place in the run.
+"""Batches draw from generators seeded by the batch's place in the run, in DataLoader workers and in the
+training process alike.
 
 PyTorch seeds a worker's torch, NumPy and Python generators once, when the worker starts, and the
 worker then fetches every ``num_workers``-th batch: the numbers a batch's random transforms draw
@@ -10,6 +11,14 @@ numbers whichever worker runs it, however far the loader has read ahead, and aft
 
 The batch index travels with the batch's indices from the sampler (in the training process) to the
 worker: a :class:`PositionedBatch` is the list of indices with the seed of its fetch attached.
+
+A batch fetched in the training process itself (no workers) draws torch's numbers the same way: its fetch
+runs with torch's CPU generator seeded for the batch, then the generator is put back, so that the model's
+draws (dropout) continue the rank's own stream. The batch's augmentation is then a function of its place
+alone, as in a worker, whatever the world size and the number of workers: a run continued on another world
+size reads every batch as the uninterrupted run did. (NumPy's and Python's generators are left to the
+rank's stream there: saving and restoring NumPy's costs about 70 µs a batch; draw from torch, or read in
+workers, for augmentation that a change of world size keeps.)
 
 A stream has no indices: each item a worker reads is read under a seed from (the worker's seed, the
 number of items it has read), and that count is part of the stream's state, so that a stateful
@@ -97,6 +106,10 @@ class PositionedBatches:
     def start_epoch(self, data_seed: int, epoch: int) -> None:
         self.data_seed, self.epoch, self._first_index = data_seed, epoch, 0
 
+    def continue_at(self, index: int) -> None:
+        """The next iterator's first batch is batch ``index`` of the epoch (a sampler resumed from its own state)."""
+        self._first_index = index
+
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
@@ -130,8 +143,20 @@ class SeededFetches(Dataset):
 
     def __getitems__(self, indices: list[Any]) -> Any:
         seed = getattr(indices, "seed", None)
-        if seed is not None and get_worker_info() is not None:
+        if seed is None:
+            return self._fetch(indices)
+        if get_worker_info() is not None:
             seed_generators(seed)
+            return self._fetch(indices)
+        generator = torch.default_generator
+        rank_stream = generator.get_state()
+        generator.manual_seed(seed)
+        try:
+            return self._fetch(indices)
+        finally:
+            generator.set_state(rank_stream)
+
+    def _fetch(self, indices: list[Any]) -> Any:
         read_many = getattr(self.dataset, "__getitems__", None)
         samples = read_many(list(indices)) if read_many else [self.dataset[index] for index in indices]
         return self.collate_fn(samples)
@@ -201,13 +226,14 @@ _LOADER_ARGUMENTS = (
 )
 
 
-def with_seeded_worker_fetches(loader: DataLoader) -> DataLoader:
-    """``loader`` rebuilt (same class, same settings) so that its workers fetch under seeds of the batch's
-    (or item's) place; ``loader`` itself where there is nothing to seed (no workers, no batch sampler)."""
-    if not loader.num_workers:
-        return loader
+def with_seeded_fetches(loader: DataLoader) -> DataLoader:
+    """``loader`` rebuilt (same class, same settings) so that its batches are fetched under seeds of the batch's
+    place (a stream's items, in workers: of the item's); ``loader`` itself where there is nothing to seed (a
+    stream read in the training process, no batch sampler)."""
     arguments = {name: getattr(loader, name) for name in _LOADER_ARGUMENTS if hasattr(loader, name)}
     if isinstance(loader.dataset, IterableDataset):
+        if not loader.num_workers:
+            return loader
         stream = StatefulSeededStream if is_stateful(loader.dataset) else SeededStream
         return type(loader)(
             stream(loader.dataset), batch_size=loader.batch_size, drop_last=loader.drop_last,

@@ -1,10 +1,10 @@
 """The training data as the engine reads it: prepared for the ranks, read without look-ahead, resumable.
 
 The engine reads a batch only when the window needs it, never one ahead (accelerate's prepared loader
-reads one batch ahead to know when an epoch ends): random draws made while fetching a batch in this
-process come right before that batch's step, as in a plain loop, so the generator states a
-checkpoint holds are those the next fetch starts from. Workers fetch under seeded generators
-(:mod:`.fetch`). The order of epoch ``e`` is a function of the data seed and ``e`` alone.
+reads one batch ahead to know when an epoch ends), so the generator states a checkpoint holds are
+those the next fetch starts from. A map-style dataset's batches are fetched under generators seeded
+by the batch's place, in workers and in this process alike (:mod:`.fetch`). The order of epoch ``e``
+is a function of the data seed and ``e`` alone.
 
 A mid-epoch resume continues the data in the cheapest exact way the loader allows. A map-style
 dataset skips the consumed batches in the sampler (nothing is read), unless the user's own sampler
@@ -29,7 +29,7 @@ from elfes.contract import WarningKind
 
 from ..rng import capture_rng, restore_rng
 from .checks import check_distributed_batching, check_training_loader, verify_rank_lengths
-from .fetch import PositionedBatches, with_seeded_worker_fetches
+from .fetch import PositionedBatches, with_seeded_fetches
 from .state import is_stateful, stateful_parts, unsaved_shuffle_buffer
 from .workers import base_loader, iterate_sparing_workers, shut_down_workers
 
@@ -53,7 +53,7 @@ class TrainingData:
         self.streaming = isinstance(dataloader.dataset, IterableDataset)
         self.dataset_name = type(dataloader.dataset).__name__
         _give_shuffle_its_own_generator(dataloader)
-        rebuilt = with_seeded_worker_fetches(dataloader)
+        rebuilt = with_seeded_fetches(dataloader)
         self._positioned = rebuilt.batch_sampler if isinstance(rebuilt.batch_sampler, PositionedBatches) else None
         config = accelerator.dataloader_config
         # Only a stream resumes from a stateful loader's state: a map-style dataset skips in its sampler,
@@ -96,6 +96,14 @@ class TrainingData:
         except TypeError:  # a stream without __len__
             length = None
         return verify_rank_lengths(self.accelerator, self.prepared, None, length=length)
+
+    def per_rank_position(self) -> str | None:
+        """What of this loader keeps a position per rank, which a run on another world size cannot take over
+        (None for a map-style dataset read through the engine's sampler, whose position is the run's)."""
+        if self.streaming:
+            return f"the training stream ({self.dataset_name}) is read by each rank from its own share"
+        kept = ["loader"] if self.stateful_loader else sorted(self.parts)
+        return f"the training loader's {' and '.join(kept)} ({self.dataset_name}) keeps state" if kept else None
 
     # ----------------------------------------------------------------------------------------
     # Checkpoint state, per rank
@@ -165,6 +173,8 @@ class TrainingData:
                 part.load_state_dict(saved[name])
                 restored.add(name)
         if "sampler" in restored or (self.streaming and "dataset" in restored):
+            if self._positioned is not None:  # the sampler yields from batch `start` on: its seeds must too
+                self._positioned.continue_at(start * self.accelerator.num_processes)
             return self.base, 0
         if self.streaming:
             return self.base, start

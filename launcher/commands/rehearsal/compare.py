@@ -46,6 +46,7 @@ class TensorDifference:
     name: str  # its path inside the file, e.g. "/model/0.weight"
     max_abs_diff: float | None  # None where it is missing on one side or its shape or dtype differ
     note: str = ""
+    max_relative_diff: float | None = None  # max_abs_diff over the largest magnitude of the reference's values
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,18 +170,37 @@ def generator_note(generator: str) -> str:
 def _compare_file(ours: Path, theirs: Path, relative: str) -> list[TensorDifference]:
     import torch
 
+    if ours.is_dir() or theirs.is_dir():
+        return _compare_sharded(ours, theirs, relative)
     try:
         a_payload = torch.load(ours, map_location="cpu", weights_only=True)
         b_payload = torch.load(theirs, map_location="cpu", weights_only=True)
     except Exception:  # not a torch file (torch raises KeyError, UnpicklingError, ... then): its bytes are compared
         return [] if ours.read_bytes() == theirs.read_bytes() else [TensorDifference(relative, "", None,
                                                                                       "the bytes differ")]
+    return _compare_payloads(a_payload, b_payload, relative)
+
+
+def _compare_sharded(ours: Path, theirs: Path, relative: str) -> list[TensorDifference]:
+    """Two checkpoints of a sharded model (folders of DCP shards), read whole in this process."""
+    from elfes.engine.checkpoint import CheckpointError
+    from elfes.engine.sharded import whole_sharded_checkpoint
+
+    if not (ours.is_dir() and theirs.is_dir()):
+        return [TensorDifference(relative, "", None, "a sharded checkpoint (a folder) in one run, a file in the other")]
+    try:
+        return _compare_payloads(whole_sharded_checkpoint(ours), whole_sharded_checkpoint(theirs), relative)
+    except (CheckpointError, OSError, RuntimeError) as error:  # DCP raises a RuntimeError (CheckpointException) for a damaged shard
+        return [TensorDifference(relative, "", None, f"cannot be read: {error}")]
+
+
+def _compare_payloads(a_payload: Any, b_payload: Any, relative: str) -> list[TensorDifference]:
     a, b = dict(named_leaves(a_payload)), dict(named_leaves(b_payload))
     differences = [TensorDifference(relative, name, None, "only in one run") for name in sorted(a.keys() ^ b.keys())]
     for name in a.keys() & b.keys():
         difference = _leaf_difference(a[name], b[name])
         if difference is not None:
-            differences.append(TensorDifference(relative, name, *difference))
+            differences.append(TensorDifference(relative, name, *difference, relative_to(difference[0], b[name])))
     return sorted(differences, key=lambda d: (d.file, d.name))
 
 
@@ -201,6 +221,23 @@ def named_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from named_leaves(item, f"{prefix}[{index}]")
     elif isinstance(value, (bool, int, float, str)) or value is None:
         yield prefix, value
+
+
+def relative_to(difference: float | None, reference: Any) -> float | None:
+    """``difference`` over the largest magnitude among ``reference``'s values (floating-point ones: a tensor or a
+    number); None where there is no difference to scale or the values are counts, which rounding never changes;
+    infinity where the reference is all zeros."""
+    import torch
+
+    floating = reference.is_floating_point() if isinstance(reference, torch.Tensor) else isinstance(reference, float)
+    if difference is None or not floating:
+        return None
+    if isinstance(reference, torch.Tensor):
+        finite = reference.double().nan_to_num(0.0, 0.0, 0.0).abs() if reference.numel() else torch.zeros(1)
+        scale = float(finite.max())
+    else:
+        scale = abs(float(reference))
+    return difference / scale if scale else (0.0 if difference == 0 else math.inf)
 
 
 def bit_pattern(tensor: Any) -> Any:
@@ -277,3 +314,57 @@ def first_divergence(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -
 def _same_number(a: Any, b: Any) -> bool:
     """Equal, or NaN on both sides (a record read back from JSON may hold NaN)."""
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+# -- a continuation on another world size (elfes rehearse --resize) ---------------------------------------------
+# The largest relative difference a continuation on another world size may show, in any tensor or logged loss:
+# float rounding of sums reduced in another order, carried through the updates after the resume.
+RESIZE_TOLERANCE = 1e-3
+# Checkpoint entries that describe the ranks rather than the training: each rank's generators and data position
+# (a rank of the new world size has none of the old ones') and the layout (its world size and accumulation).
+PER_RANK_ENTRIES = ("/ranks", "/layout")
+
+
+@dataclass(frozen=True)
+class Resized:
+    """How a run paused and continued on another world size compares with the uninterrupted run."""
+
+    ranks: int
+    resumed_at: int | None  # the step the continuation started from
+    data_identical: bool  # every logged update after it counted the same samples, its loss within the tolerance
+    largest_loss_difference: float  # relative, over the logged train losses after the resume
+    largest_difference: float  # relative, over every compared tensor and number
+    largest_in: str  # where: "checkpoints/final /model/0.weight"
+    unmatched: tuple[TensorDifference, ...]  # differences that no rounding explains: a missing entry, a shape, a count
+    samples_differ_at: int | None = None  # the first logged step whose update counted other samples
+
+    @property
+    def within_rounding(self) -> bool:
+        return (self.data_identical and not self.unmatched and self.largest_difference <= RESIZE_TOLERANCE)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "within_rounding": self.within_rounding, "tolerance": RESIZE_TOLERANCE}
+
+
+def judge_resized(comparison: Comparison, ours: list[dict[str, Any]], theirs: list[dict[str, Any]], *, ranks: int,
+                  resumed_at: int | None) -> Resized:
+    """Judge ``comparison`` (the continued run against the uninterrupted one) and both runs' records as a
+    continuation on ``ranks`` ranks from step ``resumed_at``: per-rank entries set aside, every other
+    difference measured relative to the uninterrupted run's values."""
+    kept = [t for t in comparison.tensors if not t.name.startswith(PER_RANK_ENTRIES)]
+    measured = [t for t in kept if t.max_relative_diff is not None]
+    unmatched = tuple(t for t in kept if t not in measured)
+    largest = max(measured, key=lambda t: t.max_relative_diff or 0.0, default=None)
+    a, b = logged_metrics(ours), logged_metrics(theirs)
+    start = resumed_at or 0
+    steps = sorted(step for step, event in a.keys() | b.keys() if event == "train" and step > start)
+    samples_differ_at, loss_difference = None, 0.0
+    for step in steps:
+        left, right = a.get((step, "train"), {}), b.get((step, "train"), {})
+        if left.get("last_update_samples") != right.get("last_update_samples") or "loss" not in left or "loss" not in right:
+            samples_differ_at = samples_differ_at or step
+            continue
+        loss_difference = max(loss_difference, abs(left["loss"] - right["loss"]) / max(abs(right["loss"]), 1e-30))
+    return Resized(ranks, resumed_at, samples_differ_at is None and loss_difference <= RESIZE_TOLERANCE,
+                   loss_difference, largest.max_relative_diff if largest and largest.max_relative_diff else 0.0,
+                   f"{largest.file} {largest.name}" if largest else "", unmatched, samples_differ_at)

@@ -27,8 +27,9 @@ from .runs import Follower, ScratchRuns, kill_local_job, signal_tasks, slurm
 class InterruptedRun:
     """One pass of the interrupted run: submitted afresh, interrupted as ``plan`` says, followed to its end."""
 
-    def __init__(self, runs: ScratchRuns, length: RunLength) -> None:
+    def __init__(self, runs: ScratchRuns, length: RunLength, resume_sets: tuple[str, ...] = ()) -> None:
         self.runs, self.length = runs, length
+        self.resume_sets = resume_sets  # what each `elfes resume` changes (--resize: the world size)
         self.say = runs.say
 
     def run(self, plan: list[PlannedInterruption]) -> list[Interruption]:
@@ -129,7 +130,7 @@ class InterruptedRun:
                                                                  interruption.saved_step < self.length.final_step)
         if state.status == RunStatus.FINISHED:  # it finished before the interruption reached it: nothing to resume
             return
-        submitted = resume(paths.run_dir)
+        submitted = resume(paths.run_dir, sets=self.resume_sets)
         self.say(f"interrupted: resumed as {submitted.executor} job {submitted.job_id}")
 
     def _wait_for_checkpoint_write(self, paths: RunPaths, progress: Follower) -> str:

@@ -44,7 +44,7 @@ from ...spec.sweep import plan_sweep, wants_sweep
 from ...submit import executors
 from ...submit.handover import Interrupted
 from .causes import likely_causes, reproducibility_advice
-from .compare import Comparison, compare_runs, generator_note, unused_generators
+from .compare import Comparison, Resized, compare_runs, generator_note, judge_resized, read_records, unused_generators
 from .interrupt import InterruptedRun
 from .plan import (
     PlannedInterruption,
@@ -78,6 +78,7 @@ class RehearsalOptions:
     overrides: tuple[str, ...] = ()
     keep: bool = False
     member: str | None = None  # the sweep member to rehearse (a sweep spec needs one)
+    resize: int | None = None  # a pause, then the continuation on this many ranks (instead of the interruptions)
 
 
 # -- preparing: everything checked before anything is created -------------------------------------------------
@@ -96,10 +97,27 @@ def prepare(spec_file: str | os.PathLike[str], options: RehearsalOptions) -> Reh
     else:
         spec = load_spec_with(source, options.overrides)
         folder = Path(f"{spec.run_dir}.rehearsal")
+    resume_sets = () if options.resize is None else _resize_sets(spec, options.resize)
+    if resume_sets and options.member is None:
+        load_spec_with(source, (*options.overrides, *resume_sets))  # the continuation's spec is valid too
     executor = executors.choose_executor(options.executor)
     executors.check_executor(spec, executor)
     _check_reusable(folder)
-    return Rehearsal(source, spec, replace(options, executor=executor), folder)
+    return Rehearsal(source, spec, replace(options, executor=executor), folder, resume_sets)
+
+
+def _resize_sets(spec: JobSpec, ranks: int) -> tuple[str, ...]:
+    """The ``--set``s of ``elfes resume`` that continue ``spec``'s run on ``ranks`` ranks."""
+    nodes, world = spec.resources.nodes, spec.world_size
+    if ranks < 1 or ranks == world or ranks % nodes:
+        why = ("give the number of ranks to continue on, 1 or more" if ranks < 1 else
+               f"the job already runs on {world} rank{'' if world == 1 else 's'}; give another world size"
+               if ranks == world else
+               f"the job runs on {nodes} nodes, so the ranks to continue on must be a multiple of {nodes}")
+        raise UsageError(f"--resize {ranks}: {why}")
+    per_node = ranks // nodes
+    gpus = (f"resources.gpus_per_node={per_node}",) if spec.resources.gpus_per_node else ()
+    return (f"resources.tasks_per_node={per_node}", *gpus)
 
 
 def _sweep_member(source: Path, options: RehearsalOptions) -> tuple[JobSpec, Path]:
@@ -145,6 +163,7 @@ class Rehearsal:
     spec: JobSpec
     options: RehearsalOptions
     folder: Path
+    resume_sets: tuple[str, ...] = ()  # --resize: what the continuation changes (elfes resume --set)
 
     def run(self, say: Callable[[str], None] = print, show: Show | None = None) -> Report:
         """Run straight-1 and straight-2, then (when they agree) the interrupted run; compare, write the
@@ -199,18 +218,23 @@ class Rehearsal:
         interruptions: list[Interruption] = []
         retried: list[dict[str, Any]] = []
         resumed: Comparison | None = None
+        resized: Resized | None = None
         if straight.identical:
             interruptions, retried = self._interrupt(runs, length, say)
             say("comparing the interrupted run with straight-1")
             resumed = compare_runs(self.folder / "interrupted", straight_1).without_generators(unused)
+            if self.options.resize is not None:
+                resized = judge_resized(resumed, read_records(self.folder / "interrupted"), read_records(straight_1),
+                                        ranks=self.options.resize, resumed_at=interruptions[0].saved_step)
         else:
             say("the straight runs differ: resume cannot be judged, so the interrupted run is skipped")
         verdict = ("not reproducible" if not straight.identical else
-                   "exact" if resumed is not None and resumed.identical else "not resumable")
+                   "exact" if resumed is not None and resumed.identical else
+                   "within rounding" if resized is not None and resized.within_rounding else "not resumable")
         notes += runs.environment_notes()
         report = Report(verdict, str(self.source), str(self.folder), self.options.seed, self.options.executor,
                         interruptions, straight, resumed, requested=[p.kind for p in self._plan(length, 0)],
-                        kinds=KINDS, retried=retried, notes=notes, runs=runs.runs)
+                        kinds=KINDS, retried=retried, notes=notes, runs=runs.runs, resized=resized)
         if verdict == "not resumable" and resumed is not None:
             report.likely_causes = likely_causes(self.spec, resumed, interruptions,
                                                  read_events_if_any(RunPaths(self.folder / "interrupted")))
@@ -220,6 +244,8 @@ class Rehearsal:
 
     def _plan(self, length: RunLength, retry: int) -> list[PlannedInterruption]:
         steps = candidate_steps(length.final_step, retry)
+        if self.options.resize is not None:  # one pause, then the continuation on the new world size
+            return plan_interruptions(1, ("stop",), steps, self.options.seed)
         return plan_interruptions(self.options.interruptions, self.options.kinds, steps, self.options.seed)
 
     def _interrupt(self, runs: ScratchRuns, length: RunLength,
@@ -230,7 +256,7 @@ class Rehearsal:
         for number in range(PASSES):
             if number:
                 self._remove("interrupted")
-            done = InterruptedRun(runs, length).run(self._plan(length, number))
+            done = InterruptedRun(runs, length, self.resume_sets).run(self._plan(length, number))
             missed = [interruption for interruption in done if not interruption.landed]
             earlier = candidate_steps(length.final_step, number + 1) != candidate_steps(length.final_step, number)
             if not missed or number == PASSES - 1 or not earlier:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .compare import Comparison
+from .compare import Comparison, Resized
 
-VERDICTS = ("exact", "not resumable", "not reproducible")
+VERDICTS = ("exact", "within rounding", "not resumable", "not reproducible")
 
 
 @dataclass
@@ -73,6 +73,7 @@ class Report:
     likely_causes: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resized: Resized | None = None  # --resize: how the continuation on another world size compares
 
     @property
     def differences(self) -> Comparison:
@@ -87,6 +88,8 @@ class Report:
     def summary(self) -> str:
         if self.verdict == "not reproducible":
             return f"{self.verdict} (the straight runs differ; no interruption was tried)"
+        if self.resized is not None:
+            return resized_line(self.verdict, self.resized)
         return verdict_line(self.verdict, self.requested, self.landed)
 
     def to_json(self) -> dict[str, Any]:
@@ -102,4 +105,21 @@ class Report:
             "straight_vs_straight": self.straight.to_json(),
             "interrupted_vs_straight": self.interrupted.to_json() if self.interrupted else None,
             "notes": self.notes, "likely_causes": self.likely_causes, "advice": self.advice, "runs": self.runs,
+            "resized": self.resized.to_json() if self.resized is not None else None,
         }
+
+
+def resized_line(verdict: str, resized: Resized) -> str:
+    """The verdict of a pause continued on another world size: whether the data stayed, and the largest
+    relative difference of any tensor."""
+    after = f"after step {resized.resumed_at}" if resized.resumed_at is not None else "after the pause"
+    data = (f"the data identical in every update {after}" if resized.data_identical else
+            f"other data from step {resized.samples_differ_at} (another sample count)" if resized.samples_differ_at
+            else f"the losses {after} differ by up to {resized.largest_loss_difference:.1e} (relative)")
+    largest = (f"the largest relative difference of any tensor {resized.largest_difference:.1e}"
+               + (f", in {resized.largest_in}" if resized.largest_in else ""))
+    unmatched = (f"; {len(resized.unmatched)} entries no rounding explains, e.g. "
+                 f"{resized.unmatched[0].file} {resized.unmatched[0].name}: {resized.unmatched[0].note}"
+                 if resized.unmatched else "")
+    ranks = f"{resized.ranks} rank{'' if resized.ranks == 1 else 's'}"
+    return f"{verdict} on {ranks} ({data}; {largest}{unmatched})"

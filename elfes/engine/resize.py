@@ -1,0 +1,139 @@
+"""Continuing a run on another world size: what must stay, and how each rank's state is remapped.
+
+An update sums over a window of world size x ``gradient_accumulation_steps`` microbatches; rank r reads the
+epoch's batches r, r + world, r + 2 world, ... (accelerate's sharding of one sampler's order), so the window
+of update k holds the epoch's batches [k x window, (k + 1) x window) whatever the world size. A run may
+therefore continue on another world size when its window (and so every update's samples) stays: rank r of
+the new size resumes at batch ``next_batch x old world / new world`` of its share. What no new rank can take
+over is refused before training: a loader whose position is kept per rank (a stream read by each rank, a
+stateful sampler, dataset or loader). Each rank's generators start from a stream derived from (data seed,
+step, rank), since the old ranks' streams have no place in the new layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .data.fetch import fetch_seed, seed_generators
+
+# Layout entries that differ per rank count, checked as one window by :func:`resize_problems` instead.
+PER_WORLD_LAYOUT = ("world_size", "sharding", "gradient_accumulation_steps", "batches_per_epoch")
+# Mixed into the stream seed of a rank after a resize, so that it never equals a batch's fetch seed.
+_RANK_STREAM = 0x52414E4B
+
+
+def window(layout: Mapping[str, Any]) -> int:
+    """Microbatches per update over all ranks."""
+    return int(layout["world_size"]) * int(layout["gradient_accumulation_steps"])
+
+
+def describe(layout: Mapping[str, Any]) -> str:
+    """``2 ranks x accumulation 2`` of a layout."""
+    ranks = int(layout["world_size"])
+    return f"{ranks} rank{'s' if ranks != 1 else ''} x accumulation {layout['gradient_accumulation_steps']}"
+
+
+def resize_problems(found: Mapping[str, Any], expected: Mapping[str, Any], *, per_rank_data: str | None) -> list[str]:
+    """Why a checkpoint of layout ``found`` cannot continue on this run's ``expected`` world size (empty when it
+    can); ``per_rank_data`` names the training loader's per-rank position, if it keeps one."""
+    old, new = window(found), window(expected)
+    world = int(expected["world_size"])
+    problems = []
+    if old != new:
+        ranks = describe({"world_size": world, "gradient_accumulation_steps": old // world}).partition(" x ")[0]
+        keeps = (f"{ranks} x accumulation {old // world} keeps the window of {old} microbatches: set "
+                 f"Accelerator(gradient_accumulation_steps={old // world}), as a job does that derives it from the "
+                 "world size (window // world_size; the guide's 'Continuing on another world size')"
+                 ) if old % world == 0 else (
+                 f"no accumulation on {ranks} keeps it: use a world size that divides {old}")
+        problems.append(
+            f"world_size: the checkpoint was written on {describe(found)} (a window of {old} microbatches per "
+            f"update) and this run has {describe(expected)} ({new}); continuing needs the same window, so that "
+            f"every update trains on the same samples: {keeps}")
+    elif found.get("batches_per_epoch") is not None and expected.get("batches_per_epoch") is not None:
+        before = int(found["batches_per_epoch"]) * int(found["world_size"])
+        after = int(expected["batches_per_epoch"]) * world
+        if before != after:
+            problems.append(f"batches_per_epoch: the checkpoint's epoch has {before} batches over all ranks, this "
+                            f"run's has {after}; continue with the same data and batch size")
+    if (found.get("sharding") is None) != (expected.get("sharding") is None):
+        sharded = "sharded" if found.get("sharding") is not None else "not sharded"
+        problems.append(f"sharding: the checkpoint's model is {sharded}, this run's is "
+                        f"{'not ' if expected.get('sharding') is None else ''}sharded")
+    if per_rank_data is not None and old == new:
+        problems.append(
+            f"data: {per_rank_data}, whose position each rank keeps for itself and no other world size can take "
+            "over; continue on the same world size, or read a map-style dataset through the engine's sampler "
+            "(DataLoader(dataset, shuffle=True), with or without workers), whose position is the run's")
+    return problems
+
+
+def shared_generators(ranks: list[Mapping[str, Any]]) -> Any | None:
+    """The generator states every old rank saved, when they are all the same (a job that seeds every rank alike
+    and draws alike, which a layer drop under FSDP2 needs): every new rank takes them. None when they differ."""
+    import torch
+
+    states = [rank.get("rng") for rank in ranks]
+    first = states[0]
+    if not first:
+        return None
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return a.shape == b.shape and bool(torch.equal(a, b))
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return bool(a == b)
+
+    return first if all(same(first, other) for other in states[1:]) else None
+
+
+def rank_stream_seed(payload: Mapping[str, Any], rank: int) -> int:
+    """The seed of rank ``rank``'s generators after a resize: from (data seed, step, rank)."""
+    return fetch_seed(int(payload["progress"]["data_seed"]) ^ _RANK_STREAM, int(payload["state"]["step"]), rank)
+
+
+def remap_log_interval(interval: Any, states: list[Mapping[str, Any]], rank: int) -> None:
+    """Load the statistics every old rank gathered since the last ``train`` record into rank 0 of the new world
+    size, and none into the others (the record sums over ranks); the interval's counts, gradient norms and
+    learning rates are global, the same on every old rank, and every new rank takes them."""
+    interval.load_state_dict(states[0])
+    if rank != 0:
+        interval.metrics.reset()
+        return
+    for state in states[1:]:
+        other = type(interval)(list(state["learning_rates"]), interval.device)
+        other.load_state_dict(state)
+        interval.metrics.merge(other.metrics)
+
+
+def seed_rank_streams(seed: int) -> None:
+    """Seed this process's generators (CUDA's too, where there is one) for a remapped rank."""
+    import torch
+
+    seed_generators(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: int) -> int:
+    """The batch of its share where a rank of the new world size resumes the epoch."""
+    consumed = next_batch * int(found["world_size"])  # batches of the epoch that every rank together read
+    return consumed // world  # a whole number of windows (or the epoch's start): check_fits admitted the window
+
+
+def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
+    """What a run continued on another world size keeps, and what it cannot; None on the same world size."""
+    if found["world_size"] == expected["world_size"]:
+        return None
+    return (
+        f"Continuing on {describe(expected)} a run whose checkpoint was written on {describe(found)}: every update "
+        f"trains on the same {window(found)} microbatches as before, but the sum over ranks is reduced in another "
+        "order, so the run now matches an uninterrupted one to float rounding, not bitwise; and each rank's "
+        "generators (dropout, and NumPy's or Python's draws while reading batches in the training process) start "
+        "from new streams derived from (seed, step, rank), unless every old rank's were the same, which every new "
+        "rank then takes. The CPU draws of torch while reading a batch, in DataLoader workers or not, and every "
+        "draw in workers, stay those of the batch.")

@@ -1,0 +1,308 @@
+"""Sharded checkpoints of an FSDP2 model: one folder per checkpoint, every rank writing its own shards.
+
+A folder ``step-<step>-batches-<batches>.dcp`` holds the model's raw and EMA weights and the optimizer
+state as ``torch.distributed.checkpoint`` (DCP) shards (a ``__<rank>_0.distcp`` file per rank and DCP's
+``.metadata``), and ``state.pt``: everything else a checkpoint holds (format, version, run id, layout,
+scheduler, scaler, ``TrainState``, progress, the optimizer's hyperparameters, every rank's RNG and data
+state), loadable with ``torch.load(weights_only=True)``. Every rank writes into the folder under a
+temporary name; once DCP's save has returned on the main process (DCP's coordinator writes ``.metadata``
+after every rank's shards are written and fsynced), it writes ``state.pt`` last, fsyncs the folder and
+renames it into place: a folder under a checkpoint's name is complete.
+
+The writes run on a process group of their own, so that a background write's collectives never
+interleave with training's. Only tensors go through DCP: its loader unpickles any other entry with
+``weights_only=False``, and its ``.metadata`` with plain pickle, which :class:`SafeReader` replaces with
+an unpickler that builds DCP's metadata classes and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory
+
+from .checkpoint import (
+    FORMAT,
+    SHARDED_STATE_FILE,
+    VERSION,
+    CheckpointDirectory,
+    Checkpointer,
+    CheckpointError,
+    CheckpointName,
+    Weights,
+    read_checkpoint,
+)
+from .collectives import main_process_value
+from .dcp_reader import SafeReader
+from .payload import TensorCopy, model_mismatches, plain_payload
+
+SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DCP writes, each rank its shards
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` (or the module a compiled model wraps) was sharded with FSDP2's ``fully_shard``."""
+    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
+
+
+def reshard(model: nn.Module) -> None:
+    """Free the whole parameters a sharded model's forward gathered and kept (FSDP2 keeps the root's after a forward
+    without backward): the next forward gathers them again from the shards, which an EMA swap or a restore may
+    have changed meanwhile. Nothing for a model that is not sharded."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def mesh_shape(model: nn.Module) -> list[int] | None:
+    """The device mesh a sharded model's parameters are spread over, e.g. [2] or [2, 2] (HSDP); None if none is."""
+    mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    return None if mesh is None else list(mesh.shape)
+
+
+def saved_tensors(metadata: Metadata, part: str, device: str | torch.device = "meta") -> dict[str, torch.Tensor]:
+    """Empty tensors of the shapes and dtypes a folder holds for ``part`` ("model", "ema"), by parameter name."""
+    prefix = f"{part}."
+    return {
+        key[len(prefix):]: torch.empty(tuple(entry.size), dtype=entry.properties.dtype, device=device)
+        for key, entry in metadata.state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
+    }
+
+
+def sharded_weights(folder: Path, weights: Weights) -> dict[str, torch.Tensor]:
+    """The full raw (or EMA, with raw buffers) weights of sharded checkpoint ``folder``, read in this process
+    alone: no process group is needed, the job's world size does not matter."""
+    metadata = SafeReader(folder).read_metadata()
+    state = {"model": saved_tensors(metadata, "model", "cpu")}
+    if weights == "ema":
+        state["ema"] = saved_tensors(metadata, "ema", "cpu")
+        if not state["ema"]:
+            raise CheckpointError(
+                f"{folder} was written without EMA, so it has no 'ema' weights; ask for weights='raw', "
+                "or train with ema_decay to have averaged weights."
+            )
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what is asked here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=SafeReader(folder), no_dist=True)
+    return {**state["model"], **state.get("ema", {})}
+
+
+def whole_sharded_checkpoint(folder: Path) -> dict[str, Any]:
+    """Sharded checkpoint ``folder`` as one payload, read in this process alone: ``state.pt``'s entries, with the
+    whole tensors of the shards under ``model`` and ``ema`` (by parameter name) and ``optimizer`` (by parameter
+    index, then state name), for comparing two checkpoints tensor by tensor whatever world size wrote them."""
+    payload = read_checkpoint(folder)
+    metadata = SafeReader(folder).read_metadata()
+    tensors = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+               for key, entry in metadata.state_dict_metadata.items() if isinstance(entry, TensorStorageMetadata)}
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what is asked here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(tensors, storage_reader=SafeReader(folder), no_dist=True)
+    for key, tensor in sorted(tensors.items()):
+        part, _, name = key.partition(".")
+        if part == "optimizer":
+            index, _, name = name.partition(".")
+            payload.setdefault(part, {}).setdefault(index, {})[name] = tensor
+        else:
+            payload.setdefault(part, {})[name] = tensor
+    return payload
+
+
+def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None, main: bool) -> dict[str, torch.Tensor]:
+    """A sharded model's full state dict on the CPU of the main process (empty elsewhere), with the averaged
+    parameters ``average`` in place of the raw ones when given. Every rank calls it (it gathers the shards)."""
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    state.update(average or {})
+    full = {}
+    for name, tensor in state.items():
+        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if main:
+            full[name] = whole.to("cpu", copy=True)
+    return full
+
+
+@dataclass(frozen=True)
+class PendingShards:
+    """A sharded checkpoint ready to be written: every rank's ``tensors`` (None where the folder already holds
+    this position) and the main process's ``payload`` for ``state.pt``."""
+
+    directory: CheckpointDirectory
+    name: CheckpointName
+    tensors: dict[str, Any] | None
+    payload: dict[str, Any] | None
+    main: bool
+    group: Any  # the process group of checkpoint writes
+    every_rank_writes = True
+
+    @property
+    def path(self) -> Path:
+        return self.directory.file(self.name)
+
+    def write(self) -> tuple[Path, int]:
+        """Write every rank's shards, then (main process) ``state.pt`` and the rename into place. Every rank calls
+        it; returns the folder and, on the main process, its size in bytes (0 on the other ranks)."""
+        final = self.path
+        if self.tensors is not None:
+            temporary = self.directory.path / f"{TEMPORARY_PREFIX}{self.name.filename}"
+            dcp.save(self.tensors, storage_writer=FileSystemWriter(temporary), process_group=self.group)
+            if self.main:
+                with atomic_writer(temporary / SHARDED_STATE_FILE) as stream:
+                    torch.save(self.payload, stream)
+                fsync_directory(temporary)
+                _rename_into_place(temporary, final)
+        return final, sum(entry.stat().st_size for entry in final.iterdir()) if self.main else 0
+
+
+def _rename_into_place(folder: Path, final: Path) -> None:
+    """Rename ``folder`` to ``final``. A folder already there (this position written before, with another state)
+    moves aside first: a kill between the two renames leaves no folder of that name, never a mixed one."""
+    old = None
+    if final.exists():
+        old = final.rename(final.with_name(f"{TEMPORARY_PREFIX}{final.name}.replaced"))
+    os.replace(folder, final)
+    fsync_directory(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+class ShardedCheckpointer(Checkpointer):
+    """The :class:`~elfes.engine.checkpoint.Checkpointer` of an FSDP2 model: the model, EMA and optimizer
+    tensors in DCP shards written by every rank, the rest as in a single-file checkpoint, in ``state.pt``.
+
+    ``group`` is the process group the writes run on (one of their own: a background write's collectives
+    must not interleave with training's).
+    """
+
+    sharded = True
+
+    def __init__(self, accelerator: Any, shared: Mapping[str, Any], per_rank: Mapping[str, Any], layout: Any, group: Any) -> None:
+        super().__init__(accelerator, shared, per_rank, layout)
+        self.group = group
+
+    def snapshot(
+        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str, copy: TensorCopy | None = None
+    ) -> PendingShards:
+        main = self.accelerator.is_main_process
+        if main:  # before the gather below: no rank writes into the folder before a stale one of its name is gone
+            directory.path.mkdir(parents=True, exist_ok=True)
+            directory.remove_stale_temporaries()
+        ranks = self._gather([_state(component) for component in self.per_rank.values()])
+        if main_process_value(reuse and directory.file(name).exists(), self.accelerator):
+            return PendingShards(directory, name, None, None, main, self.group)
+        optimizer = self.shared["optimizer"]
+        optimizer_state = optimizer.state_dict()
+        tensors: dict[str, Any] = {
+            "model": {key: tensor.detach() for key, tensor in self.shared["model"].state_dict().items()},
+            "optimizer": {str(index): {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
+                          for index, state in optimizer_state["state"].items()},
+        }
+        if self.shared["ema"] is not None:
+            tensors["ema"] = self.shared["ema"].state_dict()
+        if copy is not None:
+            tensors = _copied(tensors, copy, "shards")
+        payload = None
+        if main:
+            payload = {"format": FORMAT, "version": VERSION, "run_id": run_id, "layout": self.layout()}
+            payload.update({key: _state(component) for key, component in self.shared.items() if key not in SHARDED_PARTS})
+            payload["optimizer_groups"] = [{k: v for k, v in group.items() if k != "params"} for group in optimizer_state["param_groups"]]
+            payload["optimizer_values"] = {  # per-parameter state that is no tensor (DCP would pickle it)
+                str(index): {key: value for key, value in state.items() if not isinstance(value, torch.Tensor)}
+                for index, state in optimizer_state["state"].items()
+            }
+            payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
+            payload = plain_payload(payload, copy=copy)
+        return PendingShards(directory, name, tensors, payload, main, self.group)
+
+    def restore(self, source: Path) -> dict[str, Any]:
+        payload = read_checkpoint(source)
+        resolved = Path(source).resolve()
+        if not resolved.is_dir():
+            raise CheckpointError(
+                f"{resolved} is a single-file checkpoint of a model that was not sharded, and this run's model is "
+                "sharded with fully_shard. Resume it with the model as it was, or start a new run from its weights "
+                "(load_weights into the plain model, then shard it)."
+            )
+        metadata = SafeReader(resolved).read_metadata()
+        model, ema, optimizer = (self.shared[part] for part in SHARDED_PARTS)
+        self.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
+        state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(optimizer, metadata)}
+        if ema is not None:
+            state["ema"] = ema.state_dict()
+        dcp.load(state, storage_reader=SafeReader(resolved), process_group=self.group)
+        model.load_state_dict(state["model"])
+        reshard(model)  # no whole parameters gathered before the restore are used after it
+        parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+        for index, values in payload["optimizer_values"].items():
+            optimizer.state[parameters[int(index)]].update(values)
+        for group, saved in zip(optimizer.param_groups, payload["optimizer_groups"]):
+            group.update(saved)
+        for key, component in self.shared.items():
+            if key not in SHARDED_PARTS and component is not None:
+                component.load_state_dict(payload[key])
+        self.restore_per_rank(payload)
+        return payload
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer, metadata: Metadata) -> dict[str, dict[str, torch.Tensor]]:
+    """The optimizer's live state tensors for DCP to load into, by parameter index, for the parameters the
+    checkpoint holds state of (an optimizer that has not stepped yet is given its state by a step that
+    changes nothing: zero gradients, learning rate 0; DCP then overwrites every tensor of it)."""
+    held = {key.split(".")[1] for key in metadata.state_dict_metadata if key.startswith("optimizer.")}
+    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    if held and not optimizer.state:
+        _initialise_state(optimizer, parameters)
+    for index, parameter in enumerate(parameters):
+        if str(index) not in held:  # no state in the checkpoint: none in the straight run either
+            optimizer.state.pop(parameter, None)
+    return {str(index): {key: value for key, value in optimizer.state[parameter].items() if isinstance(value, torch.Tensor)}
+            for index, parameter in enumerate(parameters) if str(index) in held}
+
+
+@torch.no_grad()
+def _initialise_state(optimizer: torch.optim.Optimizer, parameters: list[torch.Tensor]) -> None:
+    learning_rates = [group["lr"] for group in optimizer.param_groups]
+    for parameter in parameters:
+        parameter.grad = torch.zeros_like(parameter)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, learning_rate in zip(optimizer.param_groups, learning_rates):
+        group["lr"] = learning_rate
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _copied(value: Any, copy: TensorCopy, where: str) -> Any:
+    """``value`` with every tensor replaced by ``copy(tensor, where)``: a DTensor by a DTensor of the same
+    placements over a copy of its local shard."""
+    if isinstance(value, DTensor):
+        local = copy(value.to_local(), where)
+        return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride())
+    if isinstance(value, torch.Tensor):
+        return copy(value, where)
+    if isinstance(value, Mapping):
+        return {key: _copied(item, copy, f"{where}[{key!r}]") for key, item in value.items()}
+    return value
+
+
+def _state(component: Any) -> Any:
+    return None if component is None else component.state_dict()
+
+
+def checkpoint_group() -> Any:
+    """A process group for checkpoint writes alone (every rank calls this, in the same order)."""
+    return dist.new_group(backend="gloo")

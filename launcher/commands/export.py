@@ -1,0 +1,52 @@
+"""``elfes export``: a checkpoint's raw or EMA weights as a plain state dict file, on a login node.
+
+Reading a checkpoint needs torch (a sharded one's shards are ``torch.distributed.checkpoint`` files), so this
+verb imports it, and only this verb, when it runs; one process, no GPU and no process group, whatever world
+size wrote the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from elfes.contract import POINTERS, CheckpointName, Pointer
+
+from ..rundir.lookup import UsageError
+from ..rundir.paths import RunPaths
+
+
+@dataclass(frozen=True)
+class Exported:
+    checkpoint: Path  # the checkpoint file or folder read (a pointer resolved)
+    output: Path
+    weights: str
+
+
+def export(source: str | os.PathLike[str], output: str | os.PathLike[str], *, weights: str = "raw") -> Exported:
+    """Write the ``weights`` of ``source`` (a checkpoint file or folder, a pointer, or a run directory: its
+    ``last``) to ``output`` atomically; UsageError for a path that is none of these or cannot be read."""
+    checkpoint = _checkpoint(Path(os.path.abspath(source)))
+    from elfes.engine.checkpoint import CheckpointError  # torch, from here on
+    from elfes.engine.weights import export_weights
+
+    try:
+        export_weights(checkpoint, Path(output), weights=weights)  # type: ignore[arg-type]
+    except (CheckpointError, FileNotFoundError) as error:
+        raise UsageError(f"{source}: {error}") from None
+    return Exported(checkpoint.resolve(), Path(output), weights)
+
+
+def _checkpoint(path: Path) -> Path:
+    if path.name in POINTERS or CheckpointName.parse(path.name) is not None:
+        if not path.exists():
+            raise UsageError(f"{path}: no such checkpoint; give a checkpoint, one of {', '.join(POINTERS)}, or a run directory")
+        return path
+    last = RunPaths(path).checkpoints / Pointer.LAST
+    if path.is_dir() and last.exists():
+        return last
+    raise UsageError(
+        f"{path}: neither a checkpoint (step-<step>-batches-<batches>.pt or .dcp, or a pointer such as last, best, "
+        f"final) nor a run directory with {last.relative_to(path)}; give one of these"
+    )

@@ -1,0 +1,139 @@
+"""A run continued on another world size with the same window of microbatches per update: replicated 2 -> 4,
+2 -> 1 and 4 -> 2 ranks, and sharded with FSDP2 (its folder of shards resharded by DCP) the same ways, paused
+mid-epoch, with augmented, shuffled data read in the training process and in 2 DataLoader workers. Every update
+after the resume trains on bitwise the same inputs as the uninterrupted run's, and the final state matches it to
+float rounding (the sum over ranks is reduced in another order); a resume whose window would change is refused
+naming the accumulation that keeps it, and a loader whose position is kept per rank is refused naming it.
+
+The phases of ``resize_cases.py`` are torchrun launches on 2, 4, 1 and again 2 ranks (each reading what the
+earlier ones wrote); the assertions run here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from launching import launch_torchrun
+
+from elfes.engine.resize import resize_problems
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = Path(__file__).with_name("resize_cases.py")
+PHASES = (("two", 2), ("four", 4), ("one", 1), ("two-again", 2))
+UPDATES = 8  # 2 epochs of 16 batches, 4 microbatches per update
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("resize")
+    for phase, processes in PHASES:
+        launch = launch_torchrun(SCRIPT, phase, str(folder), processes=processes, timeout_s=420)
+        if launch.returncode != 0:
+            pytest.fail(f"torchrun resize_cases.py {phase} on {processes} ranks exited {launch.returncode}\n"
+                        f"{launch.stdout[-3000:]}\n{launch.stderr[-8000:]}")
+    return folder
+
+
+def updates(out: Path, name: str, ranks: int) -> dict[int, list[bytes]]:
+    """The bytes of every input row of each update of run ``name``, over all its ranks, sorted."""
+    rows: dict[int, list[bytes]] = {}
+    for rank in range(ranks):
+        for step, inputs in torch.load(out / f"{name}.rank{rank}.pt", weights_only=True):
+            rows.setdefault(step, []).extend(row.numpy().tobytes() for row in inputs)
+    return {step: sorted(found) for step, found in rows.items()}
+
+
+def events(out: Path, name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / name / "events.jsonl").read_text().splitlines()]
+
+
+CONTINUATIONS = [(kind, origin, target) for origin, target in ((2, 4), (2, 1), (4, 2))
+                 for kind in ("main", "workers", "sharded") if not (kind == "workers" and target == 1)]
+
+
+@pytest.mark.parametrize(("kind", "origin", "target"), CONTINUATIONS, ids=[f"{k}-{o}-to-{t}" for k, o, t in CONTINUATIONS])
+def test_each_update_after_the_resume_trains_on_the_same_inputs_and_the_run_ends_within_rounding(out, kind, origin, target):
+    paused = json.loads((out / f"{kind}-paused-{origin}.state.json").read_text())
+    assert paused["stop_reason"] == "pause" and 0 < paused["step"] < UPDATES and paused["next_batch"] > 0, paused
+    name = f"{kind}-{origin}-to-{target}"
+    straight, resumed = updates(out, f"{kind}-straight-{origin}", origin), updates(out, name, target)
+    assert sorted(resumed) == list(range(paused["step"] + 1, UPDATES + 1))
+    for step in resumed:
+        assert len(resumed[step]) == 16 and resumed[step] == straight[step], f"update {step} read other inputs"
+
+    expected = torch.load(out / f"{kind}-straight-{origin}.final.pt", weights_only=True)
+    final = torch.load(out / f"{name}.final.pt", weights_only=True)
+    assert final.keys() == expected.keys()
+    for tensor in expected:
+        torch.testing.assert_close(final[tensor], expected[tensor], rtol=1e-9, atol=1e-12, msg=tensor)
+
+    records = events(out, name)
+    resumed_event = next(e for e in records if e["event"] == "resumed")
+    assert resumed_event["world_size"] == target and resumed_event["gradient_accumulation_steps"] == 4 // target
+    [warning] = [e for e in records if e["event"] == "warning"]
+    assert warning["kind"] == "world_size_changed"
+    assert f"written on {origin} rank{'s' if origin > 1 else ''} x accumulation {4 // origin}" in warning["message"]
+    assert "to float rounding, not bitwise" in warning["message"]
+
+
+def test_a_resume_that_would_change_the_window_is_refused_naming_the_accumulation_that_keeps_it(out):
+    refusal = json.loads((out / "window-changed.refusal.json").read_text())
+    assert refusal["step"] == 0, "nothing was loaded"
+    assert ("world_size: the checkpoint was written on 2 ranks x accumulation 2 (a window of 4 microbatches per "
+            "update) and this run has 4 ranks x accumulation 2 (8)") in refusal["message"]
+    assert "4 ranks x accumulation 1 keeps the window of 4 microbatches" in refusal["message"]
+
+
+LAYOUT = {"world_size": 2, "gradient_accumulation_steps": 2, "batches_per_epoch": 8, "sharding": None}
+
+
+def test_a_loader_that_keeps_its_position_per_rank_is_refused_naming_it():
+    stream = "the training stream (Shards) is read by each rank from its own share"
+    [problem] = resize_problems(LAYOUT, {**LAYOUT, "world_size": 4, "gradient_accumulation_steps": 1,
+                                         "batches_per_epoch": 4}, per_rank_data=stream)
+    assert problem.startswith(f"data: {stream}, whose position each rank keeps for itself")
+    assert "DataLoader(dataset, shuffle=True)" in problem
+    assert resize_problems(LAYOUT, {**LAYOUT, "world_size": 1, "gradient_accumulation_steps": 4,
+                                    "batches_per_epoch": 16}, per_rank_data=None) == []
+
+
+def test_a_world_size_that_divides_no_window_says_so():
+    [problem] = resize_problems(LAYOUT, {**LAYOUT, "world_size": 3, "gradient_accumulation_steps": 1}, per_rank_data=None)
+    assert "no accumulation on 3 ranks keeps it: use a world size that divides 4" in problem
+
+
+def test_the_training_data_of_a_stream_and_of_a_stateful_sampler_name_their_per_rank_position():
+    from accelerate import Accelerator
+    from data_jobs import ResumableSampler
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    from elfes.engine.data import TrainingData
+
+    class Shards(IterableDataset):
+        def __iter__(self):
+            return iter(torch.zeros(8, 2))
+
+    accelerator = Accelerator(cpu=True)
+    assert TrainingData(accelerator, DataLoader(Shards(), batch_size=2)).per_rank_position() == (
+        "the training stream (Shards) is read by each rank from its own share")
+    data = TensorDataset(torch.zeros(8, 2))
+    assert TrainingData(accelerator, DataLoader(data, batch_size=2, shuffle=True)).per_rank_position() is None
+    own = TrainingData(accelerator, DataLoader(data, batch_size=2, sampler=ResumableSampler(8)))
+    assert own.per_rank_position() == "the training loader's sampler (TensorDataset) keeps state"
+
+
+def test_generators_every_old_rank_shared_are_every_new_ranks_and_differing_ones_are_not_taken():
+    from elfes.engine.resize import shared_generators
+    from elfes.engine.rng import capture_rng
+
+    torch.manual_seed(3)
+    same = capture_rng()
+    assert shared_generators([{"rng": same}, {"rng": capture_rng()}]) is not None
+    torch.rand(1)  # this rank drew once more
+    assert shared_generators([{"rng": same}, {"rng": capture_rng()}]) is None
+    assert shared_generators([{"rng": {}}, {"rng": {}}]) is None  # nothing saved: derived streams

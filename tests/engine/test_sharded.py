@@ -1,0 +1,300 @@
+"""A model sharded with FSDP2 on real gloo ranks: bitwise pause, SIGTERM, asynchronous and SIGKILL resumes from
+sharded (DCP) checkpoint folders on 2 and 4 ranks (HSDP included), the exact window denominator, and reading such
+a folder in one process with no process group.
+
+Each case of ``sharded_cases.py`` is one torchrun launch; the ranks write what they observed (whole tensors) and
+the assertions run here. Tests that read the same case share its launch.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from launching import launch_torchrun
+from workloads import DropoutMLP, RunSpec, assert_bitwise_equal, build
+
+from elfes.contract import CheckpointName
+from elfes.engine import export_weights, load_weights
+from elfes.engine.checkpoint import CheckpointError, read_checkpoint, safe_load_problem
+from elfes.engine.sharded import SafeReader, sharded_weights
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = Path(__file__).with_name("sharded_cases.py")
+_launched: dict[str, Path] = {}
+
+
+def torchrun(*arguments: str, processes: int = 2, expect_kill: bool = False) -> str:
+    """One launch of ``sharded_cases.py``; its stderr. Fails the test unless it finished (or, with ``expect_kill``,
+    a rank died of SIGKILL)."""
+    launch = launch_torchrun(SCRIPT, *arguments, processes=processes, timeout_s=420)
+    killed = launch.returncode not in (0, None) and "Signal 9 (SIGKILL)" in launch.stderr
+    if launch.returncode != 0 and not (expect_kill and killed):
+        outcome = "timed out" if launch.returncode is None else f"exited with {launch.returncode}"
+        pytest.fail(f"torchrun sharded_cases.py {' '.join(arguments)} {outcome}\n{launch.stdout[-4000:]}\n{launch.stderr[-8000:]}")
+    return "killed" if killed else "finished"
+
+
+@pytest.fixture
+def launch(tmp_path_factory):
+    def launch(case: str, processes: int) -> Path:
+        if case not in _launched:
+            output = tmp_path_factory.mktemp(case)
+            torchrun(case, str(output), processes=processes)
+            _launched[case] = output
+        return _launched[case]
+
+    return launch
+
+
+def tensors(output: Path, name: str, ranks: int) -> list[dict[str, torch.Tensor]]:
+    return [torch.load(output / f"{name}.rank{rank}.pt", weights_only=True) for rank in range(ranks)]
+
+
+def report(output: Path, case: str) -> dict[str, Any]:
+    return json.loads((output / f"{case}.rank0.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------------
+# Two ranks
+
+
+@pytest.mark.parametrize("name", ["before", "pause0", "pause1", "pause2", "sigterm", "async"])
+def test_a_sharded_run_stopped_and_resumed_ends_bitwise_equal_to_the_straight_run(launch, name):
+    """Stopped before training, in the first window, in the tail window (3 then 2 batches per rank), in the second
+    epoch, by a real SIGTERM on one rank, and with asynchronous checkpoints every update: each resumed from `last`
+    (a .dcp folder) ends with every tensor equal (whole raw and EMA weights, optimizer state, learning rates) to
+    the uninterrupted run, on both ranks. The run has dropout, noise drawn in the dataset, EMA, clipping and
+    evaluations whose 5 batches split 3 and 2 between the ranks."""
+    output = launch("two_ranks", 2)
+    facts = report(output, "two_ranks")
+    assert facts["full"]["sharded"] and facts["full"]["model"].startswith("FSDP"), facts["full"]
+    assert facts["full"]["accelerator"]["num_processes"] == 2 and facts["full"]["sizes"] == [3, 2, 3, 2]
+    full = tensors(output, "full", 2)
+    assert_bitwise_equal(full[0], full[1], "the whole tensors seen from rank 0 and rank 1")
+    assert any(key.startswith("ema/") for key in full[0]) and any(key.endswith("exp_avg") for key in full[0])
+    for rank, resumed in enumerate(tensors(output, name, 2)):
+        assert_bitwise_equal(full[0], resumed, f"{name}, rank {rank}")
+    stopped = facts[name]
+    assert CheckpointName.parse(stopped["last"]).sharded, stopped["last"]
+    assert stopped["entries"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+    assert stopped["paused"]["stop_reason"] == ("SIGTERM" if name == "sigterm" else f"pause-{name}")
+    if name == "before":
+        assert stopped["paused"]["step"] == 0
+
+
+def test_gradients_are_synchronised_once_per_window_and_the_ema_stays_sharded(launch):
+    facts = report(launch("two_ranks", 2), "two_ranks")["full"]
+    # Windows of 3, 2, 3, 2 microbatches: only the last microbatch of each reduce-scatters its gradients.
+    assert facts["gradient_sync"] == [False, False, True, False, True, False, False, True, False, True]
+    assert facts["ema_sharded"]
+
+
+def test_sharded_evaluation_counts_every_sample_once_over_uneven_and_empty_shards(launch):
+    """The run's raw weights evaluated on two sharded ranks (17 samples: batches of 4, 4, 4, 4, 1, the ranks holding
+    3 and 2, so rank 1 runs one uncounted forward; and a loader of one batch) against the same weights in one plain
+    process."""
+    from torch.utils.data import DataLoader
+    from workloads import RegressionData, mse_step
+
+    from elfes.engine import Evaluator
+
+    output = launch("two_ranks", 2)
+    sharded = report(output, "two_ranks")["full"]["evaluation"]
+    model = DropoutMLP()
+    load_weights(model, output / "full" / "checkpoints" / "final")
+    from accelerate import Accelerator
+
+    plain = Evaluator(Accelerator(cpu=True), {"validation": DataLoader(RegressionData(17, seed=2), batch_size=4)}, mse_step)
+    expected = plain.evaluate(model)
+    assert sharded.keys() == expected.keys() and sharded["validation"].keys() == expected["validation"].keys()
+    for metric, value in expected["validation"].items():
+        assert sharded["validation"][metric] == pytest.approx(value, rel=1e-6), metric
+    # One batch of 3 samples: rank 1 holds none, and runs the forward on the loader's first batch uncounted.
+    sharded = report(output, "two_ranks")["full"]["evaluation_one_batch"]["one"]
+    plain = Evaluator(Accelerator(cpu=True), {"one": DataLoader(RegressionData(3, seed=2), batch_size=4)}, mse_step)
+    expected = plain.evaluate(model)["one"]
+    assert sharded.keys() == expected.keys()
+    for metric, value in expected.items():
+        assert sharded[metric] == pytest.approx(value, rel=1e-6), metric
+
+
+def test_the_guides_sharding_block_trains_a_sharded_model_on_two_ranks(launch):
+    guide = report(launch("two_ranks", 2), "two_ranks")["guide"]
+    assert guide == {"sharded": True, "ddp": False, "step": 2, "last": CheckpointName(2, 4, sharded=True).filename}
+
+
+def test_a_run_whose_model_is_not_sharded_refuses_a_sharded_checkpoint_naming_the_layout(launch):
+    run = build(RunSpec())
+    with pytest.raises(CheckpointError) as refusal:
+        run.trainer.train(run.config, resume_from=launch("two_ranks", 2) / "full" / "checkpoints" / "final")
+    message = str(refusal.value)
+    assert "sharding: the checkpoint's model is sharded, this run's is not sharded" in message
+
+
+def test_accelerates_fsdp_plugin_is_refused_showing_the_fully_shard_way():
+    """Accelerate's FSDP plugin does not engage on a CPU (accelerate 1.16 gives DistributedType.NO, or MULTI_CPU with
+    cpu=True), so the accelerator here is a stand-in that says what a GPU one with the plugin says."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from elfes.engine.trainer import _check_sharding
+
+    with pytest.raises(ValueError, match=r"fsdp_plugin.*fully_shard\(block, mesh=mesh\)"):
+        _check_sharding(SimpleNamespace(distributed_type=DistributedType.FSDP, mixed_precision="no"), sharded=True)
+
+
+def test_two_sharded_ranks_update_with_the_exact_global_window_mean(launch):
+    """37 samples in batches of 4 on two sharded ranks with accumulation 2 (a tail window pairing a 4-sample batch
+    with a 1-sample one) against one plain rank with accumulation 4 over the same batches: the same updates, to
+    float64 rounding (a mean of the ranks' means would weight the 1-sample batch like the 4-sample one)."""
+    from sharded_cases import EQUIVALENCE
+
+    sharded = tensors(launch("two_ranks", 2), "equivalence", 2)[0]
+    one = build(EQUIVALENCE.with_(shard=None, accumulation=4))
+    one.trainer.train(one.config)
+    from workloads import snapshot
+
+    plain = snapshot(one.trainer)
+    assert plain.keys() == sharded.keys()
+    far = {key: (plain[key].double() - sharded[key].double()).abs().max().item() for key in plain}
+    assert all(difference <= 1e-12 for difference in far.values()), far
+
+
+def test_a_sharded_checkpoint_is_a_folder_of_shards_and_a_state_file_that_loads_safely(launch):
+    output = launch("two_ranks", 2)
+    checkpoints = output / "full" / "checkpoints"
+    final = (checkpoints / "final").resolve()
+    assert CheckpointName.parse(final.name) == CheckpointName(4, 20, sharded=True)
+    assert sorted(path.name for path in final.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+    state = torch.load(final / "state.pt", weights_only=True)
+    assert read_checkpoint(checkpoints / "final")["run_id"] == state["run_id"] is not None
+    assert state["layout"]["world_size"] == 2 and state["layout"]["sharding"] == [2]
+    assert len(state["ranks"]) == 2 and set(state["ranks"][1]) == {"rng", "log_interval", "data"}
+    assert state["state"]["step"] == 4 and "model" not in state and "optimizer_groups" in state
+    keys = set(SafeReader(final).read_metadata().state_dict_metadata)
+    assert {"model.hidden.weight", "ema.hidden.weight", "optimizer.0.exp_avg"} <= keys
+    assert not list(checkpoints.glob(".tmp-*")), "no temporary folder is left"
+
+
+def test_a_sharded_checkpoint_is_read_in_one_process_without_a_process_group(launch, tmp_path):
+    """load_weights into a plain model and export_weights to a plain file, raw and EMA, in this pytest process
+    (no process group): the whole weights of the run, equal to what Trainer.save_model wrote on two ranks."""
+    output = launch("two_ranks", 2)
+    assert not torch.distributed.is_initialized()
+    full = tensors(output, "full", 2)[0]
+    final = output / "full" / "checkpoints" / "final"
+    for weights in ("raw", "ema"):
+        model = DropoutMLP()
+        load_weights(model, final, weights=weights)
+        expected = {name: full[f"{weights}/{name}"] for name in model.state_dict()}
+        assert_bitwise_equal(expected, dict(model.state_dict()), f"load_weights {weights}")
+        export_weights(final, tmp_path / f"{weights}.pt", weights=weights)
+        assert_bitwise_equal(expected, torch.load(tmp_path / f"{weights}.pt", weights_only=True), f"export {weights}")
+    saved = torch.load(output / "full-ema-export.pt", weights_only=True)  # Trainer.save_model on two ranks
+    assert_bitwise_equal({name: full[f"ema/{name}"] for name in saved}, saved, "save_model(weights='ema')")
+
+
+class Planted:
+    def __reduce__(self):
+        return (Path.touch, (Path(__file__).parent / "planted-marker",))
+
+
+def test_a_pickle_planted_in_a_sharded_checkpoints_metadata_is_refused_without_running(launch, tmp_path):
+    folder = tmp_path / CheckpointName(4, 20, sharded=True).filename
+    shutil.copytree((launch("two_ranks", 2) / "full" / "checkpoints" / "final").resolve(), folder)
+    marker = Path(__file__).parent / "planted-marker"
+    (folder / ".metadata").write_bytes(pickle.dumps(Planted()))
+    with pytest.raises(CheckpointError, match="safe loading refuses"):
+        load_weights(DropoutMLP(), folder)
+    with pytest.raises(CheckpointError, match="safe loading refuses"):
+        sharded_weights(folder, "raw")
+    assert "metadata cannot be read safely" in safe_load_problem(folder)  # what the launcher asks before a resume
+    assert not marker.exists()
+
+
+def test_accelerate_mixed_precision_with_a_sharded_model_is_refused_showing_the_fsdp_way(launch):
+    message = report(launch("two_ranks", 2), "two_ranks")["refusal"]
+    assert "mixed_precision='bf16'" in message and "MixedPrecisionPolicy" in message
+
+
+# ------------------------------------------------------------------------------------------------
+# Four ranks: the model sharded over all four, and HSDP (2 replicas of 2 shards)
+
+
+@pytest.mark.parametrize("mesh", ["flat", "hybrid"])
+def test_four_sharded_ranks_resume_bitwise_flat_and_hybrid(launch, mesh):
+    output = launch("four_ranks", 4)
+    facts = report(output, "four_ranks")[mesh]
+    assert facts["accelerator"]["num_processes"] == 4 and facts["sizes"] == [2, 1, 2, 1]
+    full = tensors(output, f"{mesh}-full", 4)
+    for rank, resumed in enumerate(tensors(output, f"{mesh}-pause", 4)):
+        assert_bitwise_equal(full[rank], resumed, f"{mesh}, rank {rank}")
+    state = read_checkpoint(output / f"{mesh}-full" / "checkpoints" / "final")
+    assert state["layout"]["sharding"] == ([4] if mesh == "flat" else [2, 2])
+    # The same updates whichever way the model is spread (to float32 rounding: the reductions run in another order).
+    other = tensors(output, f"{'hybrid' if mesh == 'flat' else 'flat'}-full", 1)[0]
+    far = {key: (full[0][key].double() - other[key].double()).abs().max().item() for key in other}
+    assert all(difference <= 1e-5 for difference in far.values()), far
+
+
+# ------------------------------------------------------------------------------------------------
+# SIGKILL on one rank, during training and at every stage of a sharded write
+
+# (mode, kind, number, rank): see sharded_cases.install_kill. Each launch resumes from `last` and dies at its kill,
+# writing its checkpoints synchronously or in the background.
+# The first kill lands after the first folder is renamed into place, before `last` points at it (renames on rank 0:
+# the folder's write probe, state.pt, the folder): the next launch resumes from the newest complete folder.
+KILLS = [
+    ("sync", "replace-after", 3, 0), ("sync", "call", 4, 1), ("async", "shards", 1, 1), ("sync", "metadata", 1, 0),
+    ("async", "replace-before", 3, 0),
+]
+
+
+def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bitwise(tmp_path):
+    """A rank SIGKILLed mid-microbatch, after writing its shards (the folder half written), as DCP's metadata is
+    about to be written, or around a rename (state file, folder, pointer), with checkpoints written synchronously
+    or in the background: `last` always names a complete folder that one process reads whole, and the run,
+    resumed from it launch after launch, ends equal to a straight synchronous run."""
+    torchrun("kill", str(tmp_path / "reference"), str(tmp_path / "reference" / "checkpoints"), "sync", "none", "0")
+    expected = torch.load(tmp_path / "reference" / "kill.rank0.pt", weights_only=True)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for mode, kind, number, rank in KILLS:
+        outcome = torchrun("kill", str(tmp_path / "run"), str(checkpoints), mode, kind, str(number), str(rank), expect_kill=True)
+        assert outcome == "killed", f"the kill {kind} {number} on rank {rank} ({mode}) did not land"
+        if kind == "replace-after" and number == 3:
+            assert [path.name for path in checkpoints.glob("*.dcp")] == [CheckpointName(1, 6, sharded=True).filename]
+            assert not (checkpoints / "last").is_symlink()
+        last = checkpoints / "last"
+        if last.exists():
+            read_checkpoint(last)
+            sharded_weights(last.resolve(), "ema")  # every shard and the metadata are there
+    assert torchrun("kill", str(tmp_path / "run"), str(checkpoints), "async", "none", "0") == "finished"
+    for rank in range(2):
+        assert_bitwise_equal(expected, torch.load(tmp_path / "run" / f"kill.rank{rank}.pt", weights_only=True), f"rank {rank}")
+    assert not list(checkpoints.glob(".tmp-*")), "a finished run leaves no temporary folder"
+    assert len(list(checkpoints.glob("*.dcp"))) <= 3  # keep_checkpoints=2, and what a pointer names
+
+
+def test_elfes_export_writes_a_sharded_checkpoints_weights_from_a_pointer_or_a_run_directory(launch, tmp_path, capsys):
+    """`elfes export` on a login node: a pointer, or a folder with checkpoints/ (its `last`), to a plain file."""
+    from elfes.launcher.cli.main import main
+
+    output = launch("two_ranks", 2)
+    full = tensors(output, "full", 2)[0]
+    assert main(["export", str(output / "full" / "checkpoints" / "final"), str(tmp_path / "ema.pt"), "--weights", "ema"]) == 0
+    assert "exported the ema weights of" in capsys.readouterr().out
+    exported = torch.load(tmp_path / "ema.pt", weights_only=True)
+    assert_bitwise_equal({name: full[f"ema/{name}"] for name in exported}, exported, "elfes export --weights ema")
+    assert main(["export", str(output / "full"), str(tmp_path / "raw.pt")]) == 0  # the folder's `last`: the end
+    exported = torch.load(tmp_path / "raw.pt", weights_only=True)
+    assert_bitwise_equal({name: full[f"raw/{name}"] for name in exported}, exported, "elfes export RUN_DIR")
+    assert main(["export", str(tmp_path), str(tmp_path / "nothing.pt")]) == 2
+    assert "neither a checkpoint" in capsys.readouterr().err and not (tmp_path / "nothing.pt").exists()
