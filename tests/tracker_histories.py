@@ -1,5 +1,6 @@
 """Read back what the tracker mirrors sent, from the trackers themselves: an MLflow run's metric histories
-through MlflowClient, and a W&B run's history from the SDK's offline transaction logs (``run-<id>.wandb``).
+through MlflowClient, and a W&B run's history, summary and ends from the SDK's offline transaction logs
+(``run-<id>.wandb``).
 
 wandb 0.31 has no Python reader of its transaction log left (its core is a Go binary), so
 :func:`wandb_offline_history` reads the log's record framing (a 7-byte header, 32 KiB blocks, records of
@@ -94,21 +95,48 @@ def _completed_log(path: Path, timeout_s: float = 120.0) -> list:
         time.sleep(0.2)  # polling the writer's file: the condition is the exit record above
 
 
+def wandb_offline_records(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> list:
+    """Every record of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first (each
+    offline folder is named by the time its ``wandb.init`` began), as W&B would receive them on `wandb sync`;
+    with ``wait_for_exit``, each log once it holds its exit record (a reader in the process that wrote it)."""
+    files = sorted(wandb_root.glob(f"**/run-{run_id}.wandb"), key=lambda path: path.parent.name)
+    assert files, f"no offline run {run_id} under {wandb_root}"
+    return [record for path in files for record in (_completed_log(path) if wait_for_exit else _parsed(path))]
+
+
+def wandb_offline_ends(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> list[tuple[bool, int]]:
+    """Each ``finish`` of the W&B run, in order: (marked preempting before it, its exit code)."""
+    ends, preempting = [], False
+    for record in wandb_offline_records(wandb_root, run_id, wait_for_exit=wait_for_exit):
+        kind = record.WhichOneof("record_type")
+        if kind == "preempting":
+            preempting = True
+        elif kind == "exit":
+            ends.append((preempting, record.exit.exit_code))
+            preempting = False
+    return ends
+
+
+def wandb_offline_summary(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> dict:
+    """The W&B run's summary as its updates leave it (the last value of each key)."""
+    summary = {}
+    for record in wandb_offline_records(wandb_root, run_id, wait_for_exit=wait_for_exit):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return summary
+
+
 def wandb_offline_history(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> History:
     """Every history row of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first,
     as W&B would receive them on `wandb sync` (``_step`` is the step)."""
-
-    files = sorted(wandb_root.glob(f"**/run-{run_id}.wandb"), key=lambda path: path.parent.name)
-    assert files, f"no offline run {run_id} under {wandb_root}"
     history: History = {}
-    for path in files:
-        for record in _completed_log(path) if wait_for_exit else _parsed(path):
-            if record.WhichOneof("record_type") != "history":
-                continue
-            values = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                      for item in record.history.item}
-            step = values.pop("_step")
-            for key, value in values.items():
-                if not key.startswith("_"):
-                    history.setdefault(key, []).append((int(step), float(value)))
+    for record in wandb_offline_records(wandb_root, run_id, wait_for_exit=wait_for_exit):
+        if record.WhichOneof("record_type") != "history":
+            continue
+        values = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        step = values.pop("_step")
+        for key, value in values.items():
+            if not key.startswith("_"):
+                history.setdefault(key, []).append((int(step), float(value)))
     return dict(sorted(history.items()))

@@ -4,7 +4,10 @@ The run is tagged with the run directory's absolute path (:data:`RUN_DIR_TAG`) a
 (:data:`RUN_ID_TAG`); its id is kept in ``RUN_DIR/tracking/mlflow.json``, and a run directory whose state file
 lost it (a kill right after the run was created) finds its run again by the first tag. A sweep member's run
 is tagged :data:`GROUP_TAG` with its sweep. Each attempt sets the run RUNNING; the ``finished`` event sets it
-FINISHED. The TrainConfig of the first start is logged as parameters ``config.<field>``.
+FINISHED, and the launcher's lifecycle (elfes/records/tracker_lifecycle.py) sets the end of a run FINISHED, FAILED
+or KILLED, with a tag per attempt's end, the provenance as tags and the job spec as parameters ``spec.<field>``
+(those the run has not yet: MLflow refuses to change a parameter). The TrainConfig of the first start is logged
+as parameters ``config.<field>``.
 
 mlflow is imported in the mirror's thread only (it takes seconds); every process checks that it is installed.
 """
@@ -17,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .tracker_lifecycle import Lifecycle
 from .tracker_mirror import MAX_ROWS, Batch
 from .tracking import MlflowSettings, Tracker
 
@@ -26,6 +30,7 @@ MISSING_MESSAGE = (
 )
 RUN_DIR_TAG = "elfes.run_dir"
 RUN_ID_TAG = "elfes.run_id"
+MAX_PARAMS, MAX_TAGS = 100, 100  # per log_batch call (MLflow's limits)
 GROUP_TAG = "elfes.group"
 # The mirror retries on its own schedule: one try per call, not minutes of the client's backoff.
 _CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
@@ -68,11 +73,28 @@ class MlflowSink:
         params = [Param(f"config.{key}", _param_value(value)) for key, value in (batch.config or {}).items()]
         if tags or params:
             client.log_batch(run_id, params=params, tags=tags)
+        if batch.lifecycle is not None:
+            self._send_lifecycle_tags(batch.lifecycle)
         for start in range(0, len(batch.metrics), MAX_ROWS):
             rows = batch.metrics[start:start + MAX_ROWS]
             client.log_batch(run_id, metrics=[Metric(row.key, row.value, row.timestamp_ms, row.step) for row in rows])
         if batch.finished:
             client.set_terminated(run_id, status="FINISHED")
+        elif batch.lifecycle is not None and batch.lifecycle.terminal:
+            client.set_terminated(run_id, status=batch.lifecycle.status)
+
+    def _send_lifecycle_tags(self, lifecycle: Lifecycle) -> None:
+        """The spec's parameters the run lacks (a parameter's value cannot change), every lifecycle tag."""
+        from mlflow.entities import Param, RunTag
+
+        client, run_id = self._client, self._run_id
+        known = client.get_run(run_id).data.params
+        params = [Param(key, value[:6000]) for key, value in lifecycle.params.items() if key not in known]
+        tags = [RunTag(key, value) for key, value in lifecycle.tags().items()]
+        for start in range(0, len(params), MAX_PARAMS):
+            client.log_batch(run_id, params=params[start:start + MAX_PARAMS])
+        for start in range(0, len(tags), MAX_TAGS):
+            client.log_batch(run_id, tags=tags[start:start + MAX_TAGS])
 
     def close(self) -> None:
         self._client = None

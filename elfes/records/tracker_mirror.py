@@ -17,6 +17,10 @@ A failure to reach the tracker marks the state behind (``elfes status`` shows it
 event of kind ``tracker_behind`` naming the tracker, and is retried every :data:`RETRY_S` seconds; the
 close of a RunLogger gives the mirror :data:`FLUSH_TIMEOUT_S` to send the rest (one more try when it is
 behind already).
+
+The run's lifecycle (its status, the attempts' ends, the spec, the provenance: ``RUN_DIR/tracking/lifecycle.json``,
+written by the launcher before the attempt's code runs; elfes/records/tracker_lifecycle.py) goes with the
+attempt's first send, unless the tracker has it already (``lifecycle_sent``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from elfes.files import write_text_atomically
 
 from .schema import events_path
 from .timeline import START_EVENTS, event_scalars
+from .tracker_lifecycle import Lifecycle, read_lifecycle
 from .tracking import Tracker, tracker_state_path
 
 log = logging.getLogger(__name__)
@@ -67,15 +72,18 @@ class Metric:
 
 @dataclass
 class Batch:
-    """What one send carries: metric rows in file order, the run's config (once), whether the run finished."""
+    """What one send carries: metric rows in file order, the run's config (once), whether the run finished, the
+    run's lifecycle (new to the tracker)."""
 
     metrics: list[Metric] = field(default_factory=list)
     config: dict[str, Any] | None = None
     elfes_run_id: str | None = None
     finished: bool = False
+    lifecycle: Lifecycle | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.metrics) or self.config is not None or self.elfes_run_id is not None or self.finished
+        return (bool(self.metrics) or self.config is not None or self.elfes_run_id is not None or self.finished
+                or self.lifecycle is not None)
 
 
 class Sink(Protocol):
@@ -102,6 +110,7 @@ class MirrorState:
     sent_steps: dict[str, int] = field(default_factory=dict)  # metric -> last step sent
     elfes_run_id: str | None = None  # the run id the tracker run is tagged with
     config_sent: bool = False
+    lifecycle_sent: str | None = None  # the digest of the lifecycle the tracker has
     behind: bool = False  # the tracker failed the last try; what it lacks waits in events.jsonl
     behind_since: str | None = None
     error: str | None = None
@@ -141,10 +150,10 @@ class TrackerMirror:
         self.sink = sink
         self.run_dir = Path(run_dir)
         self._events = events_path(self.run_dir)
-        self._state_path = tracker_state_path(self.run_dir, sink.name)
         self.state = read_mirror_state(self.run_dir, sink.name) or MirrorState(tracker=sink.name)
         self._log = log
         self._opened = False
+        self._lifecycle_read = False  # lifecycle.json is read once per attempt, at the first send
         self._place: tuple[Any, Any] = (None, None)  # epoch and step of the last event read, for the warning
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -196,6 +205,14 @@ class TrackerMirror:
 
     def _send_all(self) -> None:
         """Send every whole line past the offset, :data:`MAX_ROWS` rows at a time."""
+        if not self._lifecycle_read:
+            lifecycle = read_lifecycle(self.run_dir)
+            if lifecycle is not None and lifecycle.digest() != self.state.lifecycle_sent:
+                self._open()
+                self.sink.send(Batch(lifecycle=lifecycle))
+                self.state.lifecycle_sent = lifecycle.digest()
+                self._save()
+            self._lifecycle_read = True
         if not self._events.exists():
             return
         with self._events.open("rb") as file:
@@ -279,8 +296,35 @@ class TrackerMirror:
                        "takes them again (elfes status shows the mirror behind until then)"})
 
     def _save(self) -> None:
-        self._state_path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self._state_path, json.dumps(self.state.state_dict(), indent=1, sort_keys=True))
+        save_mirror_state(self.run_dir, self.state)
+
+
+def save_mirror_state(run_dir: Path, state: MirrorState) -> None:
+    """Publish a mirror's state atomically (``RUN_DIR/tracking/<tracker>.json``)."""
+    path = tracker_state_path(run_dir, state.tracker)  # type: ignore[arg-type]  # a Tracker name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, json.dumps(state.state_dict(), indent=1, sort_keys=True))
+
+
+def send_lifecycle_once(sink: Sink, run_dir: Path, lifecycle: Lifecycle) -> None:
+    """Open the run's tracker run (created if no mirror ever did), send ``lifecycle`` and close it, unless the
+    tracker has it already. The launcher, once no mirror runs (elfes/records/tracker_lifecycle.py); raises what
+    the tracker raises."""
+    state = read_mirror_state(run_dir, sink.name) or MirrorState(tracker=sink.name)
+    if state.lifecycle_sent == lifecycle.digest():
+        return
+    if state.run_id is None:
+        state.run_id = sink.new_run_id()
+        if state.run_id is not None:
+            save_mirror_state(run_dir, state)  # recorded before the tracker knows it, as the mirror does
+    state.run_id = sink.open(state.run_id, state.elfes_run_id)
+    save_mirror_state(run_dir, state)
+    try:
+        sink.send(Batch(lifecycle=lifecycle))
+    finally:
+        sink.close()
+    state.lifecycle_sent = lifecycle.digest()
+    save_mirror_state(run_dir, state)
 
 
 def _timestamp_ms(text: Any) -> int:

@@ -8,8 +8,9 @@ runtime hands the spec's section to the RunLogger of the entrypoint or command t
 
 Files, in ``RUN_DIR/tracking/`` (``RunPaths.tracking`` names the folder): ``<tracker>.json``, the mirror's
 state (the tracker's run id, how far into ``events.jsonl`` it has sent, the last step sent per metric, whether
-it is behind and why), written atomically after every send, read by ``elfes status``; ``wandb/``, the W&B
-SDK's own folder (its offline runs, for ``wandb sync``).
+it is behind and why), written atomically after every send, read by ``elfes status``; ``lifecycle.json``, what
+the launcher has the trackers say of the run (its status, each attempt's end, the spec and the provenance;
+elfes/records/tracker_lifecycle.py); ``wandb/``, the W&B SDK's own folder (its offline runs, for ``wandb sync``).
 
 Torch-free; pydantic only (login-node commands validate specs with it). No credential is ever part of these
 settings: a tracking URI holding a password is refused, tokens and API keys stay in the environment.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +33,11 @@ TRACKING_VARIABLE = "ELFES_TRACKING"
 GROUP_VARIABLE = "ELFES_TRACKING_GROUP"
 Tracker = Literal["mlflow", "wandb"]
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
+LIFECYCLE_FILE_NAME = "lifecycle.json"
+# Environment variable names that hold credentials by convention (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
+# MLFLOW_TRACKING_PASSWORD, ...): their values are never sent to a tracker.
+CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|"
+                             r"AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
 class _Settings(BaseModel):
@@ -100,6 +107,19 @@ def credential_in_uri(uri: str) -> bool:
     return bool(parts.username or parts.password)
 
 
+def looks_like_credential(name: str, value: str) -> bool:
+    """Whether an environment variable looks like it holds a credential: by its name (:data:`CREDENTIAL_NAME`), or
+    a value that is a URI with a user name or password (:func:`credential_in_uri`).
+
+    Example:
+        >>> looks_like_credential("HF_TOKEN", "hf_x"), looks_like_credential("DB", "postgres://u:p@h/db")
+        (True, True)
+        >>> looks_like_credential("OMP_NUM_THREADS", "1")
+        False
+    """
+    return bool(CREDENTIAL_NAME.search(name)) or credential_in_uri(value)
+
+
 def tracking_dir(run_dir: Path) -> Path:
     """The mirror's folder in a run directory.
 
@@ -113,6 +133,11 @@ def tracking_dir(run_dir: Path) -> Path:
 def tracker_state_path(run_dir: Path, tracker: Tracker) -> Path:
     """The state file of one tracker's mirror (``RUN_DIR/tracking/mlflow.json``)."""
     return tracking_dir(run_dir) / f"{tracker}.json"
+
+
+def lifecycle_path(run_dir: Path) -> Path:
+    """The lifecycle the launcher has the trackers say (``RUN_DIR/tracking/lifecycle.json``)."""
+    return tracking_dir(run_dir) / LIFECYCLE_FILE_NAME
 
 
 def wandb_dir(run_dir: Path) -> Path:

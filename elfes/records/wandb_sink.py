@@ -7,6 +7,15 @@ optimizer step, so that W&B's step is ELFES's; the mirror never sends a step twi
 for a step below its last. The TrainConfig of the first start becomes the run's config. W&B's console
 capture and code saving are off: the run directory keeps the logs, and no file of the job is uploaded.
 
+How a W&B run ends: W&B sets its state from the exit code ``finish`` sends (0 finished, anything else failed)
+and has none for a run that goes on later. So the mirror finishes with 0 only after the ``finished`` record; an
+attempt that ends otherwise is first marked preempting (``mark_preempting()``) and finished with
+:data:`PAUSED_EXIT_CODE`, which W&B shows as preempted and the next attempt resumes. The launcher's lifecycle
+(elfes/records/tracker_lifecycle.py) goes to the summary (the status, each attempt's end, the
+provenance: :meth:`~elfes.records.tracker_lifecycle.Lifecycle.tags`) and the spec to the config (``spec``); at a run's end the launcher resumes the run once more to
+finish it with :data:`~elfes.records.tracker_lifecycle.WANDB_EXIT_CODES` of its status, in an offline folder
+of its own (``sync_dir_suffix``: two runs of the same id begun in the same second would share one).
+
 wandb is imported in the mirror's thread only; every process checks that it is installed.
 """
 
@@ -18,6 +27,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+from .tracker_lifecycle import WANDB_EXIT_CODES
 from .tracker_mirror import Batch
 from .tracking import Tracker, WandbSettings, wandb_dir
 
@@ -25,6 +35,7 @@ MISSING_MESSAGE = (
     "the job spec's tracking.wandb (or RunLogger(wandb=...)) mirrors the run to Weights & Biases, which is not "
     "installed; install it with: pip install 'elfes[wandb]', or remove the wandb tracker"
 )
+PAUSED_EXIT_CODE = 1  # with mark_preempting(): W&B shows the run preempted, not failed
 
 
 def check_wandb_installed() -> None:
@@ -38,11 +49,14 @@ class WandbSink:
 
     name: Tracker = "wandb"
 
-    def __init__(self, settings: WandbSettings, run_dir: Path, group: str | None) -> None:
+    def __init__(self, settings: WandbSettings, run_dir: Path, group: str | None, *,
+                 sync_dir_suffix: str | None = None) -> None:
         self.settings = settings
         self.run_dir = Path(run_dir).absolute()
         self.group = group
+        self.sync_dir_suffix = sync_dir_suffix
         self._run: Any = None
+        self._exit_code: int | None = None  # known once the run finished or the lifecycle ended it
 
     def new_run_id(self) -> str:
         return secrets.token_hex(8)  # W&B run ids: letters and digits
@@ -54,7 +68,8 @@ class WandbSink:
             run_id = self.new_run_id()
         folder = wandb_dir(self.run_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True)
+        settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True,
+                                  **({"x_sync_dir_suffix": self.sync_dir_suffix} if self.sync_dir_suffix else {}))
         self._run = wandb.init(
             project=self.settings.project, entity=self.settings.entity, mode=self.settings.mode, id=run_id,
             resume="allow", dir=str(folder), group=self.group, name=self.run_dir.name, settings=settings,
@@ -68,10 +83,20 @@ class WandbSink:
         if batch.elfes_run_id is not None:
             run.config.update({"elfes": {"run_dir": str(self.run_dir), "run_id": batch.elfes_run_id}},
                               allow_val_change=True)
+        if batch.lifecycle is not None:
+            run.config.update({"spec": batch.lifecycle.params}, allow_val_change=True)
+            run.summary.update(batch.lifecycle.tags())
+            if batch.lifecycle.terminal:
+                self._exit_code = WANDB_EXIT_CODES[batch.lifecycle.status]
         for step, rows in groupby(batch.metrics, key=lambda row: row.step):
             run.log({row.key: row.value for row in rows}, step=step)
+        if batch.finished:
+            self._exit_code = 0
 
     def close(self) -> None:
-        if self._run is not None:
-            self._run.finish()
-            self._run = None
+        if self._run is None:
+            return
+        if self._exit_code is None:  # the attempt ends, the run goes on (or its end is for the launcher to say)
+            self._run.mark_preempting()
+        self._run.finish(exit_code=PAUSED_EXIT_CODE if self._exit_code is None else self._exit_code)
+        self._run = None

@@ -33,6 +33,7 @@ from .requeue import (
     resubmit_local,
     wait_for_slurm_to_end_the_job,
 )
+from .tracker_lifecycle import publish_lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,11 @@ def finish_attempt(context: AttemptContext, decision: Decision, *, step: int | N
             decision = Decision(run_state.Outcome.STOPPED, signal=decision.signal, error=refused)
     resubmit = decision.requeue and start.executor == "local" and start.restart + 1 >= LOCAL_MAX_STARTS
     if context.is_main:
-        run_state.update_recorded_state(context.paths, lambda s: run_state.end_attempt(
+        state = run_state.update_recorded_state(context.paths, lambda s: run_state.end_attempt(
             s, token=context.token, outcome=decision.outcome, signal=decision.signal, step=step,
             error=decision.error))
+        # The trackers hear of an end that ends the run now (no mirror runs any more), before a scancel.
+        publish_lifecycle(context.paths, context.spec, state, send=True)
         if resubmit:
             resubmit_local(context.paths, task)
     log.info(f"elfes: attempt {context.attempt_number} ended {decision.outcome}"

@@ -37,6 +37,7 @@ from .outcome import Decision, decide
 from .provenance import collect, rank_place
 from .resume_point import resume_point
 from .signals import SignalFlags
+from .tracker_lifecycle import publish_lifecycle
 from .watchdog import HangWatchdog, end_stuck_peers
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,8 @@ class AttemptRunner:
                         f"{start.rank}: {error}")
             return
         log.info(f"elfes: attempt {context.attempt_number} runs rank {start.rank} on {place.describe()}")
+        if context.is_main:  # for the attempt's tracker mirror: RUNNING, the earlier attempts' ends, the provenance
+            publish_lifecycle(context.paths, spec, state, send=False)
         changes = place_changes_at(state, context.attempt_number, start.rank)
         if provenance is not None:
             log.info(f"elfes: attempt {context.attempt_number} runs on {provenance.describe()}")

@@ -45,6 +45,7 @@ from .failures import (
     write_report,
 )
 from .requeue import LOCAL_MAX_STARTS, end_failed_slurm_job, exclude_from_slurm_job, requeue_slurm_job, resubmit_local
+from .tracker_lifecycle import publish_lifecycle
 
 # How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
 # that stay silent are the lost ones, whose hosts a SLURM run leaves out of its later attempts.
@@ -120,6 +121,8 @@ class FailurePath:
             if ending.decided_here and failure is not None:
                 if failure.retried:
                     failure = carry_out_retry(failure, context=context, task=self.task)
+                # A failure not retried ends the run: the trackers hear of it now, before the job's scancel.
+                publish_lifecycle(context.paths, context.spec, send=True)
                 end_unretried_slurm_job(failure, context.start)
             log.info(f"elfes: attempt {context.attempt_number} ended failed on rank {context.start.rank}"
                      + ("; retried from `last`" if failure is not None and failure.retried else

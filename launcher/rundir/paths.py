@@ -29,6 +29,8 @@ RUN_DIR/
   pids/command-<R>.json         the process group of rank R's `command:` while it runs (pgid, host, notice)
   pids/exit-<R>.json            how the task of rank R ended (its exit status), as a local job's controller saw it
   tracking/<tracker>.json       what the MLflow or W&B mirror has sent (elfes.records.tracker_mirror), written atomically
+  tracking/lifecycle.json       what the trackers are to say of the run: status, attempts' ends, spec, provenance
+                                (elfes.records.tracker_lifecycle), written atomically by rank 0
   tracking/wandb/               the W&B SDK's folder (offline runs for `wandb sync`)
 ```
 
@@ -144,7 +146,6 @@ class RunPaths:
     def tracker_state(self, tracker: str) -> Path:
         """What the ``tracker`` mirror has sent and whether it is behind (``elfes status`` reads it)."""
         return self.tracking / f"{tracker}.json"
-
     @property
     def tensorboard(self) -> Path:
         """The engine's TensorBoard mirror (``RunLogger(tensorboard=True)`` or ``ELFES_TENSORBOARD=1``;

@@ -1,7 +1,9 @@
 """The tracker histories of a real run preempted twice and SIGKILLed once (interrupted_run.py's flow) equal those
 of the same job run straight, metric by metric, step by step, value by value: MLflow through a real `mlflow
 server` that the test starts only once the run has found it unreachable, W&B in offline mode read back from
-its transaction logs. The straight run mirrors to an MLflow SQLite store. Throughput is sent but left out."""
+its transaction logs. The straight run mirrors to an MLflow SQLite store. Throughput is sent but left out.
+Both tracker runs end FINISHED with each attempt's end tagged: two requeues, the kill found "lost" by the next
+attempt, and the finish."""
 
 from __future__ import annotations
 
@@ -25,7 +27,16 @@ from elfes.records.tracking import wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
 pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' installs it")
-from tracker_histories import deterministic, mlflow_history, wandb_offline_history  # noqa: E402
+from tracker_histories import (  # noqa: E402
+    deterministic,
+    mlflow_history,
+    wandb_offline_ends,
+    wandb_offline_history,
+    wandb_offline_summary,
+)
+
+ATTEMPT_ENDS = {"elfes.attempt.1.end": "requeued (SIGUSR2)", "elfes.attempt.2.end": "requeued (SIGUSR2)",
+                "elfes.attempt.3.end": "lost", "elfes.attempt.4.end": "finished"}
 
 WANDB = {"project": "elfes-tests", "mode": "offline"}
 # Attempt 1 is slow enough to be preempted early; attempt 3 slow, so that the kill lands before its checkpoint.
@@ -110,7 +121,9 @@ def test_the_mlflow_history_of_the_interrupted_run_equals_the_straight_runs(runs
     from mlflow.tracking import MlflowClient
 
     run = MlflowClient(tracking_uri=server_uri).get_run(state.run_id)
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and run.data.tags["elfes.status"] == "FINISHED"
+    assert {key: value for key, value in run.data.tags.items() if key.startswith("elfes.attempt.")} == ATTEMPT_ENDS
+    assert run.data.tags["elfes.version.torch"] and run.data.params["spec.name"] == "interrupted"
     assert run.data.tags["elfes.run_dir"] == str(interrupted)
     assert run.data.tags["elfes.run_id"] == next(e["run_id"] for e in events(interrupted) if e["event"] == "started")
 
@@ -122,3 +135,8 @@ def test_the_wandb_offline_history_of_the_interrupted_run_equals_the_straight_ru
     assert list(history) == list(expected) and "train/samples_per_second" in history
     assert deterministic(history) == deterministic(expected)
     assert [step for step, _ in history["train/loss"]] == list(range(1, 25))
+    run_id = read_mirror_state(interrupted, "wandb").run_id
+    ends = wandb_offline_ends(wandb_dir(interrupted), run_id)
+    assert ends[:2] == [(True, 1), (True, 1)] and ends[-1] == (False, 0)  # paused twice (preempting), finished
+    summary = wandb_offline_summary(wandb_dir(interrupted), run_id)
+    assert summary["elfes.status"] == "FINISHED" and {key: summary[key] for key in ATTEMPT_ENDS} == ATTEMPT_ENDS
