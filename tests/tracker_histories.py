@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from pathlib import Path
 
 History = dict[str, list[tuple[int, float]]]  # metric -> (step, value) in the order the tracker holds them
@@ -76,38 +75,19 @@ def _parsed(path: Path) -> list:
     return records
 
 
-def _completed_log(path: Path, timeout_s: float = 120.0) -> list:
-    """The records of a transaction log once it holds its run's ``exit`` record. W&B's service process writes
-    the log: ``finish()`` can return before it has (seen when two runs of one process start within a second and
-    the second gets a folder suffixed ``-1``), so a reader in the same process waits for the exit record."""
-    from wandb.proto import wandb_internal_pb2
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        records = []
-        for raw in _records(path):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(raw)
-            records.append(record)
-        if any(record.WhichOneof("record_type") == "exit" for record in records):
-            return records
-        assert time.monotonic() < deadline, f"{path} holds no exit record after {timeout_s:.0f} s"
-        time.sleep(0.2)  # polling the writer's file: the condition is the exit record above
-
-
-def wandb_offline_records(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> list:
+def wandb_offline_records(wandb_root: Path, run_id: str) -> list:
     """Every record of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first (each
-    offline folder is named by the time its ``wandb.init`` began), as W&B would receive them on `wandb sync`;
-    with ``wait_for_exit``, each log once it holds its exit record (a reader in the process that wrote it)."""
+    offline folder is named by the time its ``wandb.init`` began), as W&B would receive them on `wandb sync`.
+    Read as the logs are: the sink tears W&B's service down when it closes, which writes each log out whole."""
     files = sorted(wandb_root.glob(f"**/run-{run_id}.wandb"), key=lambda path: path.parent.name)
     assert files, f"no offline run {run_id} under {wandb_root}"
-    return [record for path in files for record in (_completed_log(path) if wait_for_exit else _parsed(path))]
+    return [record for path in files for record in _parsed(path)]
 
 
-def wandb_offline_ends(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> list[tuple[bool, int]]:
+def wandb_offline_ends(wandb_root: Path, run_id: str) -> list[tuple[bool, int]]:
     """Each ``finish`` of the W&B run, in order: (marked preempting before it, its exit code)."""
     ends, preempting = [], False
-    for record in wandb_offline_records(wandb_root, run_id, wait_for_exit=wait_for_exit):
+    for record in wandb_offline_records(wandb_root, run_id):
         kind = record.WhichOneof("record_type")
         if kind == "preempting":
             preempting = True
@@ -117,21 +97,21 @@ def wandb_offline_ends(wandb_root: Path, run_id: str, *, wait_for_exit: bool = F
     return ends
 
 
-def wandb_offline_summary(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> dict:
+def wandb_offline_summary(wandb_root: Path, run_id: str) -> dict:
     """The W&B run's summary as its updates leave it (the last value of each key)."""
     summary = {}
-    for record in wandb_offline_records(wandb_root, run_id, wait_for_exit=wait_for_exit):
+    for record in wandb_offline_records(wandb_root, run_id):
         if record.WhichOneof("record_type") == "summary":
             for item in record.summary.update:
                 summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return summary
 
 
-def wandb_offline_history(wandb_root: Path, run_id: str, *, wait_for_exit: bool = False) -> History:
+def wandb_offline_history(wandb_root: Path, run_id: str) -> History:
     """Every history row of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first,
     as W&B would receive them on `wandb sync` (``_step`` is the step)."""
     history: History = {}
-    for record in wandb_offline_records(wandb_root, run_id, wait_for_exit=wait_for_exit):
+    for record in wandb_offline_records(wandb_root, run_id):
         if record.WhichOneof("record_type") != "history":
             continue
         values = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}

@@ -100,3 +100,21 @@ class WandbSink:
             self._run.mark_preempting()
         self._run.finish(exit_code=PAUSED_EXIT_CODE if self._exit_code is None else self._exit_code)
         self._run = None
+        _write_out_service()
+
+
+def _write_out_service() -> None:
+    """Make W&B's service process write out what it holds. It writes an offline run's last records (its exit among
+    them) when the run's stream closes, which ``finish`` does not wait for, and a job's processes are reaped when it
+    ends: so the service is torn down now (its streams closed, it exits), unless this process still has a W&B run
+    open (the job's own), which the service goes on serving and the exit of the process tears down."""
+    import wandb
+    from wandb.sdk import wandb_setup
+
+    setup = getattr(wandb_setup, "_singleton", None)
+    if setup is None or getattr(setup, "most_recent_active_run", None) is not None:
+        return
+    try:
+        wandb.teardown()
+    except SystemExit:  # the service's own nonzero exit, which teardown raises as SystemExit: not this thread's end
+        pass

@@ -87,8 +87,8 @@ class Run:
     def wandb(self) -> tuple[list[tuple[bool, int]], dict]:
         run_id = read_mirror_state(self.paths.run_dir, "wandb").run_id
         # Read in the process whose W&B service wrote the logs: each is read once it holds its exit record.
-        return (wandb_offline_ends(wandb_dir(self.paths.run_dir), run_id, wait_for_exit=True),
-                wandb_offline_summary(wandb_dir(self.paths.run_dir), run_id, wait_for_exit=True))
+        return (wandb_offline_ends(wandb_dir(self.paths.run_dir), run_id),
+                wandb_offline_summary(wandb_dir(self.paths.run_dir), run_id))
 
 
 def test_a_requeued_attempt_leaves_the_run_running_and_a_cancel_ends_it_killed(tmp_path, store):

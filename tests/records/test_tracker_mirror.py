@@ -15,7 +15,7 @@ from tracker_histories import mlflow_history, wandb_offline_history
 from elfes.launcher.commands.status import tracker_notes
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import RunLogger, read_events
-from elfes.records.tracker_mirror import FLUSH_TIMEOUT_VARIABLE, read_mirror_state
+from elfes.records.tracker_mirror import FLUSH_TIMEOUT_S, FLUSH_TIMEOUT_VARIABLE, flush_timeout_s, read_mirror_state
 from elfes.records.tracking import tracker_state_path, wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
@@ -126,7 +126,7 @@ def test_wandb_offline_gets_every_step_once_with_the_run_id_kept_in_the_run_dire
 
     state = read_mirror_state(tmp_path / "run", "wandb")
     assert state is not None and not state.behind
-    history = wandb_offline_history(wandb_dir(tmp_path / "run"), state.run_id, wait_for_exit=True)
+    history = wandb_offline_history(wandb_dir(tmp_path / "run"), state.run_id)
     assert history["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.5)]
     assert history["eval/val/accuracy"] == [(4, 0.5)]
     assert len(list(wandb_dir(tmp_path / "run").glob(f"**/run-{state.run_id}.wandb"))) == 3  # one per attempt
@@ -175,3 +175,14 @@ def test_a_sweep_members_mlflow_run_is_tagged_with_its_group(tmp_path, store, mo
 
     run = MlflowClient(tracking_uri=store).get_run(read_mirror_state(tmp_path / "member", "mlflow").run_id)
     assert run.data.tags["elfes.group"] == "lr-sweep" and run.info.status == "RUNNING"  # not finished yet
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(None, FLUSH_TIMEOUT_S), ("7.5", 7.5), ("0", FLUSH_TIMEOUT_S),
+                                                ("-3", FLUSH_TIMEOUT_S), ("nan", FLUSH_TIMEOUT_S), ("soon", FLUSH_TIMEOUT_S)])
+def test_the_wait_for_the_rest_at_an_attempts_end_is_20_s_or_the_variables_positive_number(monkeypatch, value, seconds):
+    assert FLUSH_TIMEOUT_S == 20.0  # the guide's number
+    if value is None:
+        monkeypatch.delenv(FLUSH_TIMEOUT_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(FLUSH_TIMEOUT_VARIABLE, value)
+    assert flush_timeout_s() == seconds
