@@ -10,7 +10,10 @@ split into :class:`TimeParts`:
 
 - ``between_s``: from the end of the attempt before to the next hand-over (or launch, when none came):
   a requeued job waiting to come back, a stopped run waiting for ``elfes resume``;
-- ``queue_s``: from a hand-over (``elfes submit``, ``resume``, a resubmission) to the launch it led to;
+- ``queue_s``: from a hand-over (``elfes submit``, ``resume``, a resubmission) to the launch it led to; where
+  SLURM's accounting says when the scheduler let the job start (``sacct``'s ``Eligible``: after a requeue, once
+  its ``BeginTime`` hold passed), from the later of the two: the time spent waiting for resources. The
+  time before it is ``between_s``;
 - ``startup_s``: from the launch to the training loop's start record (``started``/``resumed``: imports,
   process group, data, the restore); an attempt that never wrote one spent all of its time starting up;
 - ``useful_s`` and ``redone_s``: the training time (``train_s`` of the attempt's ``finished``/``stopped``
@@ -111,11 +114,13 @@ class Goodput:
 @dataclass(frozen=True)
 class LaunchTimes:
     """What the launcher recorded of one attempt: its number, launch and end (None when it recorded none: the
-    attempt is under way, or was lost)."""
+    attempt is under way, or was lost); and when the scheduler let it start (``sacct``'s ``Eligible``), where
+    known."""
 
     number: int
     launched_at: datetime
     ended_at: datetime | None = None
+    eligible_at: datetime | None = None
 
 
 def _time(text: str) -> datetime:
@@ -196,22 +201,25 @@ def account_goodput(launches: Sequence[LaunchTimes], handovers: Sequence[datetim
         end = now if under_way else launch.ended_at
         if end is None:  # lost without a recorded end: its window ends at its last record
             end = max([launch.launched_at, *(loop.last for loop in owned[index])])
-        windows.append(_window(launch.number, cursor, launch.launched_at, end, owned[index], handovers))
+        windows.append(_window(launch, cursor, end, owned[index], handovers))
         cursor = end
     if now is not None and (not launches or launches[-1].ended_at is not None) and now > cursor:
-        windows.append(_window(None, cursor, now, now, [], handovers))  # the wait for the next attempt
+        windows.append(_window(None, cursor, now, [], handovers))  # the wait for the next attempt
         cursor = now
     parts = sum((window.parts for window in windows), TimeParts())
     return Goodput(wall_s=_seconds(begin, cursor), parts=parts, redone_steps=sum(w.redone_steps for w in windows),
                    attempts=tuple(windows), as_of=cursor.isoformat())
 
 
-def _window(number: int | None, begins: datetime, launched: datetime, ends: datetime, loops: list[_Loop],
+def _window(launch: LaunchTimes | None, begins: datetime, ends: datetime, loops: list[_Loop],
             handovers: Sequence[datetime]) -> AttemptGoodput:
-    """The parts of one attempt's window: waits before its launch, then the attempt itself."""
-    handover = max((at for at in handovers if begins <= at <= launched), default=None)
-    between = _seconds(begins, handover if handover is not None else launched)
-    queue = _seconds(handover, launched) if handover is not None else 0.0
+    """The parts of one attempt's window (``launch`` None: the wait after the last attempt, up to ``ends``):
+    waits before its launch, then the attempt itself."""
+    number, launched = (launch.number, launch.launched_at) if launch is not None else (None, ends)
+    eligible = launch.eligible_at if launch is not None else None
+    queued = max((at for at in (*handovers, eligible) if at is not None and begins <= at <= launched), default=None)
+    between = _seconds(begins, queued if queued is not None else launched)
+    queue = _seconds(queued, launched) if queued is not None else 0.0
     span = _seconds(launched, ends)
     if number is None:
         return AttemptGoodput(None, begins.isoformat(), ends.isoformat(), TimeParts(queue_s=queue, between_s=between))

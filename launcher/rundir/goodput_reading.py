@@ -12,17 +12,20 @@ Torch-free; writes nothing.
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 
 from elfes.records.goodput import Goodput, LaunchTimes, account_goodput
 from elfes.records.reader import events_of_bytes
 from elfes.records.timings import RunTimings, read_timings, timings_of_events
 
+from ..slurm import JobStart, job_starts
 from .paths import RunPaths
 from .state import ENDED, Outcome, RunState
 from .status_reading import TAIL_BYTES
 
 SCAN_BYTES = 4 * 1024 * 1024  # a run without timings.json: read its events whole up to this size
+CLOCK_SKEW_S = 60.0  # how far a compute node's clock may run behind the controller's, in matching a job's start
 
 
 class NoTimings(ValueError):
@@ -59,20 +62,38 @@ def run_timings(paths: RunPaths) -> RunTimings:
     return timings
 
 
-def run_goodput(paths: RunPaths, state: RunState | None, now: datetime) -> Goodput:
+def slurm_job_starts(states: Iterable[RunState]) -> Mapping[str, tuple[JobStart, ...]]:
+    """What SLURM's accounting recorded of the starts of the SLURM jobs of ``states`` (one ``sacct``); nothing
+    where it does not answer, or for runs of the local executor."""
+    job_ids = {attempt.job_id for state in states if state.executor == "slurm" for attempt in state.attempts}
+    return (job_starts(job_ids) or {}) if job_ids else {}
+
+
+def run_goodput(paths: RunPaths, state: RunState | None, now: datetime,
+                starts: Mapping[str, tuple[JobStart, ...]] | None = None) -> Goodput:
     """The goodput of the run in ``paths`` as ``state`` (its effective state) records it, at ``now`` while
-    the run is under way. :class:`NoTimings` when its records cannot be read cheaply; ValueError for a
-    time that cannot be read."""
+    the run is under way; ``starts``: :func:`slurm_job_starts` of it (asked here when None). :class:`NoTimings`
+    when its records cannot be read cheaply; ValueError for a time that cannot be read."""
     timings = run_timings(paths)
     launches, handovers = [], []
     if state is not None:
+        starts = slurm_job_starts([state]) if starts is None else starts
         for attempt in state.attempts:
             ended = attempt.ended_at if attempt.outcome != Outcome.LOST else None
-            launches.append(LaunchTimes(attempt.number, datetime.fromisoformat(attempt.started_at),
-                                        datetime.fromisoformat(ended) if ended is not None else None))
+            launched = datetime.fromisoformat(attempt.started_at)
+            launches.append(LaunchTimes(attempt.number, launched, datetime.fromisoformat(ended) if ended is not None
+                                        else None, _eligible_at(starts.get(attempt.job_id, ()), launched)))
         handovers = [datetime.fromisoformat(submission.at) for submission in state.submissions
                      if submission.job_id is not None]
     under_way = state is not None and state.status not in ENDED
     if state is None and timings.attempts:  # records without a launcher: under way unless the last loop ended
         under_way = timings.attempts[-1].end is None
     return account_goodput(launches, handovers, timings.attempts, now=now if under_way else None)
+
+
+def _eligible_at(starts: tuple[JobStart, ...], launched: datetime) -> datetime | None:
+    """When SLURM let start the job's start that launched the attempt recorded at ``launched``: the latest start
+    before it (a task records its launch after SLURM started it; CLOCK_SKEW_S for hosts whose clocks differ)."""
+    before = [start for start in starts
+              if start.started_at is not None and start.started_at <= launched + timedelta(seconds=CLOCK_SKEW_S)]
+    return max(before, key=lambda start: start.eligible_at).eligible_at if before else None

@@ -178,17 +178,23 @@ def summed_goodput(members: list[RunPaths]) -> dict[str, Any] | None:
     records cannot be read, or that have none yet, left out)."""
     from elfes.records.goodput import Goodput
 
-    from .goodput_reading import NoTimings, run_goodput
+    from .goodput_reading import NoTimings, run_goodput, slurm_job_starts
 
     now = datetime.now(timezone.utc)
-    total: Goodput | None = None
+    states = []
     for paths in members:
         try:
             state = run_state.load_state(paths)
-            if state is None or not state.attempts:
-                continue
-            goodput = run_goodput(paths, state, now)
-        except (run_state.RunDamaged, NoTimings, ValueError, OSError):
+        except (run_state.RunDamaged, ValueError, OSError):
+            continue
+        if state is not None and state.attempts:
+            states.append((paths, state))
+    starts = slurm_job_starts(state for _, state in states)  # one sacct for every member
+    total: Goodput | None = None
+    for paths, state in states:
+        try:
+            goodput = run_goodput(paths, state, now, starts)
+        except (NoTimings, ValueError, OSError):
             continue
         total = goodput if total is None else Goodput(total.wall_s + goodput.wall_s, total.parts + goodput.parts,
                                                       total.redone_steps + goodput.redone_steps)

@@ -1,5 +1,6 @@
 """What SLURM says of jobs: one job (``squeue``, else ``sacct``), or this user's queued and live jobs in one
-``squeue`` (:func:`user_jobs`, :class:`SlurmQueue`). Torch-free; asks, changes nothing.
+``squeue`` (:func:`user_jobs`, :class:`SlurmQueue`), and when jobs could start and started (``sacct``:
+:func:`job_starts`). Torch-free; asks, changes nothing.
 
 >>> queue_entry("77")  # doctest: +SKIP
 QueueEntry(state='PENDING', reason='BeginTime', restarts=1)
@@ -8,7 +9,9 @@ QueueEntry(state='PENDING', reason='BeginTime', restarts=1)
 from __future__ import annotations
 
 import getpass
+from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 
 from .tools import SlurmError, Tool, answered, run
 
@@ -136,3 +139,39 @@ class SlurmQueue:
                 self._entries = None
         found = self._entries.get(job_id) if self._entries is not None else None
         return found if found is not None else queue_entry(job_id)
+
+
+@dataclass(frozen=True)
+class JobStart:
+    """One start of a job as SLURM's accounting records it (a requeued job has one per start): when the scheduler
+    let it start (``Eligible``: its submission, or the end of a requeue's ``BeginTime`` hold) and when it started
+    (``Start``; None while it waits)."""
+
+    eligible_at: datetime
+    started_at: datetime | None
+
+
+def job_starts(job_ids: Collection[str]) -> dict[str, tuple[JobStart, ...]] | None:
+    """Every recorded start of each of ``job_ids`` (one ``sacct --duplicates``), by job id as the launcher writes
+    it (an array task as ``<array>_<task>``), oldest first; None where accounting does not answer."""
+    if not job_ids:
+        return {}
+    accounted = run(Tool.SACCT, "-n", "-X", "-D", "-P", "-j", ",".join(sorted(job_ids)), "-o", "JobID,Eligible,Start")
+    if not accounted.ok:
+        return None
+    starts: dict[str, list[JobStart]] = {}
+    for line in accounted.stdout.splitlines():
+        job_id, eligible, started = (line.split("|") + ["", ""])[:3]
+        eligible_at = _accounted_time(eligible)
+        if eligible_at is not None:
+            starts.setdefault(job_id.strip(), []).append(JobStart(eligible_at, _accounted_time(started)))
+    return {job_id: tuple(sorted(found, key=lambda start: start.eligible_at)) for job_id, found in starts.items()}
+
+
+def _accounted_time(text: str) -> datetime | None:
+    """A time as sacct prints it (the local time, without a zone), or None for ``Unknown``/``None``."""
+    try:
+        return datetime.fromisoformat(text.strip()).astimezone()
+    except ValueError:
+        return None
+

@@ -113,6 +113,27 @@ def test_a_run_under_way_is_accounted_to_now_and_a_queued_job_waits_in_the_queue
     assert requeued.wall_s == 70.0 and requeued.parts.total_s == pytest.approx(70.0)
 
 
+def test_a_requeued_slurm_job_waits_between_attempts_until_it_is_eligible_then_in_the_queue():
+    # SLURM requeued the job at 40 (no hand-over: the job requeued itself); its BeginTime hold let it start at
+    # 100 (sacct's Eligible), and it started at 130. Its submission at 0 was eligible at 1 and started at 5.
+    events = [start(8, 0), end("stopped", 39, 4, 30.0, 0.0, 1.0), start(133, 4, "resumed"),
+              end("finished", 160, 8, 25.0, 0.0, 1.0)]
+    launches = [LaunchTimes(1, at(5), at(40), eligible_at=at(1)), LaunchTimes(2, at(130), at(161), eligible_at=at(100))]
+    run = account_goodput(launches, [at(0)], timings_of_events(events).attempts)
+    first, second = run.attempts
+    assert (first.parts.between_s, first.parts.queue_s) == (1.0, 4.0)
+    assert (second.parts.between_s, second.parts.queue_s, second.parts.startup_s) == (60.0, 30.0, 3.0)
+    assert run.parts.total_s == pytest.approx(run.wall_s) and run.wall_s == 161.0
+    # Without accounting the whole wait after the requeue is between attempts, as before.
+    plain = account_goodput([LaunchTimes(1, at(5), at(40)), LaunchTimes(2, at(130), at(161))], [at(0)],
+                            timings_of_events(events).attempts)
+    assert (plain.attempts[1].parts.between_s, plain.attempts[1].parts.queue_s) == (90.0, 0.0)
+    # An Eligible outside the window (a start matched wrongly) changes nothing.
+    stray = account_goodput([LaunchTimes(1, at(5), at(40)), LaunchTimes(2, at(130), at(161), eligible_at=at(20))],
+                            [at(0)], timings_of_events(events).attempts)
+    assert stray.attempts[1].parts == plain.attempts[1].parts
+
+
 def test_records_without_a_launcher_make_one_attempt_per_start_and_a_failure_redoes_its_steps():
     events = [start(0, 0), train(10, 6), {"event": "failed", "time": stamp(11), "step": 6},
               start(20, 4, "resumed"), end("finished", 40, 12, train_s=19.0, evaluation_s=0.0, checkpoint_s=0.0)]

@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cluster import SlurmCluster, wait_for
 from run_comparison import assert_runs_bitwise_equal
 from slurm_runs import (
@@ -84,6 +86,17 @@ def test_preempted_with_the_user_signal_requeues_itself_and_resumes_bitwise(
     assert submitit_starts(run_dir, job_id) == 2  # --open-mode=append: the relaunch kept the first start's log
     assert [e["world_size"] for e in events(run_dir) if e["event"] in ("started", "resumed")] == [tasks, tasks]
     assert_bitwise_equal_to(run_dir, expected, tasks)
+
+    # Goodput with SLURM's accounting: after the requeue, the job's BeginTime hold (until sacct's Eligible of its
+    # second start) is time between attempts, and from then to the relaunch, time in the queue.
+    accounting = slurm.run("sacct", "-n", "-X", "-D", "-P", "-o", "Eligible", "-j", job_id).stdout.split()
+    eligible = sorted(datetime.fromisoformat(text).astimezone() for text in accounting)
+    assert len(eligible) == 2, accounting  # the submission's start and the requeue's
+    relaunch = status(slurm, run_dir)["goodput"]["attempts"][1]
+    requeued_at, launched_at = (datetime.fromisoformat(time) for time in (relaunch["begins_at"], state.attempts[1].started_at))
+    assert requeued_at < eligible[1] <= launched_at, (requeued_at, eligible, launched_at)
+    assert relaunch["parts"]["between_s"] == pytest.approx((eligible[1] - requeued_at).total_seconds(), abs=1e-3)
+    assert relaunch["parts"]["queue_s"] == pytest.approx((launched_at - eligible[1]).total_seconds(), abs=1e-3)
 
 
 def test_a_sharded_model_preempted_on_slurm_resumes_bitwise_from_its_folder_of_shards(
