@@ -281,7 +281,26 @@ def run(rounds: int, progress: Progress, *, smoke: bool = False) -> list[Row]:
             rows.append(_reading_order_row(case, samples, rounds))
         if "elfes per batch" in variants:
             rows.append(_keyed_randomness_row(case, samples, rounds))
+    if not smoke:
+        rows.append(_seeding_row(rows))
     return rows + _augmentation_rows(rows)
+
+
+def _seeding_row(rows: list[Row]) -> Row:
+    """The seeding that ``model_randomness="per_batch"`` adds before each microbatch, timed alone (the loop's
+    own row above lies within its noise), against the CPU time of one ``tiny`` microbatch of ELFES."""
+    import timeit
+
+    from elfes.engine.resize import BatchKeyedRandomness
+
+    keyed = BatchKeyedRandomness(1234, 0, 1, torch.device("cpu"))
+    calls = 20_000
+    seconds = min(timeit.repeat(lambda: keyed.seed(3, 17), number=calls, repeat=7))
+    microbatch = next(row for row in rows if row.case == "tiny" and row.measure.startswith("ELFES: CPU µs"))
+    cost = seconds / calls * 1e6
+    return Row("loop", "tiny", "model_randomness='per_batch': CPU µs of its seeding per microbatch, share of a "
+               "microbatch", "µs", cost, microbatch.value, "ELFES tiny microbatch", "ratio",
+               cost / microbatch.value, rounds=7, details={"seeding_us": cost, "calls_per_round": calls})
 
 
 def _augmentation_rows(rows: list[Row]) -> list[Row]:
