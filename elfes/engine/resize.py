@@ -7,7 +7,8 @@ therefore continue on another world size when its window (and so every update's 
 the new size resumes at batch ``next_batch x old world / new world`` of its share. What no new rank can take
 over is refused before training: a loader whose position is kept per rank (a stream read by each rank, a
 stateful sampler, dataset or loader). Each rank's generators start from a stream derived from (data seed,
-step, rank), since the old ranks' streams have no place in the new layout.
+step, rank), since the old ranks' streams have no place in the new layout; but a generator that every old rank
+had in the same state, every new rank takes.
 """
 
 from __future__ import annotations
@@ -73,13 +74,11 @@ def resize_problems(found: Mapping[str, Any], expected: Mapping[str, Any], *, pe
     return problems
 
 
-def shared_generators(ranks: list[Mapping[str, Any]]) -> Any | None:
-    """The generator states every old rank saved, when they are all the same (a job that seeds every rank alike
-    and draws alike, which a layer drop under FSDP2 needs): every new rank takes them. None when they differ."""
-    states = [rank.get("rng") for rank in ranks]
-    first = states[0]
-    if not first:
-        return None
+def shared_generators(ranks: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The generators (``python``, ``numpy``, ``torch``, ``cuda``) that every old rank saved in the same state: a
+    job that seeds every rank alike and draws alike from one (Python's, for a layer drop under FSDP2, which every
+    rank must drop together) keeps that on the new world size. Empty when nothing was saved."""
+    states = [rank.get("rng") or {} for rank in ranks]
 
     def same(a: Any, b: Any) -> bool:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
@@ -90,7 +89,8 @@ def shared_generators(ranks: list[Mapping[str, Any]]) -> Any | None:
             return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
         return bool(a == b)
 
-    return first if all(same(first, other) for other in states[1:]) else None
+    return {name: state for name, state in states[0].items()
+            if all(name in other and same(state, other[name]) for other in states[1:])}
 
 
 def rank_stream_seed(payload: Mapping[str, Any], rank: int) -> int:
@@ -123,11 +123,10 @@ def restore_resized(payload: Mapping[str, Any], per_rank: Mapping[str, Any], sta
     """Rank ``rank`` of ``world`` takes over a checkpoint of another world size: its generators, the statistics
     since the last ``train`` record (``per_rank``'s components) and its place in the epoch (``state``)."""
     ranks = payload["ranks"]
+    seed_rank_streams(rank_stream_seed(payload, rank))
     shared = shared_generators(ranks)
-    if shared is not None:
-        per_rank["rng"].load_state_dict(shared)
-    else:
-        seed_rank_streams(rank_stream_seed(payload, rank))
+    if shared:  # the generators every old rank had alike, every new rank takes; the others start derived streams
+        per_rank["rng"].load_state_dict({**per_rank["rng"].state_dict(), **shared})
     remap_log_interval(per_rank["log_interval"], [old.get("log_interval", {}) for old in ranks], rank)
     state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
 
@@ -153,8 +152,8 @@ def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any], model_
         f"Continuing on {describe(expected)} a run whose checkpoint was written on {describe(found)}: every update "
         f"trains on the same {window(found)} microbatches as before, but the sum over ranks is reduced in another "
         f"order, so the run now matches an uninterrupted one to float rounding, not bitwise; and {generators} "
-        "from new streams derived from (seed, step, rank), unless every old rank's were the same, which every new "
-        "rank then takes. The CPU draws of torch while reading a batch, in DataLoader workers or not, and every "
+        "from new streams derived from (seed, step, rank), except a generator that every old rank had in the same "
+        "state, which every new rank then takes. The CPU draws of torch while reading a batch, in DataLoader workers or not, and every "
         "draw in workers, stay those of the batch.")
 
 
@@ -170,7 +169,8 @@ class BatchKeyedRandomness:
         self.world_size = world_size
         self.generators = [torch.default_generator]
         if device.type == "cuda":
-            self.generators.append(torch.cuda.default_generators[torch.device(device).index or 0])
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.generators.append(torch.cuda.default_generators[index])
 
     def seed(self, epoch: int, batch: int) -> None:
         """Seed for batch ``batch`` of this rank's share of epoch ``epoch``."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 from .tracker_lifecycle import Lifecycle
 from .tracker_mirror import MAX_ROWS, Batch
 from .tracking import MlflowSettings, Tracker
+
+log = logging.getLogger(__name__)
 
 MISSING_MESSAGE = (
     "the job spec's tracking.mlflow (or RunLogger(mlflow=...)) mirrors the run to MLflow, which is not installed; "
@@ -92,7 +95,7 @@ class MlflowSink:
         params = [Param(key, value[:6000]) for key, value in lifecycle.params.items() if key not in known]
         tags = [RunTag(key, value) for key, value in lifecycle.tags().items()]
         for start in range(0, len(params), MAX_PARAMS):
-            client.log_batch(run_id, params=params[start:start + MAX_PARAMS])
+            _log_params(client, run_id, params[start:start + MAX_PARAMS])
         for start in range(0, len(tags), MAX_TAGS):
             client.log_batch(run_id, tags=tags[start:start + MAX_TAGS])
 
@@ -137,3 +140,26 @@ class MlflowSink:
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return text[:6000]  # MLflow's longest parameter value
+
+
+def _log_params(client: Any, run_id: str, params: list[Any]) -> None:
+    """Log ``params``; where MLflow refuses the batch as invalid (a name it does not take: ``spec.config.lr@warmup``,
+    one over 250 characters), each alone, leaving out those it refuses with a warning: one bad name must not keep
+    the others, the status and every later metric out."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.log_batch(run_id, params=params)
+        return
+    except MlflowException as error:
+        if error.error_code != "INVALID_PARAMETER_VALUE":
+            raise
+    for param in params:
+        try:
+            client.log_batch(run_id, params=[param])
+        except MlflowException as error:
+            if error.error_code != "INVALID_PARAMETER_VALUE":
+                raise
+            log.warning(f"elfes: warning: MLflow refused the parameter {param.key!r}, which is left out: "
+                        f"{' '.join(str(error).split())[:200]}")
+

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import secrets
+import threading
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,17 @@ class WandbSink:
         folder.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True,
                                   **({"x_sync_dir_suffix": self.sync_dir_suffix} if self.sync_dir_suffix else {}))
-        self._run = wandb.init(
-            project=self.settings.project, entity=self.settings.entity, mode=self.settings.mode, id=run_id,
-            resume="allow", dir=str(folder), group=self.group, name=self.run_dir.name, settings=settings,
-            reinit="create_new")
+        with _OPEN_SINKS_LOCK:
+            _OPEN_SINKS[0] += 1
+        try:
+            self._run = wandb.init(
+                project=self.settings.project, entity=self.settings.entity, mode=self.settings.mode, id=run_id,
+                resume="allow", dir=str(folder), group=self.group, name=self.run_dir.name, settings=settings,
+                reinit="create_new")
+        except BaseException:
+            with _OPEN_SINKS_LOCK:
+                _OPEN_SINKS[0] -= 1
+            raise
         return run_id
 
     def send(self, batch: Batch) -> None:
@@ -84,10 +92,10 @@ class WandbSink:
             run.config.update({"elfes": {"run_dir": str(self.run_dir), "run_id": batch.elfes_run_id}},
                               allow_val_change=True)
         if batch.lifecycle is not None:
+            if batch.lifecycle.terminal:  # first: a send that fails below must not leave the run "preempted"
+                self._exit_code = WANDB_EXIT_CODES[batch.lifecycle.status]
             run.config.update({"spec": batch.lifecycle.params}, allow_val_change=True)
             run.summary.update(batch.lifecycle.tags())
-            if batch.lifecycle.terminal:
-                self._exit_code = WANDB_EXIT_CODES[batch.lifecycle.status]
         for step, rows in groupby(batch.metrics, key=lambda row: row.step):
             run.log({row.key: row.value for row in rows}, step=step)
         if batch.finished:
@@ -96,23 +104,37 @@ class WandbSink:
     def close(self) -> None:
         if self._run is None:
             return
-        if self._exit_code is None:  # the attempt ends, the run goes on (or its end is for the launcher to say)
-            self._run.mark_preempting()
-        self._run.finish(exit_code=PAUSED_EXIT_CODE if self._exit_code is None else self._exit_code)
-        self._run = None
-        _write_out_service()
+        try:
+            if self._exit_code is None:  # the attempt ends, the run goes on (or its end is for the launcher to say)
+                self._run.mark_preempting()
+            self._run.finish(exit_code=PAUSED_EXIT_CODE if self._exit_code is None else self._exit_code)
+        finally:
+            self._run = None
+            with _OPEN_SINKS_LOCK:
+                _OPEN_SINKS[0] -= 1
+                _write_out_service()
+
+
+# W&B runs the sinks of this process have open (or are opening); guarded by the lock, under which the service is
+# also torn down, so that no sink opens a run on a service being torn down.
+_OPEN_SINKS = [0]
+_OPEN_SINKS_LOCK = threading.Lock()
 
 
 def _write_out_service() -> None:
-    """Make W&B's service process write out what it holds. It writes an offline run's last records (its exit among
-    them) when the run's stream closes, which ``finish`` does not wait for, and a job's processes are reaped when it
-    ends: so the service is torn down now (its streams closed, it exits), unless this process still has a W&B run
-    open (the job's own), which the service goes on serving and the exit of the process tears down."""
+    """Make W&B's service process write out what it holds (the caller holds ``_OPEN_SINKS_LOCK``). It writes an
+    offline run's last records (its exit among them) when the run's stream closes, which ``finish`` does not wait
+    for, and a job's processes are reaped when it ends: so the service is torn down now (its streams closed, it
+    exits), unless another sink of this process has a run open, or the process has a W&B run of its own open (the
+    job's), which the service goes on serving and the exit of the process tears down. With a wandb that does not
+    say which runs are open, nothing is torn down."""
     import wandb
     from wandb.sdk import wandb_setup
 
     setup = getattr(wandb_setup, "_singleton", None)
-    if setup is None or getattr(setup, "most_recent_active_run", None) is not None:
+    if _OPEN_SINKS[0] or setup is None or not hasattr(setup, "most_recent_active_run"):
+        return
+    if setup.most_recent_active_run is not None:
         return
     try:
         wandb.teardown()

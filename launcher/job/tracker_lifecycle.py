@@ -6,8 +6,8 @@ The trackers' status follows ``elfes status``: RUNNING while the run goes on (an
 retried failure is under way), FINISHED, FAILED (a failure not retried, or a job lost), KILLED (cancelled, or
 stopped: ``elfes resume`` or SLURM's requeue of a preempted job continues it, and its next attempt sets it
 RUNNING again). Who calls it: rank 0 as an attempt begins (after its provenance is recorded) and as it ends
-(launcher/job/attempt_end.py), the rank that decides a failure (launcher/job/failed_attempt.py), and ``elfes
-status --sync-trackers``. Torch-free; the trackers' libraries are imported only to send.
+(launcher/job/attempt_end.py), and the rank that decides a failure (launcher/job/failed_attempt.py).
+Torch-free; the trackers' libraries are imported only to send.
 """
 
 from __future__ import annotations

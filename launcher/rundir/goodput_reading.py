@@ -64,8 +64,14 @@ def run_timings(paths: RunPaths) -> RunTimings:
 
 def slurm_job_starts(states: Iterable[RunState]) -> Mapping[str, tuple[JobStart, ...]]:
     """What SLURM's accounting recorded of the starts of the SLURM jobs of ``states`` (one ``sacct``); nothing
-    where it does not answer, or for runs of the local executor."""
-    job_ids = {attempt.job_id for state in states if state.executor == "slurm" for attempt in state.attempts}
+    where it does not answer. Only the jobs that SLURM submissions made are asked for (a run may have begun
+    locally: a local job's id is no SLURM job's), an array task's by its array's id too."""
+    job_ids = set()
+    for state in states:
+        submitted = {submission.job_id for submission in state.submissions
+                     if submission.executor == "slurm" and submission.job_id is not None}
+        job_ids |= {attempt.job_id for attempt in state.attempts
+                    if attempt.job_id in submitted or attempt.job_id.partition("_")[0] in submitted}
     return (job_starts(job_ids) or {}) if job_ids else {}
 
 

@@ -167,3 +167,24 @@ def test_the_spec_parameters_leave_out_what_looks_like_a_credential():
     params = spec_params({"env": {"HF_TOKEN": "x", "AWS_SECRET_ACCESS_KEY": "y", "WANDB_API_KEY": "z",
                                   "DATABASE": "postgres://me:pw@db/x", "OMP_NUM_THREADS": "1"}, "command": ["a", "b"]})
     assert params == {"spec.env.OMP_NUM_THREADS": "1", "spec.command": '["a", "b"]'}
+    # At any depth, and in values that pass a credential on.
+    params = spec_params({"config": {"api_key": "k", "lr": 0.1, "db": "postgres://u:pw@h/x", "note": "see https://me:pw@h/"},
+                          "command": ["python", "train.py", "--hf-token", "hf_x"],
+                          "slurm": {"setup": ["export WANDB_API_KEY=abc", "module load cuda"]}})
+    assert params == {"spec.config.lr": "0.1"}
+
+
+def test_a_spec_parameter_that_mlflow_refuses_keeps_out_neither_the_others_nor_the_status(tmp_path, store):
+    from mlflow.tracking import MlflowClient
+
+    from elfes.launcher.job.tracker_lifecycle import send_lifecycle
+    from elfes.records.tracker_lifecycle import Lifecycle, write_lifecycle
+
+    run = Run(tmp_path, store, "refused")
+    lifecycle = Lifecycle(status="FINISHED", attempt_ends={1: "finished"},
+                          params={"spec.config.lr@warmup": "1", "spec.config." + "x" * 300: "2", "spec.name": "refused"})
+    write_lifecycle(run.paths.run_dir, lifecycle)
+    assert send_lifecycle(run.paths.run_dir, run.spec.tracking) == []
+    mlflow = MlflowClient(tracking_uri=store).get_run(read_mirror_state(run.paths.run_dir, "mlflow").run_id)
+    assert mlflow.info.status == "FINISHED" and mlflow.data.tags["elfes.attempt.1.end"] == "finished"
+    assert mlflow.data.params == {"spec.name": "refused"}

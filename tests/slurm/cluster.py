@@ -98,11 +98,32 @@ def wait_for(condition: Callable[[], T], *, timeout_s: float, what: str, interva
         time.sleep(interval_s)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the daemon binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports free on every address now (the daemons bind them a moment later).
+
+    Drawn at random below the kernel's ephemeral range, never from it: a port that ``bind(0)`` finds free is one
+    that the next outgoing connection of any process (a gloo group of a test beside) may take, or that another
+    cluster starting at the same moment may be handed too, before the daemon binds it."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = range(max(1024, ephemeral_low - 12000), ephemeral_low)
+    ports: list[int] = []
+    probes: list[socket.socket] = []  # held open until all are chosen: no port twice
+    try:
+        for port in secrets.SystemRandom().sample(candidates, min(len(candidates), 400)):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                probe.close()
+                continue
+            probes.append(probe)
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    finally:
+        for probe in probes:
+            probe.close()
+    raise ClusterError(f"found no {count} free TCP ports in {candidates.start}-{candidates.stop - 1}")
 
 
 def process_alive(pid: int) -> bool:
@@ -482,9 +503,8 @@ class SlurmCluster:
         for name in names:
             (self.directory / name).mkdir()
             self.created.append(name)
-        self.ports = {"slurmctld": free_port(), "slurmd": free_port()}
-        if self.accounting:
-            self.ports |= {"slurmdbd": free_port(), "mariadbd": free_port()}
+        listening = ["slurmctld", "slurmd"] + (["slurmdbd", "mariadbd"] if self.accounting else [])
+        self.ports = dict(zip(listening, free_ports(len(listening)), strict=True))
         (self.directory / "etc" / "plugstack.conf").write_text("")  # not /etc/slurm's
         self._write_slurm_conf()
         self._write_manifest()
