@@ -107,6 +107,16 @@ def wandb_offline_summary(wandb_root: Path, run_id: str) -> dict:
     return summary
 
 
+def wandb_offline_config(wandb_root: Path, run_id: str) -> dict:
+    """The W&B run's config as its updates leave it (the last value of each top-level key)."""
+    config = {}
+    for record in wandb_offline_records(wandb_root, run_id):
+        if record.WhichOneof("record_type") == "config":
+            for item in record.config.update:
+                config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return config
+
+
 def wandb_offline_history(wandb_root: Path, run_id: str) -> History:
     """Every history row of the W&B run ``run_id`` in the offline runs under ``wandb_root``, oldest run first,
     as W&B would receive them on `wandb sync` (``_step`` is the step)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any, Literal
 
 from elfes.files import write_text_atomically
 
-from .tracking import credential_in_uri, lifecycle_path, looks_like_credential
+from .tracking import lifecycle_path
 
 TrackerStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]
 TERMINAL: frozenset[str] = frozenset({"FINISHED", "FAILED", "KILLED"})
@@ -53,7 +52,7 @@ class Lifecycle:
 
     status: TrackerStatus
     attempt_ends: dict[int, str] = field(default_factory=dict)  # attempt number -> its end, e.g. "requeued (SIGUSR2)"
-    params: dict[str, str] = field(default_factory=dict)  # spec.<field> -> value, credentials left out
+    params: dict[str, str] = field(default_factory=dict)  # spec.<field> -> value (elfes/records/credentials.py)
     provenance: dict[str, str] = field(default_factory=dict)  # tags under CODE_TAG_PREFIX and VERSION_TAG_PREFIX
 
     @property
@@ -93,39 +92,3 @@ def read_lifecycle(run_dir: Path) -> Lifecycle | None:
         return Lifecycle.from_json(json.loads(lifecycle_path(run_dir).read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def spec_params(spec: Mapping[str, Any]) -> dict[str, str]:
-    """A job spec (its JSON form) as flat parameters ``spec.<field>``, leaving out each one that may hold a
-    credential: a key, at any depth, that looks like one (:func:`elfes.records.tracking.looks_like_credential`:
-    ``env.HF_TOKEN``, ``config.api_key``), a value holding a URI with a password, or a value that passes one on
-    (``--hf-token x``, ``export WANDB_API_KEY=...``: :data:`CREDENTIAL_PASSING`).
-
-    Example:
-        >>> spec_params({"name": "a", "resources": {"nodes": 1}, "env": {"HF_TOKEN": "x", "OMP_NUM_THREADS": "1"}})
-        {'spec.name': 'a', 'spec.resources.nodes': '1', 'spec.env.OMP_NUM_THREADS': '1'}
-    """
-    params: dict[str, str] = {}
-
-    def add(prefix: str, value: Any) -> None:
-        if isinstance(value, Mapping) and value:
-            for key, item in value.items():
-                if not looks_like_credential(str(key), "" if isinstance(item, Mapping) else str(item)):
-                    add(f"{prefix}.{key}", item)
-            return
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-        if not (CREDENTIAL_PASSING.search(text) or any(credential_in_uri(word) for word in _words(text))):
-            params[prefix] = text
-
-    add("spec", spec)
-    return params
-
-
-# A command-line option or an assignment whose name looks like a credential's: "--hf-token", "API_KEY=".
-CREDENTIAL_PASSING = re.compile(
-    r"(?i)(?:-[\w-]*(?:token|secret|passw(?:or)?d|passphrase|credential|api[_-]?key|access[_-]?key|private[_-]?key)"
-    r"|\w*(?:token|secret|passw(?:or)?d|passphrase|credential|api_?key|access_?key|private_?key)\w*\s*=)")
-
-
-def _words(text: str) -> list[str]:
-    return re.split(r"[\s\"',\[\]]+", text)

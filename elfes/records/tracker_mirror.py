@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from elfes.contract import WarningKind
 from elfes.files import write_text_atomically
 
+from .credentials import without_credentials
 from .schema import events_path
 from .timeline import START_EVENTS, event_scalars
 from .tracker_lifecycle import Lifecycle, read_lifecycle
@@ -256,7 +257,7 @@ class TrackerMirror:
             if isinstance(run_id, str) and run_id != self.state.elfes_run_id:
                 batch.elfes_run_id = run_id
             if not self.state.config_sent and batch.config is None and isinstance(event.get("config"), dict):
-                batch.config = event["config"]
+                batch.config = without_credentials(event["config"])
             return
         if kind == "finished":
             batch.finished = True

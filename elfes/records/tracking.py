@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+from .credentials import credential_in_uri
 
 TRACKING_DIR_NAME = "tracking"
 TRACKING_VARIABLE = "ELFES_TRACKING"
@@ -34,10 +34,6 @@ GROUP_VARIABLE = "ELFES_TRACKING_GROUP"
 Tracker = Literal["mlflow", "wandb"]
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
 LIFECYCLE_FILE_NAME = "lifecycle.json"
-# Environment variable names that hold credentials by convention (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
-# MLFLOW_TRACKING_PASSWORD, ...): their values are never sent to a tracker.
-CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|"
-                             r"AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
 class _Settings(BaseModel):
@@ -91,33 +87,6 @@ class TrackingSettings(_Settings):
     def trackers(self) -> tuple[Tracker, ...]:
         """The trackers turned on, in a fixed order."""
         return tuple(name for name in TRACKERS if getattr(self, name) is not None)  # type: ignore[misc]
-
-
-def credential_in_uri(uri: str) -> bool:
-    """Whether a URI carries a user name or password (``https://user:secret@host``).
-
-    Example:
-        >>> credential_in_uri("https://me:secret@mlflow.example"), credential_in_uri("sqlite:///m.db")
-        (True, False)
-    """
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return False
-    return bool(parts.username or parts.password)
-
-
-def looks_like_credential(name: str, value: str) -> bool:
-    """Whether an environment variable looks like it holds a credential: by its name (:data:`CREDENTIAL_NAME`), or
-    a value that is a URI with a user name or password (:func:`credential_in_uri`).
-
-    Example:
-        >>> looks_like_credential("HF_TOKEN", "hf_x"), looks_like_credential("DB", "postgres://u:p@h/db")
-        (True, True)
-        >>> looks_like_credential("OMP_NUM_THREADS", "1")
-        False
-    """
-    return bool(CREDENTIAL_NAME.search(name)) or credential_in_uri(value)
 
 
 def tracking_dir(run_dir: Path) -> Path:

@@ -17,12 +17,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from elfes.records.credentials import spec_params
 from elfes.records.tracker_lifecycle import (
     CODE_TAG_PREFIX,
     VERSION_TAG_PREFIX,
     Lifecycle,
     read_lifecycle,
-    spec_params,
     write_lifecycle,
 )
 from elfes.records.tracking import TrackingSettings, tracking_group

@@ -7,7 +7,7 @@ out inside the hand-over transaction (launcher/commands/submission.py):
 - ``snapshot: false`` takes none and removes ``code.json``: the job imports the workdir as it is.
 
 A snapshot over the size limit is refused here, before anything is created. What a fresh snapshot leaves
-out as looking like a secret is named (:attr:`CodePlan.warnings`). A fresh snapshot of other code for a run
+out as looking like a secret, or as a checkpoint, is named (:attr:`CodePlan.warnings`). A fresh snapshot of other code for a run
 that has checkpoints (``--code current``, a resubmission after an edit) is said to continue with the
 optimizer's and scheduler's state the checkpoints hold, and recorded so in ``code.json`` (the attempts'
 provenance). Torch-free.
@@ -49,15 +49,19 @@ class CodePlan:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """What the user must know of this snapshot: the files left out as secrets, other code continuing a run."""
+        """What the user must know of this snapshot: the files left out as secrets or checkpoints, other code
+        continuing a run."""
         found = []
         secrets = self.selection.secrets if self.selection is not None else ()
         if secrets:
-            shown = ", ".join(secrets[:SHOWN_CHANGES]) + (f" and {len(secrets) - SHOWN_CHANGES} more"
-                                                          if len(secrets) > SHOWN_CHANGES else "")
-            found.append(f"left out of the code snapshot as they look like credentials: {shown}; if the job needs "
-                         f"one, bring it back with snapshot.include (e.g. include: [{secrets[0]!r}]), better pass "
-                         "secrets through the environment")
+            found.append(f"left out of the code snapshot as they look like credentials: {_shown(secrets)}; if the "
+                         f"job needs one, bring it back with snapshot.include (e.g. include: [{secrets[0]!r}]), "
+                         "better pass secrets through the environment")
+        checkpoints = self.selection.checkpoints if self.selection is not None else ()
+        if checkpoints:
+            found.append(f"left out of the code snapshot as checkpoints, not code: {_shown(checkpoints)}; if the "
+                         "job reads one by a relative path, bring it back with snapshot.include (e.g. include: "
+                         f"[{checkpoints[0]!r}]) or give its absolute path")
         if self.other_code_than is not None:
             found.append(CONTINUED_WITH_OTHER_CODE.format(other=self.other_code_than))
         return tuple(found)
@@ -68,6 +72,11 @@ class CodePlan:
             return next_folder(paths.code)
         record = load_code_record(paths) if self.keep else None
         return Path(record.path) if record is not None else spec.workdir
+
+
+def _shown(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:SHOWN_CHANGES]) + (f" and {len(names) - SHOWN_CHANGES} more"
+                                               if len(names) > SHOWN_CHANGES else "")
 
 
 def _selection(spec: JobSpec, source: str, leave_out: tuple[Path, ...]) -> Selection:
@@ -157,9 +166,9 @@ def carry_out(plan: CodePlan, paths: RunPaths, undo: RunDirUndo) -> CodeRecord |
     if plan.selection is None:
         save_code_record(paths, None)
         return None
-    folder = take(plan.selection, paths.code)
+    folder, copied = take(plan.selection, paths.code)
     undo.snapshots.append(folder)
-    record = new_code_record(folder, plan.selection, plan.kind, other_code_than=plan.other_code_than)
+    record = new_code_record(folder, copied, plan.kind, other_code_than=plan.other_code_than)
     save_code_record(paths, record)
     return record
 

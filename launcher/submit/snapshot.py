@@ -5,16 +5,19 @@ run imports from (or, for a ``command:``, runs in), so that a job requeued after
 What is copied (:func:`select`): in a git work tree, the files git lists under ``workdir``, tracked or
 untracked but not ignored (``git ls-files --cached --others --exclude-standard``), so ``.venv``,
 ``runs/`` and whatever else ``.gitignore`` names stay out; elsewhere, the whole folder (``.git``,
-``__pycache__``, ``*.pyc``, virtual environments and other runs' directories left out). A submodule's
-files are listed by git in the submodule, so its own ``.gitignore`` holds. What looks like a secret
-(:data:`SECRET_PATTERNS`: dot-env files, SSH and cloud credentials, ``.netrc``, private keys) is left out
-and named (:attr:`Selection.secrets`), unless a ``snapshot.include`` pattern brings it back: the
-snapshot often lies on a shared file system. The run directory (or sweep folder) is never copied,
+``__pycache__``, ``*.pyc`` and virtual environments left out). A submodule's files are listed by git in
+the submodule, so its own ``.gitignore`` holds. Left out unless a ``snapshot.include`` pattern brings them
+back (launcher/submit/snapshot_rules.py): what looks like a credential, by its name or a private key in it,
+named at submission (:attr:`Selection.secrets`); what ELFES writes under a workdir (other runs' directories,
+tracker stores, checkpoints: not code; the checkpoints named, :attr:`Selection.checkpoints`). The run
+directory (or sweep folder) is never copied,
 ``snapshot.exclude`` patterns leave more out, ``snapshot.include`` patterns bring ignored files in, and
 a selection over ``snapshot.max_mb`` or holding what is not a file (a named pipe, a socket) is refused
 before anything is created (:class:`SnapshotError`, naming the files). :func:`take` copies the
 selection into ``code/<N>/`` below the run directory, under a temporary name renamed into place,
-readable by its owner only (``code.json`` records its fingerprint: launcher/rundir/code_record.py).
+readable by its owner only (``code.json`` records its fingerprint: launcher/rundir/code_record.py). A file
+that vanishes between the listing and its copy (a log, a journal of a store being written) is not code: it is
+left out of the copy, while a file that cannot be read is refused by its name (:class:`SnapshotError`).
 
 Not submitit's ``helpers.RsyncSnapshot``: it needs ``rsync`` (absent from a bare Debian and from many
 laptops), snapshots the whole git repository rather than the workdir, leaves untracked files out,
@@ -24,7 +27,7 @@ list and the commit (its argument lists never pass through a shell). Torch-free.
 
 >>> selection = select(spec.workdir, spec.snapshot, leave_out=[spec.run_dir])   # reads, creates nothing  # doctest: +SKIP
 >>> check_size(selection, spec.snapshot, field="snapshot.max_mb")               # SnapshotTooLarge if over  # doctest: +SKIP
->>> folder = take(selection, RunPaths(spec.run_dir).code)                      # code/1, code/2, ...  # doctest: +SKIP
+>>> folder, copied = take(selection, RunPaths(spec.run_dir).code)              # code/1, code/2, ...  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -36,22 +39,15 @@ import shutil
 import stat
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from ..spec.models import SpecError
 from ..spec.sections import Snapshot
+from .snapshot_rules import checkpoint, elfes_output, in_run_folder, is_run_folder, looks_secret, matches
 
 GIT_TIMEOUT_S = 60.0
 ALWAYS_LEFT_OUT = (".git", "__pycache__", "*.pyc")  # in a folder that is not a git work tree
-# What looks like a credential, matched like snapshot.exclude: left out by default (snapshot.include brings one back).
-SECRET_PATTERNS = (
-    ".env", ".env.*", "*.env", ".envrc", ".netrc", "_netrc", ".git-credentials", ".pgpass", ".pypirc", ".npmrc",
-    ".ssh", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk",
-    ".aws", ".azure", ".kube", ".config/gcloud", "*/.config/gcloud", ".docker/config.json", "*/.docker/config.json",
-    "application_default_credentials.json", "credentials.json",
-    "*.pem", "*.key", "*.p12", "*.pfx", "*.keystore", "*.jks",
-)
 OWNER_ONLY = 0o700  # a snapshot's folders; its files keep only their owner's permission bits
 
 
@@ -80,11 +76,18 @@ class Selection:
     files: tuple[str, ...]
     sizes: dict[str, int] = field(repr=False)
     git: GitState | None = None
-    secrets: tuple[str, ...] = ()  # left out as looking like secrets (SECRET_PATTERNS), not brought back by include
+    secrets: tuple[str, ...] = ()  # left out as looking like credentials, not brought back by include
+    checkpoints: tuple[str, ...] = ()  # checkpoint files left out (not code), not brought back by include
 
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes.values())
+
+    def without(self, names: Iterable[str]) -> Selection:
+        """This selection less ``names`` (files that vanished before their copy)."""
+        gone = set(names)
+        return replace(self, files=tuple(name for name in self.files if name not in gone),
+                       sizes={name: size for name, size in self.sizes.items() if name not in gone})
 
     def largest(self, count: int = 5) -> list[tuple[str, int]]:
         return sorted(self.sizes.items(), key=lambda item: (-item[1], item[0]))[:count]
@@ -105,27 +108,13 @@ def _in_git_work_tree(workdir: Path) -> bool:
     return found is not None and found.returncode == 0 and found.stdout.strip() == b"true"
 
 
-def matches(relative: str, patterns: Iterable[str]) -> bool:
-    """Whether ``relative`` (a posix path under workdir) or one of its parent folders matches a pattern."""
-    path = PurePosixPath(relative)
-    candidates = [str(path), path.name, *(str(parent) for parent in path.parents if str(parent) != "."),
-                  *path.parts[:-1]]
-    return any(fnmatch.fnmatchcase(candidate, pattern.rstrip("/")) for pattern in patterns for candidate in candidates)
-
-
-def _is_run_folder(folder: Path) -> bool:
-    """A run directory (its recorded spec and state), a sweep folder or a virtual environment: never copied."""
-    return (((folder / "job.yaml").is_file() and (folder / "state.json").is_file()) or (folder / "sweep.json").is_file()
-            or (folder / "pyvenv.cfg").is_file())
-
-
 def _walk(workdir: Path, leave_out: Sequence[Path]) -> list[str]:
     found = []
     for folder, folders, files in os.walk(workdir):
         here = Path(folder)
         folders[:] = sorted(name for name in folders if not _left_out(here / name, leave_out)
                             and not any(fnmatch.fnmatchcase(name, pattern) for pattern in ALWAYS_LEFT_OUT)
-                            and not _is_run_folder(here / name))
+                            and not is_run_folder(here / name))
         linked = [name for name in folders if (here / name).is_symlink()]  # copied as links, not followed
         folders[:] = [name for name in folders if name not in linked]
         for name in sorted([*files, *linked]):
@@ -200,7 +189,9 @@ def select(workdir: Path, options: Snapshot, *, leave_out: Sequence[Path] = ()) 
     if listed is None:
         git = False
         listed = _walk(workdir, leave_out)
-    chosen = {name for name in listed if not _left_out(workdir / name, leave_out)}
+    run_folders: dict[str, bool] = {}
+    chosen = {name for name in listed if not _left_out(workdir / name, leave_out)
+              and not (git and in_run_folder(workdir, name, run_folders))}  # a walk does not enter them
     included = set()
     for pattern in options.include:
         for path in workdir.glob(pattern):
@@ -210,12 +201,15 @@ def select(workdir: Path, options: Snapshot, *, leave_out: Sequence[Path] = ()) 
                 included.update(f"{path.relative_to(workdir).as_posix()}/{inner}" for inner in _walk(path, leave_out))
     chosen |= included
     chosen = {name for name in chosen if not matches(name, options.exclude)}
-    secrets = sorted(name for name in chosen if name not in included and matches(name, SECRET_PATTERNS))
-    files = sorted(chosen.difference(secrets))
-    sizes = {}
-    for name in files:
+    by_default = sorted(chosen.difference(included))  # what snapshot_rules may leave out
+    outputs = [name for name in by_default if elfes_output(name)]
+    secrets = [name for name in sorted(set(by_default).difference(outputs)) if looks_secret(workdir, name)]
+    files, sizes = [], {}
+    for name in sorted(chosen.difference(secrets, outputs)):
         try:
             status = (workdir / name).lstat()
+        except FileNotFoundError:  # deleted since the listing: not code (a log, a journal)
+            continue
         except OSError as error:
             raise SnapshotError(f"workdir = {str(workdir)!r}: {name} cannot be read for the code snapshot "
                                 f"({error.strerror or error}); fix it, or leave it out with snapshot.exclude") from None
@@ -223,9 +217,11 @@ def select(workdir: Path, options: Snapshot, *, leave_out: Sequence[Path] = ()) 
             raise SnapshotError(f"workdir = {str(workdir)!r}: {name} is {_kind(status.st_mode)}, not a file, so the "
                                 f"code snapshot cannot copy it; leave it out with snapshot.exclude (e.g. exclude: "
                                 f"[{name!r}]), or move it out of workdir")
+        files.append(name)
         sizes[name] = status.st_size
     return Selection(workdir=workdir, files=tuple(files), sizes=sizes,
-                     git=_git_state(workdir, files) if git else None, secrets=tuple(secrets))
+                     git=_git_state(workdir, files) if git else None, secrets=tuple(secrets),
+                     checkpoints=tuple(name for name in outputs if checkpoint(name)))
 
 
 def _kind(mode: int) -> str:
@@ -257,30 +253,68 @@ def next_folder(parent: Path) -> Path:
     return parent / str(max(numbers, default=0) + 1)
 
 
-def take(selection: Selection, parent: Path) -> Path:
-    """Copy ``selection`` into a new ``parent/<N>/`` (built under a temporary name, renamed into place) and return
-    it. Readable by its owner only: folders are ``rwx------``, files keep their owner's bits alone (and their
-    times); symbolic links are copied as links (what they point to is not copied)."""
+def take(selection: Selection, parent: Path) -> tuple[Path, Selection]:
+    """Copy ``selection`` into a new ``parent/<N>/`` (built under a temporary name, renamed into place); return it
+    and what it holds (``selection`` less the files that vanished before their copy). Readable by its owner only:
+    folders are ``rwx------``, files keep their owner's bits alone (and their times); symbolic links are copied as
+    links (what they point to is not copied). :class:`SnapshotError` names a file that cannot be read; an
+    ``OSError`` is the destination's."""
     destination = next_folder(parent)
     building = parent / f".{destination.name}.{os.getpid()}.partial"
     parent.mkdir(mode=OWNER_ONLY, parents=True, exist_ok=True)
     shutil.rmtree(building, ignore_errors=True)
+    vanished = []
     try:
         building.mkdir(mode=OWNER_ONLY)  # an empty selection is an empty folder
         os.chmod(building, OWNER_ONLY)  # whatever the umask
         for name in selection.files:
-            source, target = selection.workdir / name, building / name
+            target = building / name
             _owner_only_folders(building, target.parent)
-            if source.is_symlink():
-                os.symlink(os.readlink(source), target)
-            else:
-                shutil.copy2(source, target)
-                os.chmod(target, stat.S_IMODE(os.stat(target).st_mode) & OWNER_ONLY)
+            if not _copy_file(selection.workdir, name, target):
+                vanished.append(name)
         os.rename(building, destination)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    return destination
+    return destination, selection.without(vanished)
+
+
+def _copy_file(workdir: Path, name: str, target: Path) -> bool:
+    """Copy ``workdir/name`` to ``target`` (a link as a link), owner-only; False when it vanished since the
+    listing. The source's errors are :class:`SnapshotError` naming it; the target's stay ``OSError``."""
+    source, link = workdir / name, None
+    try:
+        if source.is_symlink():
+            link = os.readlink(source)
+        else:
+            reading = open(source, "rb")
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        raise _unreadable(workdir, name, error) from None
+    if link is not None:
+        os.symlink(link, target)
+        return True
+    with reading:
+        status = os.fstat(reading.fileno())
+        with open(target, "xb") as writing:
+            while True:
+                try:
+                    chunk = reading.read(1 << 20)
+                except OSError as error:
+                    raise _unreadable(workdir, name, error) from None
+                if not chunk:
+                    break
+                writing.write(chunk)
+    os.chmod(target, stat.S_IMODE(status.st_mode) & OWNER_ONLY)
+    os.utime(target, ns=(status.st_atime_ns, status.st_mtime_ns))
+    return True
+
+
+def _unreadable(workdir: Path, name: str, error: OSError) -> SnapshotError:
+    return SnapshotError(f"workdir = {str(workdir)!r}: {name} cannot be read for the code snapshot "
+                         f"({error.strerror or error}); fix its permissions, or leave it out with snapshot.exclude "
+                         f"(e.g. exclude: [{name!r}])")
 
 
 def _owner_only_folders(top: Path, folder: Path) -> None:

@@ -71,11 +71,11 @@ def test_a_git_work_tree_copies_its_files_not_the_ignored_ones_nor_the_run_direc
     git(project, "commit", "-q", "-m", "everything")
     clean = select(project, Snapshot(), leave_out=[project / "run-here"])
     assert clean.git is not None and not clean.git.dirty and clean.git.diff_sha256 is None
-    folder = take(clean, tmp_path / "code")
+    folder, _ = take(clean, tmp_path / "code")
     assert folder == tmp_path / "code" / "1"
     assert (folder / "train.py").read_text() == (TRAIN.read_text())
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == list(clean.files)
-    assert take(clean, tmp_path / "code") == tmp_path / "code" / "2"
+    assert take(clean, tmp_path / "code")[0] == tmp_path / "code" / "2"
 
     set_scale(project, 2.0)
     edited = select(project, Snapshot(), leave_out=[project / "run-here"])
@@ -93,7 +93,7 @@ def test_a_folder_outside_git_is_copied_whole_without_caches(tmp_path: Path) -> 
     (project / "shared").symlink_to(project / "pkg")  # a link is copied as a link
     selection = select(project, Snapshot(), leave_out=[project / "runs" / "demo"])
     assert selection.files == ("pkg/model.py", "shared", "train.py") and selection.git is None
-    copy = take(selection, tmp_path / "code")
+    copy, _ = take(selection, tmp_path / "code")
     assert (copy / "shared").is_symlink() and (copy / "shared" / "model.py").is_file()
 
 
@@ -131,7 +131,7 @@ def test_resume_names_the_files_changed_since_the_snapshot(tmp_path: Path) -> No
     spec = load_spec(write_spec(project, "demo"))
     paths = RunPaths(spec.run_dir)
     selection = select(project, spec.snapshot, leave_out=[spec.run_dir])
-    save_code_record(paths, new_code_record(take(selection, paths.code), selection, "submit"))
+    save_code_record(paths, new_code_record(*take(selection, paths.code), "submit"))
 
     kept = plan_resume(spec, paths, "demo.yaml", "snapshot")
     assert kept.keep and kept.selection is None and "has not changed since" in kept.note

@@ -91,7 +91,7 @@ def test_a_submodules_ignored_files_are_not_copied(tmp_path: Path) -> None:
     selection = select(project, Snapshot())
     assert [name for name in selection.files if name.startswith("vendor/")] == [
         "vendor/library/.gitignore", "vendor/library/extra.py", "vendor/library/lib.py"], selection.files
-    copy = take(selection, tmp_path / "code")
+    copy, _ = take(selection, tmp_path / "code")
     assert not (copy / "vendor" / "library" / "generated").exists() and not (copy / "vendor/library/.git").exists()
 
 
@@ -113,12 +113,12 @@ def test_a_fifo_in_workdir_is_named_as_the_snapshots_problem_and_nothing_is_crea
 def test_copies_of_a_folder_outside_git_are_told_apart_by_their_fingerprint(tmp_path: Path) -> None:
     first = plain_project(tmp_path / "first")
     same = plain_project(tmp_path / "same")
-    records = [new_code_record(take(selection, tmp_path / name / "code"), selection, "submit")
+    records = [new_code_record(*take(selection, tmp_path / name / "code"), "submit")
                for name, selection in (("a", select(first, Snapshot())), ("b", select(same, Snapshot())))]
     assert records[0].fingerprint == records[1].fingerprint and len(records[0].fingerprint) == 64
     (same / "pkg" / "model.py").write_text("WIDTH = 9\n")
     edited = select(same, Snapshot())
-    other = new_code_record(take(edited, tmp_path / "c" / "code"), edited, "submit")
+    other = new_code_record(*take(edited, tmp_path / "c" / "code"), "submit")
     assert other.fingerprint != records[0].fingerprint
     provenance = collect(code=other)
     assert provenance.code.fingerprint == other.fingerprint and other.fingerprint[:12] in provenance.describe()
@@ -132,7 +132,7 @@ def test_resuming_with_other_code_says_the_checkpoint_state_wins_and_provenance_
     spec = load_spec(spec_file)
     paths = RunPaths(spec.run_dir)
     selection = select(project, spec.snapshot)
-    save_code_record(paths, new_code_record(take(selection, paths.code), selection, "submit"))
+    save_code_record(paths, new_code_record(*take(selection, paths.code), "submit"))
     paths.checkpoints.mkdir(parents=True)
     (paths.checkpoints / "step-00000004-batches-0000000004.pt").write_bytes(b"a checkpoint")
 

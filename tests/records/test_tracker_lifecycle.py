@@ -8,6 +8,7 @@ tests/plot/test_interrupted_run_trackers.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,13 +22,13 @@ from elfes.launcher.rundir.provenance import CodeProvenance, Provenance
 from elfes.launcher.rundir.state import Failure
 from elfes.launcher.spec.loading import load_spec
 from elfes.records import RunLogger
-from elfes.records.tracker_lifecycle import spec_params
+from elfes.records.credentials import spec_params
 from elfes.records.tracker_mirror import read_mirror_state
 from elfes.records.tracking import wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
 pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' installs it")
-from tracker_histories import wandb_offline_ends, wandb_offline_summary  # noqa: E402
+from tracker_histories import wandb_offline_config, wandb_offline_ends, wandb_offline_summary  # noqa: E402
 
 SECRET = "hf_4c1d9e0b7a-secret"
 PROVENANCE = Provenance(python="3.12.3", torch="2.13.0", elfes="0.9.0", code=CodeProvenance(
@@ -52,11 +53,11 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 class Run:
     """A run directory whose ``state.json`` moves as the launcher moves it, with the trackers of its spec."""
 
-    def __init__(self, tmp_path: Path, store: str, experiment: str) -> None:
+    def __init__(self, tmp_path: Path, store: str, experiment: str, **fields: object) -> None:
         tracking = {"mlflow": {"tracking_uri": store, "experiment": experiment},
                     "wandb": {"project": "elfes-tests", "mode": "offline"}}
         spec = {"name": experiment, "entrypoint": "job:main", "run_dir": "run", "config": {"lr": 0.1},
-                "env": {"HF_TOKEN": SECRET, "OMP_NUM_THREADS": "1"}, "tracking": tracking}
+                "env": {"HF_TOKEN": SECRET, "OMP_NUM_THREADS": "1"}, "tracking": tracking, **fields}
         (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
         self.spec = load_spec(tmp_path / "job.yaml", check_files=False)
         self.paths = RunPaths(tmp_path / "run")
@@ -83,6 +84,9 @@ class Run:
 
         return MlflowClient(tracking_uri=self.spec.tracking.mlflow.tracking_uri).get_run(
             read_mirror_state(self.paths.run_dir, "mlflow").run_id)
+
+    def wandb_config(self) -> dict:
+        return wandb_offline_config(wandb_dir(self.paths.run_dir), read_mirror_state(self.paths.run_dir, "wandb").run_id)
 
     def wandb(self) -> tuple[list[tuple[bool, int]], dict]:
         run_id = read_mirror_state(self.paths.run_dir, "wandb").run_id
@@ -112,7 +116,7 @@ def test_a_requeued_attempt_leaves_the_run_running_and_a_cancel_ends_it_killed(t
             tags["elfes.version.python"], tags["elfes.version.elfes"]) == ("a" * 40, "true", "2.13.0", "3.12.3", "0.9.0")
     assert "elfes.version.cuda" not in tags  # a CPU build: unknown, left out
     assert params["spec.name"] == "cancelled" and params["spec.config.lr"] == "0.1"
-    assert params["spec.env.OMP_NUM_THREADS"] == "1" and "spec.env.HF_TOKEN" not in params
+    assert not any(key.startswith("spec.env") for key in params)  # no env value is sent
     assert params["spec.tracking.wandb.mode"] == "offline" and params["config.lr"] == "0.001"  # and the TrainConfig
     ends, summary = run.wandb()
     assert ends == [(True, 1), (True, 1), (False, 143)]  # two attempts paused, then the run's end
@@ -163,15 +167,41 @@ def test_a_stopped_run_is_killed_until_its_next_attempt(tmp_path, store):
     assert lifecycle.status == "RUNNING" and lifecycle.attempt_ends == {1: "requeued (SIGTERM)"}
 
 
-def test_the_spec_parameters_leave_out_what_looks_like_a_credential():
-    params = spec_params({"env": {"HF_TOKEN": "x", "AWS_SECRET_ACCESS_KEY": "y", "WANDB_API_KEY": "z",
-                                  "DATABASE": "postgres://me:pw@db/x", "OMP_NUM_THREADS": "1"}, "command": ["a", "b"]})
-    assert params == {"spec.env.OMP_NUM_THREADS": "1", "spec.command": '["a", "b"]'}
-    # At any depth, and in values that pass a credential on.
-    params = spec_params({"config": {"api_key": "k", "lr": 0.1, "db": "postgres://u:pw@h/x", "note": "see https://me:pw@h/"},
-                          "command": ["python", "train.py", "--hf-token", "hf_x"],
-                          "slurm": {"setup": ["export WANDB_API_KEY=abc", "module load cuda"]}})
-    assert params == {"spec.config.lr": "0.1"}
+# The issue's own examples: env values that reached the trackers, and an innocent name that did not.
+ENV_SECRETS = {"OPENAI_KEY": "sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a", "WANDB_KEY": "9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b",
+               "HF_HUB_KEY": "hf_QwErTyUiOpAsDfGhJkLzXcVbNm01234567", "GH_PAT": "ghp_Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa",
+               "DB_DSN": "host=db.internal dbname=runs user=trainer password:Hunter2-db"}
+NOTE = "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0cmFpbmVyIn0.c2lnbmF0dXJlLXBhcnQ"
+INNOCENT = {"author": "Ada Lovelace", "tokenizer": "gpt2", "num_tokens": 4096, "keyboard": "qwerty",
+            "monkey_patch": True, "eos_token": "</s>", "lr": 0.1}
+
+
+def test_no_env_value_nor_credential_looking_config_reaches_mlflow_wandb_or_lifecycle(tmp_path, store):
+    run = Run(tmp_path, store, "credentials", env={**ENV_SECRETS, "OMP_NUM_THREADS": "1"},
+              config={**INNOCENT, "note": NOTE, "api_key": "plain-looking-value"})
+    training = started()
+    training["config"] = {**training["config"], "hub_token": "hf-hub-value-in-trainconfig", "author": "Ada"}
+    run.attempt(1, [training, train(1, loss=1.0), run_end(1)], ends="finished")
+    secrets = [*ENV_SECRETS.values(), NOTE.split()[1], "plain-looking-value", "hf-hub-value-in-trainconfig"]
+
+    params = run.mlflow_run().data.params
+    assert {key: params[f"spec.config.{key}"] for key in INNOCENT} == {
+        key: value if isinstance(value, str) else json.dumps(value) for key, value in INNOCENT.items()}
+    assert params["config.author"] == "Ada" and "config.hub_token" not in params  # the TrainConfig, filtered too
+    assert not [key for key in params if key.startswith("spec.env") or key in ("spec.config.note",
+                                                                               "spec.config.api_key")]
+    config = run.wandb_config()
+    assert config["spec"]["spec.config.author"] == "Ada Lovelace" and config["config"]["author"] == "Ada"
+    assert "spec.config.note" not in config["spec"] and "hub_token" not in config["config"]
+    assert not [key for key in config["spec"] if key.startswith("spec.env")]
+    lifecycle = json.loads((run.paths.run_dir / "tracking" / "lifecycle.json").read_text())
+    assert lifecycle["params"]["spec.config.tokenizer"] == "gpt2" and "spec.env.OMP_NUM_THREADS" not in lifecycle["params"]
+    sent = [json.dumps(params), json.dumps(run.mlflow_run().data.tags)]
+    sent += [path.read_bytes().decode("utf-8", "replace") for path in (run.paths.run_dir / "tracking").rglob("*")
+             if path.is_file()]  # the lifecycle, the mirrors' states, W&B's offline logs
+    sent.append(Path(store.removeprefix("sqlite:///")).read_bytes().decode("utf-8", "replace"))
+    leaked = [secret for secret in secrets for text in sent if secret in text]
+    assert leaked == []
 
 
 def test_a_spec_parameter_that_mlflow_refuses_keeps_out_neither_the_others_nor_the_status(tmp_path, store):

@@ -117,7 +117,7 @@ def _create(plan: SweepPlan, executor: str, code: CodePlan) -> SweepRecord:
                     for member in plan.members)
     snapshot = None
     if code.selection is not None:
-        snapshot = new_code_record(take(code.selection, SweepPaths(plan.sweep_dir).code), code.selection, "submit")
+        snapshot = new_code_record(*take(code.selection, SweepPaths(plan.sweep_dir).code), "submit")
     for member in plan.members:
         member.spec.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomically(RunPaths(member.spec.run_dir).spec, member.spec.to_yaml())
