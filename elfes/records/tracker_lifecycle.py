@@ -10,7 +10,8 @@ by the next attempt's mirror: no tracker call delays a preemption's short grace 
 
 What each tracker gets (:meth:`Lifecycle.tags`: one dictionary, tags in MLflow, the run summary in W&B):
 :data:`STATUS_TAG`, a tag per ended attempt (:func:`attempt_end_tag`), and the provenance
-(:data:`CODE_TAG_PREFIX`, :data:`VERSION_TAG_PREFIX`); the spec as parameters ``spec.<field>`` (MLflow keeps a parameter's first value and
+(:data:`CODE_TAG_PREFIX`, :data:`VERSION_TAG_PREFIX`); the spec as parameters ``spec.<field>``, without its ``env`` and
+what looks like a credential (:func:`elfes.records.credentials.spec_params`; MLflow keeps a parameter's first value and
 refuses to change it, so one a later attempt changes keeps its first; W&B's config ``spec`` shows the
 latest). MLflow's status is the lifecycle's; W&B has no status an SDK may set, so its run ends with
 :data:`WANDB_EXIT_CODES` (0 finished, anything else shown as failed) and an attempt that does not end the

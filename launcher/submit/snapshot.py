@@ -40,7 +40,7 @@ import stat
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from ..spec.models import SpecError
 from ..spec.sections import Snapshot

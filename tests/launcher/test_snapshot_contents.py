@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from local_runs import Runs, wait_ended
-from snapshot_project import git, make_project
+from snapshot_project import make_project
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.code_record import fingerprint, load_code_record

@@ -22,7 +22,6 @@ from elfes.launcher.rundir.provenance import CodeProvenance, Provenance
 from elfes.launcher.rundir.state import Failure
 from elfes.launcher.spec.loading import load_spec
 from elfes.records import RunLogger
-from elfes.records.credentials import spec_params
 from elfes.records.tracker_mirror import read_mirror_state
 from elfes.records.tracking import wandb_dir
 
