@@ -19,6 +19,7 @@ from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.code_record import fingerprint, load_code_record
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec.sections import Snapshot
+from elfes.launcher.submit.code_plan import CodePlan
 from elfes.launcher.submit import snapshot
 from elfes.launcher.submit.snapshot import changed_files, select, take
 
@@ -33,7 +34,7 @@ SECRETS = {
     ".config/gh/hosts.yml": "github.com:\n    oauth_token: gho_abc\n", "gcp/trainer-4f2a.json": SERVICE_ACCOUNT,
     ".s3cfg": "[default]\nsecret_key = abc\n", ".vault-token": "hvs.abc\n",
     ".config/rclone/rclone.conf": "[s3]\nsecret_access_key = abc\n", "secrets.yaml": "db: pw\n",
-    "deploy/secrets.toml": "db = 'pw'\n", ".boto": "[Credentials]\n", ".databrickscfg": "[DEFAULT]\ntoken = x\n",
+    "deploy/secrets.toml": "db = 'pw'\n", "configs/secrets.yml": "pw: x\n", "secrets.json": "{}", ".boto": "[Credentials]\n", ".databrickscfg": "[DEFAULT]\ntoken = x\n",
     "keys/deploy_key": PEM, "id_rsa.bak": PEM, "notes/old-laptop.txt": "my key, keep safe\n" + PEM,
     ".env": "TOKEN=x\n", "id_rsa": PEM, ".netrc": "machine api.wandb.ai password x\n",
     ".aws/credentials": "[default]\naws_secret_access_key = x\n", ".git-credentials": "https://me:pw@github.com\n",
@@ -98,6 +99,8 @@ def test_elfes_outputs_and_checkpoints_stay_out_so_changes_and_fingerprint_are_t
     selection = select(project, Snapshot())
     code = [".gitignore", "helper.py", "train.py"] if in_git else ["helper.py", "train.py"]
     assert list(selection.files) == code and list(selection.checkpoints) == CHECKPOINTS
+    warning = next(text for text in CodePlan(selection=selection).warnings if "as checkpoints" in text)
+    assert ", ".join(CHECKPOINTS) in warning and "include: ['best.pth']" in warning, warning  # named at submit
     folder, copied = take(selection, tmp_path / "code")
     taken = fingerprint(folder, copied.files)
 

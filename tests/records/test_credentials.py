@@ -12,7 +12,7 @@ from elfes.records.credentials import credential_name, credential_text, spec_par
 @pytest.mark.parametrize("name", [
     "OPENAI_KEY", "WANDB_KEY", "HF_HUB_KEY", "GH_PAT", "api_key", "apiKey", "APIKey", "hfToken", "hf-token",
     "token", "DB_PASSWORD", "db.passwd", "aws_secret", "client_secrets", "credentials", "gcp_credential",
-    "basic_auth", "session_cookie", "ssh_passphrase"])
+    "basic_auth", "session_cookie", "ssh_passphrase", "openai_apikey", "passwords"])
 def test_a_name_that_ends_in_a_credential_word_is_left_out(name: str) -> None:
     assert credential_name(name)
 
