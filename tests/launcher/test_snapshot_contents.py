@@ -19,8 +19,8 @@ from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.code_record import fingerprint, load_code_record
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.spec.sections import Snapshot
-from elfes.launcher.submit.code_plan import CodePlan
 from elfes.launcher.submit import snapshot
+from elfes.launcher.submit.code_plan import CodePlan
 from elfes.launcher.submit.snapshot import changed_files, select, take
 
 PEM = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ==\n-----END OPENSSH PRIVATE KEY-----\n"
