@@ -17,7 +17,7 @@ from .objective import Objective, Step, StepOutput
 from .schedule import WarmupDecay
 from .stop import StopRequest
 from .trainer import Trainer
-from .weights import export_weights, load_weights
+from .weights import export_checkpoint, export_weights, load_weights
 
 if torch.distributed.is_available():
     # Imported now, before any process group exists. Imported later (DDP does, through torch._dynamo),
@@ -47,6 +47,7 @@ __all__ = [
     "Trainer",
     "WarmupDecay",
     "Weights",
+    "export_checkpoint",
     "export_weights",
     "load_weights",
     "weight_decay_groups",

@@ -27,9 +27,9 @@ from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
 
 from .collectives import every_rank_value
-from .dcp_reader import SafeReader
+from .dcp_reader import SafeReader, ShardDamage
 from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
-from .payload import TensorCopy, model_mismatches, plain_payload
+from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
 from .resize import PER_WORLD_LAYOUT, resize_problems, restore_resized
 
 FORMAT = "elfes-checkpoint"
@@ -150,7 +150,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             "written by ELFES, or was altered. Pass a checkpoint written by Trainer.train(checkpoint_dir=...)."
         ) from None  # the message carries the cause; the chained traceback would bury it
     except Exception as error:  # torch raises several types for truncated or damaged archives
-        raise CheckpointError(_unreadable_message(resolved, error)) from None
+        raise UnusableCheckpointError(unreadable_message(resolved, error)) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(
             f"{resolved} is not an ELFES checkpoint (no '{FORMAT}' marker). Pass a file written by "
@@ -161,10 +161,16 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"{resolved} has checkpoint format version {payload.get('version')!r}; this ELFES reads version "
             f"{VERSION}. Continue that run with the ELFES version that wrote it."
         )
+    if resolved.is_dir():  # a sharded checkpoint: its metadata read safely, every shard file there in full
+        try:
+            SafeReader(resolved).read_metadata()
+        except ShardDamage as damage:
+            raise UnusableCheckpointError(unreadable_message(resolved, damage)) from None
     return payload
 
 
-def _unreadable_message(path: Path, error: Exception) -> str:
+def unreadable_message(path: Path, error: Exception) -> str:
+    """What a damaged checkpoint ``path`` holds (its step), why it cannot be read, and the checkpoint to use instead."""
     name = CheckpointName.parse(path.name)
     held = f" It held step {name.step} (after {name.batches} batches)." if name else ""
     previous = _previous_readable(path, name) if name else None
@@ -173,7 +179,8 @@ def _unreadable_message(path: Path, error: Exception) -> str:
         if previous
         else " No earlier complete checkpoint exists in that folder; start the run again."
     )
-    return f"Checkpoint {path} is truncated or corrupted ({type(error).__name__}: {error}).{held}{advice}"
+    reason = str(error) if isinstance(error, ShardDamage) else f"{type(error).__name__}: {error}"
+    return f"Checkpoint {path} is truncated or corrupted ({reason}).{held}{advice}"
 
 
 def _previous_readable(path: Path, name: CheckpointName) -> Path | None:
@@ -185,17 +192,16 @@ def _previous_readable(path: Path, name: CheckpointName) -> Path | None:
 
 
 def _is_complete(path: Path) -> bool:
-    """Whether a checkpoint's file (a sharded folder's state file, written last) is a complete archive."""
+    """Whether a checkpoint's file (a sharded folder's state file, written last) is a complete archive, and a
+    sharded folder's shard files are all there in full."""
     try:
         with zipfile.ZipFile(payload_file(path)) as archive:
-            return archive.testzip() is None
-    except (zipfile.BadZipFile, OSError):
+            intact = archive.testzip() is None
+        if intact and path.is_dir():
+            SafeReader(path).read_metadata()
+        return intact
+    except (zipfile.BadZipFile, OSError, EOFError, CheckpointError):
         return False
-
-
-def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A model's state dict without DDP or torch.compile prefixes, cloned to the CPU."""
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,6 +381,8 @@ def safe_load_problem(path: Path) -> str | None:
     if Path(path).is_dir():  # a sharded checkpoint: its DCP metadata too, read by the safe unpickler
         try:
             SafeReader(path).read_metadata()
+        except ShardDamage as damage:
+            return unreadable_message(Path(path).resolve(), damage)
         except (CheckpointError, OSError, EOFError) as error:
             return f"its shards' metadata cannot be read safely: {str(error).split(';')[0]}"
     return None

@@ -1,40 +1,153 @@
-"""DCP's file reader with its ``.metadata`` read safely: DCP unpickles that file with plain ``pickle``, which would
-run whatever a planted pickle names; this reader builds DCP's own metadata classes and nothing else (the tensors DCP
-loads with ``torch.load(weights_only=True)`` itself)."""
+"""DCP's file reader, made safe for files ELFES did not write: DCP unpickles ``.metadata`` with plain ``pickle``
+and any entry the metadata calls *bytes* with ``torch.load(weights_only=False)``, either of which would run whatever
+a planted pickle names. This reader builds DCP's own metadata classes and nothing else, accepts only tensor entries
+stored in the folder's own shard files (``__<rank>_<n>.distcp``), all there in full, refuses to read a bytes entry,
+and checks each entry's CRC-32 checksums (DCP writes every entry as a ``torch.save`` archive, whose records carry
+one; torch does not check it when it loads) before DCP loads the entry with ``weights_only=True``."""
 
 from __future__ import annotations
 
 import enum
+import mmap
 import pickle
+import re
+import struct
+import zipfile
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
-from .payload import CheckpointError
+from .payload import UnusableCheckpointError
+
+SHARD_FILE = re.compile(r"__[0-9]+_[0-9]+\.distcp")  # the files DCP's FileSystemWriter names, one or more per rank
+
+
+class ShardDamage(UnusableCheckpointError):
+    """A shard file of a sharded checkpoint missing, cut short or with a failing checksum (a damaged folder, not a
+    planted one): the caller names the checkpoint to use instead."""
 
 
 class SafeReader(FileSystemReader):
-    """DCP's file reader, but its ``.metadata`` is unpickled building DCP's own metadata classes only: a
-    planted pickle fails to load instead of running (tensors DCP loads with ``weights_only=True`` itself)."""
+    """DCP's file reader, but its ``.metadata`` is unpickled building DCP's own metadata classes only, every entry
+    must be a tensor stored within one of the folder's shard files, a bytes entry is never read, and each entry's
+    checksums are checked before DCP loads it (with ``weights_only=True``)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self.path) / ".metadata"
+        folder = Path(self.path)
+        path = folder / ".metadata"
+        if not path.is_file():
+            raise ShardDamage("its .metadata is missing")
         with open(path, "rb") as stream:
             try:
                 metadata = _MetadataUnpickler(stream).load()
+            except EOFError:
+                raise ShardDamage("its .metadata is cut short") from None
             except pickle.UnpicklingError as error:
-                raise CheckpointError(
+                raise UnusableCheckpointError(
                     f"{path} holds Python objects that safe loading refuses to build ({error}); ELFES writes only DCP's "
                     "metadata there, so this folder was not written by ELFES, or was altered. Resume from another checkpoint."
                 ) from None
         if not isinstance(metadata, Metadata):
-            raise CheckpointError(f"{path} is not DCP metadata; resume from a checkpoint written by Trainer.train().")
+            raise UnusableCheckpointError(f"{path} is not DCP metadata; resume from a checkpoint written by Trainer.train().")
+        _check_entries(folder, metadata)
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
+        # DCP's planner would load a bytes item with torch.load(weights_only=False); none is read at all.
+        unpickled = sorted(item.dest_index.fqn for item in plan.items if item.type != LoadItemType.TENSOR)
+        if unpickled:
+            raise UnusableCheckpointError(f"{self.path} asks to unpickle {', '.join(unpickled)} (bytes entries); " + _NOT_ELFES)
+        return super().read_data(plan, planner)
+
+    def _slice_file(self, file: Any, sinfo: _StorageInfo) -> IO[bytes]:
+        # Where DCP opens one entry (a torch.save archive) for torch.load: its checksums are checked first, on the
+        # file's pages where they lie (mapped, not copied), then torch reads it as DCP would.
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as pages:
+            with pages[sinfo.offset:sinfo.offset + sinfo.length] as view:
+                problem = _checksum_problem(view)
+        if problem is not None:
+            raise ShardDamage(f"its shard {sinfo.relative_path} holds an entry at byte {sinfo.offset} that {problem}")
+        return super()._slice_file(file, sinfo)
+
+
+_NOT_ELFES = ("ELFES writes only tensors into a sharded checkpoint's shards, so this folder was not written by ELFES, "
+              "or was altered; nothing of it was loaded. Resume from another checkpoint.")
+
+
+def _check_entries(folder: Path, metadata: Metadata) -> None:
+    """Refuse metadata ELFES never writes (an entry that is no tensor, a piece stored outside the folder's shard
+    files or transformed on its way); raise :class:`ShardDamage` for a shard file that is missing or shorter than
+    the metadata says."""
+    others = sorted(key for key, entry in metadata.state_dict_metadata.items() if not isinstance(entry, TensorStorageMetadata))
+    if others:
+        raise UnusableCheckpointError(f"{folder / '.metadata'} declares {', '.join(others)} as no tensor (bytes entries); " + _NOT_ELFES)
+    sizes: dict[str, int] = {}
+    for index, where in (metadata.storage_data or {}).items():
+        name = where.relative_path if isinstance(where, _StorageInfo) else None
+        if not isinstance(name, str) or not SHARD_FILE.fullmatch(name) or where.transform_descriptors:
+            raise UnusableCheckpointError(
+                f"{folder / '.metadata'} stores {getattr(index, 'fqn', index)} in {name!r}, not in one of the folder's "
+                "shard files (__<rank>_<n>.distcp) as written; " + _NOT_ELFES)
+        if name not in sizes:
+            shard = folder / name
+            if not shard.is_file():
+                raise ShardDamage(f"its shard {name} is missing")
+            sizes[name] = shard.stat().st_size
+        if where.offset < 0 or where.length < 0 or where.offset + where.length > sizes[name]:
+            raise ShardDamage(
+                f"its shard {name} holds {sizes[name]} bytes, and its metadata places {getattr(index, 'fqn', index)} "
+                f"at bytes {where.offset} to {where.offset + where.length}: the file was cut short")
+
+
+def _checksum_problem(view: memoryview) -> str | None:
+    """Why a ``torch.save`` archive (its bytes ``view``) is not whole or a record of it fails its CRC-32
+    checksum; None when all pass. A record whose checksum is 0 was written without one
+    (torch.serialization.set_crc32_options(False)): skipped. torch stores each record uncompressed."""
+    try:
+        with zipfile.ZipFile(_ViewFile(view)) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+        return f"is not a whole archive ({error})"
+    for record in records:
+        header = view[record.header_offset:record.header_offset + 30]
+        if len(header) < 30 or bytes(header[:4]) != b"PK\x03\x04" or record.compress_type != zipfile.ZIP_STORED:
+            return f"has a damaged record {record.filename!r}"
+        name_length, extra_length = struct.unpack("<HH", header[26:30])
+        data = record.header_offset + 30 + name_length + extra_length
+        if record.CRC and zlib.crc32(view[data:data + record.file_size]) != record.CRC:
+            return f"fails the CRC-32 checksum of its record {record.filename!r}"
+    return None
+
+
+class _ViewFile:
+    """A read-only file over a memoryview: what zipfile reads an archive's directory from, copying only that."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view, self.position = view, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.position = max(0, (offset, self.position + offset, len(self.view) + offset)[whence])
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self.view) if size is None or size < 0 else self.position + size
+        data = bytes(self.view[self.position:end])
+        self.position += len(data)
+        return data
 
 
 _METADATA_CLASSES = {

@@ -9,11 +9,18 @@ from typing import Any
 
 import torch
 
+from elfes.refusals import ConfigurationError
+
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used, with the reason and what to do instead."""
+
+
+class UnusableCheckpointError(CheckpointError, ConfigurationError):
+    """A checkpoint no retry can use (damaged, or not written by ELFES): also a :class:`ConfigurationError`, so
+    that the launcher ends the attempt instead of retrying from it (launcher/job/failures.py)."""
 
 
 TensorCopy = Callable[[torch.Tensor, str], torch.Tensor]  # (tensor, where in the payload) -> its copy

@@ -11,8 +11,9 @@ renames it into place: a folder under a checkpoint's name is complete.
 
 The writes run on a process group of their own, so that a background write's collectives never
 interleave with training's. Only tensors go through DCP: its loader unpickles any other entry with
-``weights_only=False``, and its ``.metadata`` with plain pickle, which :class:`SafeReader` replaces with
-an unpickler that builds DCP's metadata classes and nothing else.
+``weights_only=False``, and its ``.metadata`` with plain pickle; every read goes through :class:`SafeReader`,
+which builds DCP's metadata classes and nothing else, accepts tensor entries in the folder's own shard files
+only, and checks each entry's checksums.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -46,10 +48,11 @@ from .checkpoint import (
     CheckpointName,
     Weights,
     read_checkpoint,
+    unreadable_message,
 )
 from .collectives import main_process_value
-from .dcp_reader import SafeReader
-from .payload import TensorCopy, model_mismatches, plain_payload
+from .dcp_reader import SafeReader, ShardDamage
+from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
 
 SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DCP writes, each rank its shards
 
@@ -87,6 +90,7 @@ def saved_tensors(metadata: Metadata, part: str, device: str | torch.device = "m
 def sharded_weights(folder: Path, weights: Weights) -> dict[str, torch.Tensor]:
     """The full raw (or EMA, with raw buffers) weights of sharded checkpoint ``folder``, read in this process
     alone: no process group is needed, the job's world size does not matter."""
+    payload = read_checkpoint(folder)
     metadata = SafeReader(folder).read_metadata()
     state = {"model": saved_tensors(metadata, "model", "cpu")}
     if weights == "ema":
@@ -96,9 +100,14 @@ def sharded_weights(folder: Path, weights: Weights) -> dict[str, torch.Tensor]:
                 f"{folder} was written without EMA, so it has no 'ema' weights; ask for weights='raw', "
                 "or train with ema_decay to have averaged weights."
             )
-    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what is asked here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=SafeReader(folder), no_dist=True)
+        missing = sorted(set(payload.get("ema_names", ())) - set(state["ema"]))
+        if missing:  # the raw tensor must not stand in for an average silently
+            raise UnusableCheckpointError(
+                f"{folder} lacks the EMA tensor of {', '.join(missing)} (no 'ema.{missing[0]}' entry in its .metadata), "
+                "which the run averaged: the folder is damaged or was altered. Export the raw weights (weights='raw'), "
+                "or the EMA weights of another checkpoint of the run."
+            )
+    load_shards(state, folder, no_dist=True)
     return {**state["model"], **state.get("ema", {})}
 
 
@@ -110,9 +119,7 @@ def whole_sharded_checkpoint(folder: Path) -> dict[str, Any]:
     metadata = SafeReader(folder).read_metadata()
     tensors = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
                for key, entry in metadata.state_dict_metadata.items() if isinstance(entry, TensorStorageMetadata)}
-    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is what is asked here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(tensors, storage_reader=SafeReader(folder), no_dist=True)
+    load_shards(tensors, folder, no_dist=True)
     for key, tensor in sorted(tensors.items()):
         part, _, name = key.partition(".")
         if part == "optimizer":
@@ -121,6 +128,23 @@ def whole_sharded_checkpoint(folder: Path) -> dict[str, Any]:
         else:
             payload.setdefault(part, {})[name] = tensor
     return payload
+
+
+def load_shards(state: dict[str, Any], folder: Path, **options: Any) -> None:
+    """``dcp.load`` of ``state`` from sharded checkpoint ``folder`` through :class:`SafeReader` (``options``: DCP's, e.g.
+    ``process_group`` or ``no_dist``). A refusal of the reader is raised as it is; a shard DCP cannot read (it raises
+    its CheckpointException, a BaseException) is a CheckpointError naming the step and the checkpoint to use instead."""
+    try:
+        with warnings.catch_warnings():  # DCP warns when it loads in one process, which no_dist asks for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=SafeReader(folder), **options)
+    except CheckpointException as error:
+        causes = [failure[0] if isinstance(failure, tuple) else failure for _, failure in sorted(error.failures.items())]
+        refused = next((cause for cause in causes if isinstance(cause, CheckpointError) and not isinstance(cause, ShardDamage)), None)
+        if refused is not None:
+            raise refused from None
+        cause = causes[0] if causes else RuntimeError("DCP could not read it")
+        raise UnusableCheckpointError(unreadable_message(Path(folder).resolve(), cause)) from None
 
 
 def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None, main: bool) -> dict[str, torch.Tensor]:
@@ -219,6 +243,8 @@ class ShardedCheckpointer(Checkpointer):
         if main:
             payload = {"format": FORMAT, "version": VERSION, "run_id": run_id, "layout": self.layout()}
             payload.update({key: _state(component) for key, component in self.shared.items() if key not in SHARDED_PARTS})
+            if self.shared["ema"] is not None:  # what an export of the EMA weights must find in the shards
+                payload["ema_names"] = sorted(tensors["ema"])
             payload["optimizer_groups"] = [{k: v for k, v in group.items() if k != "params"} for group in optimizer_state["param_groups"]]
             payload["optimizer_values"] = {  # per-parameter state that is no tensor (DCP would pickle it)
                 str(index): {key: value for key, value in state.items() if not isinstance(value, torch.Tensor)}
@@ -237,13 +263,13 @@ class ShardedCheckpointer(Checkpointer):
                 "sharded with fully_shard. Resume it with the model as it was, or start a new run from its weights "
                 "(load_weights into the plain model, then shard it)."
             )
-        metadata = SafeReader(resolved).read_metadata()
+        metadata = SafeReader(resolved).read_metadata()  # read_checkpoint found every shard file there in full
         model, ema, optimizer = (self.shared[part] for part in SHARDED_PARTS)
         self.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
         state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(optimizer, metadata)}
         if ema is not None:
             state["ema"] = ema.state_dict()
-        dcp.load(state, storage_reader=SafeReader(resolved), process_group=self.group)
+        load_shards(state, resolved, process_group=self.group)
         model.load_state_dict(state["model"])
         reshard(model)  # no whole parameters gathered before the restore are used after it
         parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]

@@ -26,7 +26,7 @@ from elfes.contract import Phase
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError, ConfigurationTypeError
 
-from .checkpoint import Checkpointer, Weights, plain_state_dict
+from .checkpoint import Checkpointer, Weights
 from .config import Progress, TrainConfig, TrainState, planned_steps
 from .data import TrainingData, check_process_group
 from .ema import ExponentialMovingAverage
@@ -41,7 +41,7 @@ from .rng import RandomState
 from .session import TrainingSession
 from .sharded import ShardedCheckpointer, checkpoint_group, full_state_dict, is_sharded, mesh_shape
 from .stop import StopRequest
-from .weights import save_state_dict
+from .weights import plain_state_dict, save_state_dict
 from .window import Scheduler, WindowRunner
 
 

@@ -13,7 +13,7 @@ from elfes.files import atomic_writer
 from elfes.refusals import ConfigurationError
 
 from .checkpoint import CheckpointError, Weights, read_checkpoint
-from .sharded import sharded_weights
+from .sharded import sharded_weights, whole_sharded_checkpoint
 
 
 def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Path) -> dict[str, torch.Tensor]:
@@ -58,8 +58,28 @@ def export_weights(checkpoint: Path, path: Path, *, weights: Weights = "raw") ->
     save_state_dict(checkpoint_weights(read_checkpoint(source), weights, source.resolve()), Path(path))
 
 
-def save_state_dict(state: Mapping[str, torch.Tensor], path: Path) -> None:
-    """Write a plain state dict atomically (temporary name, fsync, rename)."""
+def export_checkpoint(checkpoint: Path, path: Path) -> None:
+    """Write a whole checkpoint to ``path`` (atomically) as one file that ``torch.load(weights_only=True)`` reads:
+    a file as it is; a sharded folder, of any world size, read whole in this process: ``state.pt``'s entries, with
+    the whole tensors of the shards under ``model`` and ``ema`` (by parameter name) and ``optimizer`` (by parameter
+    index, then state name: its other values are under ``optimizer_values``, its hyperparameters under
+    ``optimizer_groups``).
+
+    >>> export_checkpoint(run_dir / "checkpoints" / "last", run_dir / "whole.pt")  # doctest: +SKIP
+    >>> torch.load(run_dir / "whole.pt", weights_only=True)["optimizer"]["0"]["exp_avg"]  # doctest: +SKIP
+    """
+    source = Path(checkpoint).resolve()
+    payload = whole_sharded_checkpoint(source) if source.is_dir() else read_checkpoint(source)
+    save_state_dict(payload, Path(path))
+
+
+def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A model's state dict without DDP or torch.compile prefixes, cloned to the CPU."""
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+
+
+def save_state_dict(state: Mapping[str, Any], path: Path) -> None:
+    """Write a plain state dict (or payload) atomically (temporary name, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path) as stream:
         torch.save(dict(state), stream)

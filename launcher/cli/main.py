@@ -282,8 +282,9 @@ def _cancel(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from ..commands import export
 
-    result = export.export(args.source, args.output, weights=args.weights)
-    print_line(f"exported the {result.weights} weights of {result.checkpoint} to {result.output}")
+    result = export.export(args.source, args.output, weights=args.weights, whole=args.whole)
+    what = "the whole checkpoint" if result.weights is None else f"the {result.weights} weights of"
+    print_line(f"exported {what} {result.checkpoint} to {result.output}")
     return EXIT_OK
 
 

@@ -184,12 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_rehearse_arguments(rehearse)
     set_option(rehearse, "the spec for the rehearsal, typically a shorter budget (--set config.epochs=2)")
 
-    export = verb("export", "Write a checkpoint's raw or EMA weights as a plain state dict file (torch.load-able; needs "
-                  "torch, not a GPU or a cluster; a sharded checkpoint folder of any world size too).")
+    export = verb("export", "Write a checkpoint's raw or EMA weights as a plain state dict file, or with --whole the "
+                  "whole checkpoint as one file (torch.load-able; needs torch, not a GPU or a cluster; a sharded "
+                  "checkpoint folder of any world size too).")
     export.add_argument("source", metavar="CHECKPOINT", help="a checkpoint file or .dcp folder, a pointer (last, best, "
                         "final), or a run directory (its last)")
     export.add_argument("output", metavar="OUT.pt", help="the file to write")
     export.add_argument("--weights", choices=("raw", "ema"), default="raw", help="raw (default) or ema")
+    export.add_argument("--whole", action="store_true", help="write the whole checkpoint instead (weights, EMA, "
+                        "optimizer state and the rest; a sharded one's shards read whole) as one file that "
+                        "torch.load(weights_only=True) reads")
 
     verb("schema", "Print the JSON Schema of a job spec (for editors).")
 

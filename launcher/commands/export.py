@@ -1,4 +1,5 @@
-"""``elfes export``: a checkpoint's raw or EMA weights as a plain state dict file, on a login node.
+"""``elfes export``: a checkpoint's raw or EMA weights as a plain state dict file, or the whole checkpoint (optimizer
+state included; a sharded one's shards read whole) as one file, on a login node.
 
 Reading a checkpoint needs torch (a sharded one's shards are ``torch.distributed.checkpoint`` files), so this
 verb imports it, and only this verb, when it runs; one process, no GPU and no process group, whatever world
@@ -21,21 +22,28 @@ from ..rundir.paths import RunPaths
 class Exported:
     checkpoint: Path  # the checkpoint file or folder read (a pointer resolved)
     output: Path
-    weights: str
+    weights: str | None  # None: the whole checkpoint
 
 
-def export(source: str | os.PathLike[str], output: str | os.PathLike[str], *, weights: str = "raw") -> Exported:
+def export(source: str | os.PathLike[str], output: str | os.PathLike[str], *, weights: str = "raw",
+           whole: bool = False) -> Exported:
     """Write the ``weights`` of ``source`` (a checkpoint file or folder, a pointer, or a run directory: its
-    ``last``) to ``output`` atomically; UsageError for a path that is none of these or cannot be read."""
+    ``last``), or with ``whole`` the whole checkpoint, to ``output`` atomically; UsageError for a path that is none
+    of these or cannot be read (a damaged one: named, with the checkpoint to use instead)."""
+    if whole and weights != "raw":
+        raise UsageError(f"--whole writes every tensor of the checkpoint, raw and EMA weights alike; drop --weights {weights}")
     checkpoint = _checkpoint(Path(os.path.abspath(source)))
     from elfes.engine.checkpoint import CheckpointError  # torch, from here on
-    from elfes.engine.weights import export_weights
+    from elfes.engine.weights import export_checkpoint, export_weights
 
     try:
-        export_weights(checkpoint, Path(output), weights=weights)  # type: ignore[arg-type]
+        if whole:
+            export_checkpoint(checkpoint, Path(output))
+        else:
+            export_weights(checkpoint, Path(output), weights=weights)  # type: ignore[arg-type]
     except (CheckpointError, FileNotFoundError) as error:
         raise UsageError(f"{source}: {error}") from None
-    return Exported(checkpoint.resolve(), Path(output), weights)
+    return Exported(checkpoint.resolve(), Path(output), None if whole else weights)
 
 
 def _checkpoint(path: Path) -> Path:

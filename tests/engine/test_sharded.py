@@ -8,21 +8,33 @@ the assertions run here. Tests that read the same case share its launch.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import pickle
 import shutil
+import struct
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from launching import launch_torchrun
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 from workloads import DropoutMLP, RunSpec, assert_bitwise_equal, build
 
 from elfes.contract import CheckpointName
 from elfes.engine import export_weights, load_weights
-from elfes.engine.checkpoint import CheckpointError, read_checkpoint, safe_load_problem
-from elfes.engine.sharded import SafeReader, sharded_weights
+from elfes.engine.checkpoint import CheckpointDirectory, CheckpointError, read_checkpoint, safe_load_problem
+from elfes.engine.sharded import SafeReader, sharded_weights, whole_sharded_checkpoint
+from elfes.launcher.job.failures import FailureReport
+from elfes.launcher.job.resume_point import resume_point
+from elfes.launcher.rundir.paths import RunPaths
 
 pytestmark = pytest.mark.distributed
 
@@ -298,3 +310,217 @@ def test_elfes_export_writes_a_sharded_checkpoints_weights_from_a_pointer_or_a_r
     assert_bitwise_equal({name: full[f"raw/{name}"] for name in exported}, exported, "elfes export RUN_DIR")
     assert main(["export", str(tmp_path), str(tmp_path / "nothing.pt")]) == 2
     assert "neither a checkpoint" in capsys.readouterr().err and not (tmp_path / "nothing.pt").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# A planted or damaged folder: nothing of it runs or is loaded silently; the folder, its step and the checkpoint
+# to use instead are named; the launcher does not retry it; `elfes export` says so without a traceback
+
+
+def run_with_checkpoints(launch, tmp_path: Path) -> RunPaths:
+    """A run directory holding a copy of the two-rank run's checkpoints, `last` naming its final folder (step 4)."""
+    paths = RunPaths(tmp_path / "run")
+    shutil.copytree(launch("two_ranks", 2) / "full" / "checkpoints", paths.checkpoints, symlinks=True)
+    paths.last.unlink()
+    paths.last.symlink_to(os.readlink(paths.checkpoints / "final"))
+    return paths
+
+
+def previous_folder(paths: RunPaths) -> Path:
+    return CheckpointDirectory(paths.checkpoints).checkpoints()[-2]
+
+
+def rewrite_metadata(folder: Path, change) -> None:
+    """Rewrite ``folder``'s .metadata after ``change(metadata)``, with DCP's own classes (what the safe reader accepts)."""
+    with open(folder / ".metadata", "rb") as stream:
+        metadata = pickle.load(stream)
+    change(metadata)
+    with open(folder / ".metadata", "wb") as stream:
+        pickle.dump(metadata, stream)
+
+
+class MarkerOnLoad:
+    """Unpickling it creates ``marker``: the proof that a planted file ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def plant_bytes_entry(folder: Path, key: str, marker: Path, *, file: str) -> None:
+    """Declare ``key`` a bytes entry (DCP's BytesStorageMetadata) stored in ``file`` of the folder, a pickle whose
+    loading creates ``marker``."""
+    planted = io.BytesIO()
+    torch.save(MarkerOnLoad(marker), planted)
+    (folder / file).write_bytes(planted.getvalue())
+
+    def change(metadata):
+        metadata.state_dict_metadata[key] = BytesStorageMetadata()
+        for index in [index for index in metadata.storage_data if index.fqn == key]:
+            del metadata.storage_data[index]
+        metadata.storage_data[MetadataIndex(key)] = _StorageInfo(file, 0, len(planted.getvalue()))
+
+    rewrite_metadata(folder, change)
+
+
+def assert_not_retried(error: BaseException) -> None:
+    report = FailureReport.of_exception(error, rank=0, host="here", at=0.0, step=None, updated=False)
+    assert report.final is not None, "the launcher would retry the attempt from the same checkpoint"
+
+
+@pytest.mark.parametrize("file", ["__2_0.distcp", "optimizer-state.bin"])
+def test_a_bytes_entry_planted_in_a_sharded_folder_never_runs_and_is_refused_naming_the_folder(launch, tmp_path, capsys, file):
+    """The attack, with DCP's own metadata classes: `optimizer.0.exp_avg` declared a bytes entry in a planted pickle
+    (under a shard's name, or another). DCP's own reader runs it; every ELFES way in refuses the folder first."""
+    from elfes.launcher.cli.main import main
+
+    paths = run_with_checkpoints(launch, tmp_path)
+    folder = paths.last.resolve()
+    marker = tmp_path / "it-ran"
+    plant_bytes_entry(folder, "optimizer.0.exp_avg", marker, file=file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load({"optimizer.0.exp_avg": torch.zeros(1)}, storage_reader=FileSystemReader(folder), no_dist=True)
+    assert marker.exists(), "the planted entry is a real attack: DCP's own reader runs it"
+    marker.unlink()
+
+    for read in (read_checkpoint, lambda f: sharded_weights(f, "raw"), whole_sharded_checkpoint):
+        with pytest.raises(CheckpointError, match="bytes entries") as refused:
+            read(folder)
+        assert str(folder) in str(refused.value) and "optimizer.0.exp_avg" in str(refused.value)
+        assert_not_retried(refused.value)
+    with pytest.raises(CheckpointError, match="bytes entries") as refused:  # `elfes resume`: before the attempt trains
+        resume_point(paths)
+    assert f"{paths.last} points to {folder.name}" in str(refused.value)
+    assert main(["export", str(folder), str(tmp_path / "whole.pt"), "--whole"]) == 2
+    err = capsys.readouterr().err
+    assert "bytes entries" in err and "Traceback" not in err and not (tmp_path / "whole.pt").exists()
+    assert not marker.exists(), "nothing of the planted file ran"
+
+
+def test_a_sharded_entry_stored_outside_the_folders_shard_files_is_refused(launch, tmp_path):
+    folder = run_with_checkpoints(launch, tmp_path).last.resolve()
+    shutil.copy(folder / "__0_0.distcp", tmp_path / "elsewhere.distcp")
+
+    def elsewhere(metadata):
+        index = next(index for index in metadata.storage_data if index.fqn == "model.hidden.weight")
+        where = metadata.storage_data[index]
+        metadata.storage_data[index] = _StorageInfo("../../elsewhere.distcp", where.offset, where.length)
+
+    rewrite_metadata(folder, elsewhere)
+    with pytest.raises(CheckpointError, match="not in one of the folder's shard files") as refused:
+        read_checkpoint(folder)
+    assert "'../../elsewhere.distcp'" in str(refused.value) and "model.hidden.weight" in str(refused.value)
+
+
+def test_the_reader_never_unpickles_a_bytes_item_whatever_the_metadata_says(launch, tmp_path):
+    """Below the metadata's check: the reader itself refuses to read a bytes item a planner asks for."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    folder = run_with_checkpoints(launch, tmp_path).last.resolve()
+    marker = tmp_path / "it-ran"
+    plant_bytes_entry(folder, "optimizer.0.exp_avg", marker, file="__2_0.distcp")
+    with open(folder / ".metadata", "rb") as stream:
+        metadata = pickle.load(stream)  # as if it had passed the check
+    state = {"optimizer.0.exp_avg": torch.zeros(1)}
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner(state, metadata, True)
+    reader = SafeReader(folder)
+    reader.set_up_storage_reader(metadata, True)
+    with pytest.raises(CheckpointError, match="asks to unpickle optimizer.0.exp_avg"):
+        reader.read_data(planner.create_local_plan(), planner)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "flipped"])
+def test_a_damaged_shard_of_last_names_the_folder_its_step_and_the_previous_checkpoint(launch, tmp_path, capsys, damage):
+    """`__1_0.distcp` of `last` cut short, deleted, or with one bit of a tensor flipped: the resume (checked before the
+    attempt trains), a read in one process and `elfes export` name the folder, step 4 and the previous complete
+    checkpoint, which the launcher does not retry; a missing `last` resumes from that previous one."""
+    from elfes.launcher.cli.main import main
+
+    paths = run_with_checkpoints(launch, tmp_path)
+    folder, previous = paths.last.resolve(), previous_folder(paths)
+    shard = folder / "__1_0.distcp"
+    if damage == "truncated":
+        os.truncate(shard, shard.stat().st_size - 100)
+    elif damage == "missing":
+        shard.unlink()
+    else:
+        flip_a_bit_of_a_tensor(folder, shard.name)
+    says = [str(folder), "step 4 (after 20 batches)", f"Resume from the previous checkpoint instead: {previous}"]
+
+    with pytest.raises(CheckpointError) as refused:
+        sharded_weights(folder, "raw")
+    assert all(part in str(refused.value) for part in says), str(refused.value)
+    assert ("checksum" if damage == "flipped" else "__1_0.distcp") in str(refused.value)
+    assert_not_retried(refused.value)
+    assert main(["export", str(paths.last), str(tmp_path / "out.pt")]) == 2
+    err = capsys.readouterr().err
+    assert all(part in err for part in says) and "Traceback" not in err and not (tmp_path / "out.pt").exists()
+    if damage == "flipped":
+        return  # its sizes are right: only reading every entry finds it, which the resume does as it loads
+    with pytest.raises(CheckpointError) as refused:
+        resume_point(paths)
+    assert all(part in str(refused.value) for part in says), str(refused.value)
+    paths.last.unlink()  # the previous checkpoint is the newest complete one: a resume without `last` takes it
+    assert resume_point(paths)[0] == previous
+
+
+def flip_a_bit_of_a_tensor(folder: Path, shard: str) -> None:
+    """Flip one bit inside the data of the largest model tensor ``shard`` holds (not in a header or padding)."""
+    metadata = SafeReader(folder).read_metadata()
+    where = max((info for index, info in metadata.storage_data.items()
+                 if info.relative_path == shard and index.fqn.startswith("model.")), key=lambda info: info.length)
+    with open(folder / shard, "r+b") as file:
+        file.seek(where.offset)
+        entry = file.read(where.length)
+        with zipfile.ZipFile(io.BytesIO(entry)) as archive:
+            record = max(archive.infolist(), key=lambda info: info.file_size)
+        header = record.header_offset
+        name_length, extra_length = struct.unpack("<HH", entry[header + 26:header + 30])
+        position = where.offset + header + 30 + name_length + extra_length + record.file_size // 2
+        file.seek(position)
+        byte = file.read(1)[0]
+        file.seek(position)
+        file.write(bytes([byte ^ 0x01]))
+
+
+def test_ema_weights_missing_a_tensor_are_refused_naming_it(launch, tmp_path, capsys):
+    from elfes.launcher.cli.main import main
+
+    folder = run_with_checkpoints(launch, tmp_path).last.resolve()
+
+    def drop(metadata):
+        del metadata.state_dict_metadata["ema.hidden.weight"]
+        for index in [index for index in metadata.storage_data if index.fqn == "ema.hidden.weight"]:
+            del metadata.storage_data[index]
+
+    rewrite_metadata(folder, drop)
+    assert main(["export", str(folder), str(tmp_path / "ema.pt"), "--weights", "ema"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks the EMA tensor of hidden.weight" in err and "weights='raw'" in err and not (tmp_path / "ema.pt").exists()
+    assert main(["export", str(folder), str(tmp_path / "raw.pt")]) == 0  # the raw weights are all there
+
+
+def test_elfes_export_whole_writes_a_sharded_checkpoint_optimizer_included_as_one_safe_file(launch, tmp_path, capsys):
+    """`elfes export --whole`: every tensor the two ranks held at the end (weights, EMA, optimizer state), whole,
+    in one file that torch.load(weights_only=True) reads, with the rest of the checkpoint."""
+    from elfes.launcher.cli.main import main
+
+    output = launch("two_ranks", 2)
+    full = tensors(output, "full", 2)[0]
+    final = output / "full" / "checkpoints" / "final"
+    assert main(["export", str(final), str(tmp_path / "whole.pt"), "--whole"]) == 0
+    assert "exported the whole checkpoint" in capsys.readouterr().out
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)
+    exported = {f"raw/{name}": tensor for name, tensor in whole["model"].items()}
+    exported.update({f"ema/{name}": tensor for name, tensor in whole["ema"].items()})
+    exported.update({f"optimizer/{index}/{key}": tensor for index, state in whole["optimizer"].items() for key, tensor in state.items()})
+    expected = {name: tensor for name, tensor in full.items() if name.split("/")[0] in ("raw", "ema", "optimizer") and "group" not in name}
+    assert_bitwise_equal(expected, exported, "elfes export --whole")
+    assert whole["state"]["step"] == 4 and len(whole["ranks"]) == 2 and "optimizer_groups" in whole
+    assert main(["export", str(final), str(tmp_path / "x.pt"), "--whole", "--weights", "ema"]) == 2
+    assert "drop --weights ema" in capsys.readouterr().err
