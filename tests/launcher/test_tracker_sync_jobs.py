@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from local_runs import PLANNED_STEPS, Runs, wait_ended
+from local_runs import Runs, wait_ended
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.records.tracker_mirror import FLUSH_TIMEOUT_VARIABLE, read_mirror_state
@@ -21,7 +21,9 @@ from elfes.records.tracker_mirror import FLUSH_TIMEOUT_VARIABLE, read_mirror_sta
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
 from tracker_histories import mlflow_history  # noqa: E402
 
-STEPS = list(range(1, PLANNED_STEPS + 1))
+# 128 samples, batches of 16, accumulation 2: 4 optimizer steps an epoch, 8 in all; a train record every step.
+CONFIG = {"epochs": 2, "train_samples": 128, "log_every": 1, "step_delay_s": 0.0}
+STEPS = list(range(1, 9))
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def status_notes(run_dir: Path, capsys: pytest.CaptureFixture) -> list[str]:
 def test_a_straight_run_beside_a_cpu_burner_has_its_whole_history_in_mlflow(runs: Runs, cpu_burner, capsys):
     """The store is the spec's relative sqlite:///burn.db: resolved against the spec's folder, not
     inside each attempt's code snapshot. The flush wait (1 s) is far shorter than the mirror's start here."""
-    run_dir = runs.submit("burned", config={"epochs": 2, "train_samples": 256, "log_every": 1, "step_delay_s": 0.0},
+    run_dir = runs.submit("burned", config=CONFIG,
                           env={"OMP_NUM_THREADS": "1", FLUSH_TIMEOUT_VARIABLE: "1"},
                           tracking={"mlflow": {"tracking_uri": "sqlite:///burn.db", "experiment": "burn"}})
     wait_ended(run_dir, "finished")
@@ -74,13 +76,15 @@ def test_a_run_whose_store_was_down_is_completed_by_elfes_sync_and_a_second_sync
     blocker = runs.folder / "store"
     blocker.write_text("a file where the store's folder goes: the store cannot be created\n")
     store = f"sqlite:///{blocker / 'mlflow.db'}"
-    run_dir = runs.submit("down", config={"epochs": 2, "train_samples": 256, "log_every": 1, "step_delay_s": 0.0},
+    run_dir = runs.submit("down", config=CONFIG,
                           tracking={"mlflow": {"tracking_uri": store, "experiment": "down"}})
     wait_ended(run_dir, "finished")
     state = read_mirror_state(run_dir, "mlflow")
     assert state is not None and state.behind and state.offset == 0, state
-    (note,) = [note for note in status_notes(run_dir, capsys) if "mlflow" in note]
-    assert f"`elfes sync {run_dir}`" in note and "next attempt" not in note, note
+    notes = status_notes(run_dir, capsys)
+    (note,) = [note for note in notes if note.startswith("the mlflow mirror is behind")]
+    assert f"the run has ended, so no attempt of it sends them: `elfes sync {run_dir}` does" in note, note
+    assert not [note for note in notes if "the run's next attempt" in note], notes
 
     blocker.unlink()
     blocker.mkdir()  # the store is back
@@ -94,7 +98,9 @@ def test_a_run_whose_store_was_down_is_completed_by_elfes_sync_and_a_second_sync
     assert [step for step, _ in history["train/loss"]] == STEPS
     assert run.info.status == "FINISHED" and run.data.tags["elfes.attempt.1.end"] == "finished"
     assert run.data.params["spec.name"] == "down"
-    assert not [note for note in status_notes(run_dir, capsys) if "mlflow" in note]
+    # The attempt's warning stays among its records; status has nothing more to say of the mirror.
+    assert [note for note in status_notes(run_dir, capsys) if "mlflow" in note] == [note for note in notes
+                                                                                   if "cannot send" in note]
 
     assert elfes(["sync", str(run_dir)]) == 0
     assert capsys.readouterr().out.strip() == f"{run_dir}: mlflow: nothing to send: it has every record (run {state.run_id})"
@@ -105,7 +111,7 @@ def test_elfes_sync_of_a_sweep_folder_completes_every_member(runs: Runs, capsys)
     blocker = runs.folder / "store"
     blocker.write_text("a file where the store's folder goes\n")
     store = f"sqlite:///{blocker / 'mlflow.db'}"
-    sweep_dir = runs.submit("swept", config={"epochs": 2, "train_samples": 128, "log_every": 1, "step_delay_s": 0.0},
+    sweep_dir = runs.submit("swept", config=CONFIG,
                             sweep={"grid": {"config.seed": [0, 1]}},
                             tracking={"mlflow": {"tracking_uri": store, "experiment": "swept"}})
     members = [sweep_dir / "seed=0", sweep_dir / "seed=1"]
@@ -122,5 +128,5 @@ def test_elfes_sync_of_a_sweep_folder_completes_every_member(runs: Runs, capsys)
     assert [line.split(": mlflow: sent ")[0] for line in said] == [str(run_dir) for run_dir in members], said
     for run_dir in members:
         state, run = mlflow_run(store, run_dir)
-        assert [step for step, _ in mlflow_history(store, state.run_id)["train/loss"]] == list(range(1, 9))
+        assert [step for step, _ in mlflow_history(store, state.run_id)["train/loss"]] == STEPS
         assert run.data.tags["elfes.group"] == "swept" and run.info.status == "FINISHED"
