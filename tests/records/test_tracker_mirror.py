@@ -308,3 +308,35 @@ def test_a_relative_store_path_is_the_spec_folders_and_a_plain_scripts_is_mlflow
         (folder / "job.yaml").write_text(yaml.safe_dump(spec))
         assert load_spec(folder / "job.yaml", check_files=False).tracking.mlflow.tracking_uri == resolved
     assert MlflowSettings(tracking_uri="sqlite:///runs/mlflow.db").tracking_uri == "sqlite:///runs/mlflow.db"
+
+
+def test_elfes_sync_sends_a_wandb_run_every_step_once_where_no_mirror_ran(tmp_path, wandb_offline):
+    from elfes.records.tracking import WandbSettings
+    from elfes.records.wandb_sink import WandbSink
+
+    for events in three_attempts():  # recorded without trackers: no mirror ever ran
+        log_attempt(tmp_path / "run", events)
+    sink = WandbSink(WandbSettings(project="elfes-tests", mode="offline"), tmp_path / "run", None, sync_dir_suffix="sync")
+    synced = sync_tracker(sink, tmp_path / "run")
+    assert (synced.tracker, synced.lifecycle) == ("wandb", False) and synced.rows > 0
+    history = wandb_offline_history(wandb_dir(tmp_path / "run"), synced.run_id)
+    assert history["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.5)]
+    assert sync_tracker(sink, tmp_path / "run") == Synced("wandb", 0, False, synced.run_id)
+
+
+def test_status_names_elfes_sync_for_an_ended_run_whose_mirror_never_started_or_whose_tracker_lacks_its_end(tmp_path):
+    from elfes.records.tracker_lifecycle import Lifecycle, write_lifecycle
+    from elfes.records.tracker_mirror import MirrorState, save_mirror_state
+
+    paths = RunPaths(tmp_path)
+    paths.spec.write_text("name: ended\ntracking:\n  mlflow: {tracking_uri: 'sqlite:////x/m.db'}\n  wandb: null\n")
+    log_attempt(tmp_path, [start(), train(1, loss=1.0), run_end(1)])
+    (note,) = tracker_notes(paths, ended=True)
+    assert note.startswith("the mlflow mirror never started") and f"`elfes sync {tmp_path}` sends them" in note
+    assert tracker_notes(paths, ended=False) == []  # a running attempt's mirror may be starting
+
+    write_lifecycle(tmp_path, Lifecycle(status="FINISHED"))
+    save_mirror_state(tmp_path, MirrorState(tracker="mlflow", offset=paths.events.stat().st_size))
+    (note,) = tracker_notes(paths, ended=True)
+    assert note == (f"the mlflow run does not say yet that the run ended FINISHED (mlflow did not take it at the run's "
+                    f"end); `elfes sync {tmp_path}` sends it")
