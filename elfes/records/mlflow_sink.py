@@ -9,7 +9,8 @@ or KILLED, with a tag per attempt's end, the provenance as tags and the job spec
 (those the run has not yet: MLflow refuses to change a parameter). The TrainConfig of the first start is logged
 as parameters ``config.<field>``.
 
-mlflow is imported in the mirror's thread only (it takes seconds); every process checks that it is installed.
+mlflow is imported in the mirror's thread (it takes seconds) or by ``elfes sync``; every process checks that it is
+installed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .tracker_lifecycle import Lifecycle
-from .tracker_mirror import MAX_ROWS, Batch
+from .tracker_sender import MAX_ROWS, REQUEST_TIMEOUT_S, Batch
 from .tracking import MlflowSettings, Tracker
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,9 @@ RUN_DIR_TAG = "elfes.run_dir"
 RUN_ID_TAG = "elfes.run_id"
 MAX_PARAMS, MAX_TAGS = 100, 100  # per log_batch call (MLflow's limits)
 GROUP_TAG = "elfes.group"
-# The mirror retries on its own schedule: one try per call, not minutes of the client's backoff.
-_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+# The mirror retries on its own schedule: one try per call, not minutes of the client's backoff, and each request
+# gives up after REQUEST_TIMEOUT_S (a server that accepts connections and never answers).
+_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S)}
 
 
 def check_mlflow_installed() -> None:
@@ -56,6 +58,9 @@ class MlflowSink:
         self.group = group
         self._client: Any = None
         self._run_id: str | None = None
+
+    def prepare(self) -> None:
+        self._connect()
 
     def new_run_id(self) -> str | None:
         return None  # MLflow names its runs

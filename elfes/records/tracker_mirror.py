@@ -3,20 +3,21 @@
 What it reads: ``events.jsonl`` as the run writes it, from the byte offset it has sent up to, never the
 events in memory. The file is the queue: memory stays bounded (at most :data:`MAX_ROWS` rows in hand), a
 tracker that is down or slow leaves the mirror behind in the file, nothing is dropped, and whatever an
-attempt did not send is sent by the next one. :meth:`TrackerMirror.notify` (RunLogger, after each line) only
-wakes the thread: training never waits for a tracker.
+attempt did not send is sent by the next one, or by ``elfes sync RUN_DIR`` at any time. :meth:`TrackerMirror.notify`
+(RunLogger, after each line) only wakes the thread: training never waits for a tracker. What is sent and how
+each step is sent once: elfes/records/tracker_sender.py.
 
-Each step once: the mirror keeps the last step it sent of every metric (``sent_steps``) and skips a row at
-or below it. After a kill the next attempt redoes the steps past the last checkpoint and writes their
-records again; ELFES resumes bitwise, so they hold the values already sent, and they are skipped. The state
-(:class:`MirrorState`) is rewritten atomically after every send; a kill between a send and that write sends
-the same rows again, with the same timestamps (each event's ``time``): MLflow's SQL stores keep one copy of
-a metric whose key, step, value and timestamp are equal.
+The thread starts with its RunLogger: it takes the tracker's sender lock (``RUN_DIR/tracking/<tracker>.lock``,
+which ``elfes sync`` takes too), reads its state and imports the tracker's library before the first record comes.
+Each request to a tracker has its own timeout (:data:`REQUEST_TIMEOUT_S`), so a tracker that accepts connections
+and never answers is a failure within seconds, not a hang. A failure marks the state behind (``elfes status``
+shows it), records one ``warning`` event of kind ``tracker_behind`` naming the tracker, and is retried every
+:data:`RETRY_S` seconds.
 
-A failure to reach the tracker marks the state behind (``elfes status`` shows it), records one ``warning``
-event of kind ``tracker_behind`` naming the tracker, and is retried every :data:`RETRY_S` seconds; the
-close of a RunLogger gives the mirror :data:`FLUSH_TIMEOUT_S` to send the rest (one more try when it is
-behind already).
+The close of a RunLogger (the attempt's end) waits for the mirror in two bounded steps: first for it to have
+started (its library imported, the tracker tried once: at most :func:`start_timeout_s`, 120 s), then for it to
+send the rest (at most :func:`flush_timeout_s`, 20 s; one more try when it is behind already). A mirror that
+misses either is marked behind, with a warning, so that ``elfes status`` says so and names ``elfes sync``.
 
 The run's lifecycle (its status, the attempts' ends, the spec, the provenance: ``RUN_DIR/tracking/lifecycle.json``,
 written by the launcher before the attempt's code runs; elfes/records/tracker_lifecycle.py) goes with the
@@ -25,117 +26,62 @@ attempt's first send, unless the tracker has it already (``lifecycle_sent``).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from elfes.contract import WarningKind
-from elfes.files import write_text_atomically
+from elfes.files import exclusive_lock
 
-from .credentials import without_credentials
-from .schema import events_path
-from .timeline import START_EVENTS, event_scalars
-from .tracker_lifecycle import Lifecycle, read_lifecycle
-from .tracking import Tracker, tracker_state_path
+from .tracker_sender import (
+    MAX_ROWS,
+    REQUEST_TIMEOUT_S,
+    Batch,
+    Metric,
+    MirrorState,
+    Sender,
+    Sink,
+    read_mirror_state,
+    save_mirror_state,
+    send_lifecycle_once,
+    sender_lock_path,
+)
+
+__all__ = ["FLUSH_TIMEOUT_S", "FLUSH_TIMEOUT_VARIABLE", "MAX_ROWS", "REQUEST_TIMEOUT_S", "RETRY_S", "START_TIMEOUT_S",
+           "START_TIMEOUT_VARIABLE", "Batch", "Metric", "MirrorState", "Sink", "TrackerMirror", "flush_timeout_s",
+           "read_mirror_state", "save_mirror_state", "send_lifecycle_once", "start_timeout_s"]
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 1000  # metric values per send (MLflow's log_batch takes at most 1000)
 RETRY_S = 1.0  # between tries while the tracker cannot be reached
-FLUSH_TIMEOUT_S = 20.0  # what a RunLogger's close waits for the mirror to send the rest
-FLUSH_TIMEOUT_VARIABLE = "ELFES_TRACKER_FLUSH_TIMEOUT_S"  # another wait, in seconds (a tracker slow to start)
+FLUSH_TIMEOUT_S = 20.0  # what a RunLogger's close waits for a started mirror to send the rest
+FLUSH_TIMEOUT_VARIABLE = "ELFES_TRACKER_FLUSH_TIMEOUT_S"  # another wait, in seconds
+START_TIMEOUT_S = 120.0  # what a RunLogger's close waits for a mirror to start (import, first try), first
+START_TIMEOUT_VARIABLE = "ELFES_TRACKER_START_TIMEOUT_S"  # another wait, in seconds
 
 
 def flush_timeout_s() -> float:
-    """What a close waits: ``ELFES_TRACKER_FLUSH_TIMEOUT_S`` when it holds a positive number, else FLUSH_TIMEOUT_S."""
+    """What a close waits for the rest: ``ELFES_TRACKER_FLUSH_TIMEOUT_S`` when it holds a positive number, else
+    FLUSH_TIMEOUT_S."""
+    return _seconds(FLUSH_TIMEOUT_VARIABLE, FLUSH_TIMEOUT_S)
+
+
+def start_timeout_s() -> float:
+    """What a close waits for the mirror to start: ``ELFES_TRACKER_START_TIMEOUT_S`` when it holds a positive
+    number, else START_TIMEOUT_S."""
+    return _seconds(START_TIMEOUT_VARIABLE, START_TIMEOUT_S)
+
+
+def _seconds(variable: str, default: float) -> float:
     try:
-        value = float(os.environ.get(FLUSH_TIMEOUT_VARIABLE, ""))
+        value = float(os.environ.get(variable, ""))
     except ValueError:
-        return FLUSH_TIMEOUT_S
-    return value if math.isfinite(value) and value > 0 else FLUSH_TIMEOUT_S
-
-
-@dataclass(frozen=True)
-class Metric:
-    key: str  # train/<metric> or eval/<loader>/<metric>, as elfes plot and TensorBoard name them
-    step: int
-    value: float
-    timestamp_ms: int  # the event's time: the same row sent again is the same row
-
-
-@dataclass
-class Batch:
-    """What one send carries: metric rows in file order, the run's config (once), whether the run finished, the
-    run's lifecycle (new to the tracker)."""
-
-    metrics: list[Metric] = field(default_factory=list)
-    config: dict[str, Any] | None = None
-    elfes_run_id: str | None = None
-    finished: bool = False
-    lifecycle: Lifecycle | None = None
-
-    def __bool__(self) -> bool:
-        return (bool(self.metrics) or self.config is not None or self.elfes_run_id is not None or self.finished
-                or self.lifecycle is not None)
-
-
-class Sink(Protocol):
-    """One tracker (elfes/records/mlflow_sink.py, elfes/records/wandb_sink.py), used by the mirror's thread only."""
-
-    name: Tracker
-
-    def new_run_id(self) -> str | None: ...  # an id to record before opening (W&B), or None (MLflow makes one)
-
-    def open(self, run_id: str | None, elfes_run_id: str | None) -> str: ...  # the tracker run, created or resumed
-
-    def send(self, batch: Batch) -> None: ...  # raises when the tracker did not take it
-
-    def close(self) -> None: ...
-
-
-@dataclass
-class MirrorState:
-    """What a mirror has sent, kept in ``RUN_DIR/tracking/<tracker>.json`` across attempts."""
-
-    tracker: str
-    run_id: str | None = None  # the tracker's run
-    offset: int = 0  # bytes of events.jsonl sent (whole lines)
-    sent_steps: dict[str, int] = field(default_factory=dict)  # metric -> last step sent
-    elfes_run_id: str | None = None  # the run id the tracker run is tagged with
-    config_sent: bool = False
-    lifecycle_sent: str | None = None  # the digest of the lifecycle the tracker has
-    behind: bool = False  # the tracker failed the last try; what it lacks waits in events.jsonl
-    behind_since: str | None = None
-    error: str | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in self.__dataclass_fields__:
-            if name in state:
-                setattr(self, name, state[name])
-
-
-def read_mirror_state(run_dir: Path, tracker: Tracker) -> MirrorState | None:
-    """The state a mirror left, or None where it has none or it cannot be read. Any process; torch-free."""
-    try:
-        data = json.loads(tracker_state_path(run_dir, tracker).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    state = MirrorState(tracker=tracker)
-    state.load_state_dict(data)
-    return state
+        return default
+    return value if math.isfinite(value) and value > 0 else default
 
 
 class TrackerMirror:
@@ -144,197 +90,93 @@ class TrackerMirror:
     Example:
         >>> mirror = TrackerMirror(MlflowSink(settings, run_dir), run_dir, log=logger.log)  # doctest: +SKIP
         >>> mirror.notify()  # after each line RunLogger appends   # doctest: +SKIP
-        >>> mirror.close()   # sends the rest, waiting at most FLUSH_TIMEOUT_S   # doctest: +SKIP
+        >>> mirror.close()   # waits for it to start, then sends the rest within FLUSH_TIMEOUT_S   # doctest: +SKIP
     """
 
     def __init__(self, sink: Sink, run_dir: Path, *, log: Callable[[Mapping[str, Any]], None]) -> None:
         self.sink = sink
         self.run_dir = Path(run_dir)
-        self._events = events_path(self.run_dir)
-        self.state = read_mirror_state(self.run_dir, sink.name) or MirrorState(tracker=sink.name)
+        self.sender: Sender | None = None  # made by the thread once it holds the sender lock
         self._log = log
-        self._opened = False
-        self._lifecycle_read = False  # lifecycle.json is read once per attempt, at the first send
-        self._place: tuple[Any, Any] = (None, None)  # epoch and step of the last event read, for the warning
+        self._started = threading.Event()  # the first try to send is over (library imported, tracker tried)
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._deadline = math.inf
         self._thread = threading.Thread(target=self._run, name=f"elfes-{sink.name}-mirror", daemon=True)
         self._thread.start()
 
+    @property
+    def state(self) -> MirrorState | None:
+        return None if self.sender is None else self.sender.state
+
     def notify(self) -> None:
         """New lines are in ``events.jsonl``: wake the thread. Never blocks."""
         self._wake.set()
 
     def close(self, timeout_s: float | None = None) -> bool:
-        """Send what is left, waiting at most ``timeout_s`` (:func:`flush_timeout_s` when None); True when the
-        tracker has every record.
+        """Wait for the mirror to start (at most :func:`start_timeout_s`), then for it to send what is left (at
+        most ``timeout_s``, :func:`flush_timeout_s` when None); True when the tracker has every record.
 
-        A mirror already behind (its tracker down) tries once more and leaves the rest to the next attempt: a
-        tracker that is down never delays the end of an attempt (a preemption's grace time is short)."""
+        A mirror already behind (its tracker down) tries once more and leaves the rest to the next attempt or
+        ``elfes sync``: a tracker that is down never delays the end of an attempt (a preemption's grace time is
+        short). One that misses a wait is marked behind, with a warning."""
         timeout_s = flush_timeout_s() if timeout_s is None else timeout_s
-        self._deadline = time.monotonic() + (0.0 if self.state.behind else timeout_s)
         self._closing.set()
         self._wake.set()
-        self._thread.join(timeout_s + 5.0)
-        if self._thread.is_alive():  # a call that hangs past the tracker's own timeout: leave it behind
-            log.warning(f"elfes: the {self.sink.name} mirror did not finish within {timeout_s:.0f} s; the next "
-                        "attempt sends what it lacks")
+        start_s = start_timeout_s()
+        if not self._started.wait(start_s):
+            self._give_up(f"had not started {start_s:g} s after the attempt's end began",
+                          f"importing {self.sink.name} and trying it once took longer ({START_TIMEOUT_VARIABLE} sets "
+                          "another wait)")
             return False
-        return not self.state.behind
+        sender = self.sender
+        self._deadline = time.monotonic() + (0.0 if sender is None or sender.state.behind else timeout_s)
+        self._wake.set()
+        self._thread.join(timeout_s + REQUEST_TIMEOUT_S + 5.0)
+        if self._thread.is_alive():  # a call that hangs past the tracker's own timeout: leave it behind
+            self._give_up(f"had not sent the rest {timeout_s:g} s after the attempt's end",
+                          f"a request to {self.sink.name} did not return")
+            return False
+        return sender is not None and not sender.state.behind
+
+    def _give_up(self, cause: str, why: str) -> None:
+        self._deadline = time.monotonic()  # the thread stops after the try it is in
+        log.warning(f"elfes: warning: the {self.sink.name} mirror {cause}; the next attempt or `elfes sync RUN_DIR` "
+                    "sends what it lacks")
+        if self.sender is not None:
+            self.sender.fell_behind(TimeoutError(why), cause=cause)
 
     # -- the thread -----------------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            sender_lock_path(self.run_dir, self.sink.name).parent.mkdir(parents=True, exist_ok=True)
+            with exclusive_lock(sender_lock_path(self.run_dir, self.sink.name)):  # an `elfes sync` ends first
+                self.sender = Sender(self.sink, self.run_dir, log=self._log)
+                self._send_until_closed(self.sender)
+        except Exception as error:  # the run directory cannot be written: the run's own records say so
+            log.warning(f"elfes: warning: the {self.sink.name} mirror stopped: {type(error).__name__}: {error}")
+        finally:
+            self._started.set()
+
+    def _send_until_closed(self, sender: Sender) -> None:
+        try:
+            self.sink.prepare()  # the library's import takes seconds: before the first record comes
+        except Exception as error:
+            log.debug(f"the {self.sink.name} library did not load: {error}")  # the first send says so, and retries
         while True:
-            self._wake.wait(RETRY_S if self.state.behind else None)
+            self._wake.wait(RETRY_S if sender.state.behind else None)
             self._wake.clear()
             closing = self._closing.is_set()
             try:
-                self._send_all()
+                sender.send_all()
             except Exception as error:  # the tracker, its client library or the network: all retried
-                self._fell_behind(error)
+                sender.fell_behind(error)
             else:
-                if self.state.behind:
-                    self.state.behind, self.state.behind_since, self.state.error = False, None, None
-                    self._save()
-            if closing and (not self.state.behind or time.monotonic() >= self._deadline):
+                sender.caught_up()
+            self._started.set()
+            if closing and (not sender.state.behind or time.monotonic() >= self._deadline):
                 break
         try:
             self.sink.close()
         except Exception as error:
             log.warning(f"elfes: the {self.sink.name} mirror could not close its run: {error}")
-
-    def _send_all(self) -> None:
-        """Send every whole line past the offset, :data:`MAX_ROWS` rows at a time."""
-        if not self._lifecycle_read:
-            lifecycle = read_lifecycle(self.run_dir)
-            if lifecycle is not None and lifecycle.digest() != self.state.lifecycle_sent:
-                self._open()
-                self.sink.send(Batch(lifecycle=lifecycle))
-                self.state.lifecycle_sent = lifecycle.digest()
-                self._save()
-            self._lifecycle_read = True
-        if not self._events.exists():
-            return
-        with self._events.open("rb") as file:
-            file.seek(self.state.offset)
-            while True:
-                batch, offset, sent_steps = self._read_batch(file)
-                if offset == self.state.offset:
-                    return
-                if batch:
-                    self._open()
-                    self.sink.send(batch)
-                self.state.offset, self.state.sent_steps = offset, sent_steps
-                self.state.config_sent |= batch.config is not None
-                if batch.elfes_run_id is not None:
-                    self.state.elfes_run_id = batch.elfes_run_id
-                self._save()
-
-    def _read_batch(self, file: Any) -> tuple[Batch, int, dict[str, int]]:
-        """The rows of the lines from the file's position on (at most MAX_ROWS), the offset past them, and the
-        last steps sent once they are sent. A line without its newline yet is left for later."""
-        batch, offset, sent_steps = Batch(), self.state.offset, dict(self.state.sent_steps)
-        while len(batch.metrics) < MAX_ROWS:
-            line = file.readline()
-            if not line.endswith(b"\n"):
-                break
-            offset += len(line)
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line torn by a kill (RunLogger isolates it on its own line)
-            if not isinstance(event, dict):
-                continue
-            self._read_event(event, batch, sent_steps)
-        return batch, offset, sent_steps
-
-    def _read_event(self, event: dict[str, Any], batch: Batch, sent_steps: dict[str, int]) -> None:
-        kind, step = event.get("event"), event.get("step")
-        self._place = (event.get("epoch", self._place[0]), step if isinstance(step, int) else self._place[1])
-        if kind in START_EVENTS:
-            run_id = event.get("run_id")
-            if isinstance(run_id, str) and run_id != self.state.elfes_run_id:
-                batch.elfes_run_id = run_id
-            if not self.state.config_sent and batch.config is None and isinstance(event.get("config"), dict):
-                batch.config = without_credentials(event["config"])
-            return
-        if kind == "finished":
-            batch.finished = True
-            return
-        if not isinstance(step, int):
-            return
-        scalars = event_scalars(event)
-        if not scalars:
-            return
-        timestamp_ms = _timestamp_ms(event.get("time"))
-        for key, value in scalars.items():
-            if step > sent_steps.get(key, -1):
-                batch.metrics.append(Metric(key, step, value, timestamp_ms))
-                sent_steps[key] = step
-
-    def _open(self) -> None:
-        if self._opened:
-            return
-        if self.state.run_id is None:
-            self.state.run_id = self.sink.new_run_id()
-            if self.state.run_id is not None:
-                self._save()  # recorded before the tracker knows it: a kill in between reuses it
-        self.state.run_id = self.sink.open(self.state.run_id, self.state.elfes_run_id)
-        self._save()
-        self._opened = True
-
-    def _fell_behind(self, error: Exception) -> None:
-        first = not self.state.behind
-        self.state.behind, self.state.error = True, f"{type(error).__name__}: {_one_line(error)}"
-        self.state.behind_since = self.state.behind_since or datetime.now(timezone.utc).isoformat()
-        self._save()
-        if first:
-            epoch, step = self._place
-            self._log({"event": "warning", "kind": WarningKind.TRACKER_BEHIND.value, "epoch": epoch, "step": step,
-                       "message": f"the {self.sink.name} mirror cannot send the run's records ({self.state.error}); "
-                       f"training goes on, the records wait in events.jsonl and are sent once {self.sink.name} "
-                       "takes them again (elfes status shows the mirror behind until then)"})
-
-    def _save(self) -> None:
-        save_mirror_state(self.run_dir, self.state)
-
-
-def save_mirror_state(run_dir: Path, state: MirrorState) -> None:
-    """Publish a mirror's state atomically (``RUN_DIR/tracking/<tracker>.json``)."""
-    path = tracker_state_path(run_dir, state.tracker)  # type: ignore[arg-type]  # a Tracker name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps(state.state_dict(), indent=1, sort_keys=True))
-
-
-def send_lifecycle_once(sink: Sink, run_dir: Path, lifecycle: Lifecycle) -> None:
-    """Open the run's tracker run (created if no mirror ever did), send ``lifecycle`` and close it, unless the
-    tracker has it already. The launcher, once no mirror runs (elfes/records/tracker_lifecycle.py); raises what
-    the tracker raises."""
-    state = read_mirror_state(run_dir, sink.name) or MirrorState(tracker=sink.name)
-    if state.lifecycle_sent == lifecycle.digest():
-        return
-    if state.run_id is None:
-        state.run_id = sink.new_run_id()
-        if state.run_id is not None:
-            save_mirror_state(run_dir, state)  # recorded before the tracker knows it, as the mirror does
-    state.run_id = sink.open(state.run_id, state.elfes_run_id)
-    save_mirror_state(run_dir, state)
-    try:
-        sink.send(Batch(lifecycle=lifecycle))
-    finally:
-        sink.close()
-    state.lifecycle_sent = lifecycle.digest()
-    save_mirror_state(run_dir, state)
-
-
-def _timestamp_ms(text: Any) -> int:
-    try:
-        return int(datetime.fromisoformat(str(text)).timestamp() * 1000)
-    except ValueError:
-        return 0
-
-
-def _one_line(error: Exception) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= 300 else text[:297] + "..."

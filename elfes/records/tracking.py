@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationInfo, field_validator
 
 from .credentials import credential_in_uri
 
@@ -47,7 +47,8 @@ class MlflowSettings(_Settings):
         ..., min_length=1,
         description="The MLflow tracking URI: a server (http://host:5000) or a store such as sqlite:///runs/mlflow.db. "
         "Credentials go in the job's environment (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME and "
-        "MLFLOW_TRACKING_PASSWORD), never in the URI.",
+        "MLFLOW_TRACKING_PASSWORD), never in the URI. A relative store path (sqlite:///runs/mlflow.db, file:mlruns) is "
+        "resolved against the spec file's folder, as the spec's other paths.",
     )
     experiment: StrictStr = Field(
         "Default", min_length=1, description="The MLflow experiment, created when missing.",
@@ -62,6 +63,14 @@ class MlflowSettings(_Settings):
                 "them and set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the "
                 "environment the job inherits")
         return uri
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _store_path_from_the_spec(cls, uri: str, info: ValidationInfo) -> str:
+        """A job spec's relative store path is the spec folder's (``info.context["base"]``, as the spec's paths),
+        never each attempt's working folder (its code snapshot); without a spec, as MLflow reads it."""
+        base = (info.context or {}).get("base")
+        return uri if base is None else absolute_store_uri(uri, Path(base))
 
 
 class WandbSettings(_Settings):
@@ -87,6 +96,25 @@ class TrackingSettings(_Settings):
     def trackers(self) -> tuple[Tracker, ...]:
         """The trackers turned on, in a fixed order."""
         return tuple(name for name in TRACKERS if getattr(self, name) is not None)  # type: ignore[misc]
+
+
+def absolute_store_uri(uri: str, base: Path) -> str:
+    """``uri`` with a relative SQLite or file store path resolved against ``base``; any other URI as it is.
+
+    Example:
+        >>> absolute_store_uri("sqlite:///runs/mlflow.db", Path("/home/me"))
+        'sqlite:////home/me/runs/mlflow.db'
+        >>> absolute_store_uri("file:mlruns", Path("/home/me")), absolute_store_uri("http://host:5000", Path("/x"))
+        ('file:///home/me/mlruns', 'http://host:5000')
+    """
+    for scheme, absolute in (("sqlite:///", "sqlite:///"), ("file:", "file://")):
+        if not uri.startswith(scheme):
+            continue
+        path, question, query = uri[len(scheme):].partition("?")
+        if not path or path.startswith("/") or path == ":memory:":
+            return uri
+        return f"{absolute}{os.path.abspath(base / os.path.expanduser(path))}{question}{query}"
+    return uri
 
 
 def tracking_dir(run_dir: Path) -> Path:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .tracker_lifecycle import WANDB_EXIT_CODES
-from .tracker_mirror import Batch
+from .tracker_sender import Batch
 from .tracking import Tracker, WandbSettings, wandb_dir
 
 MISSING_MESSAGE = (
@@ -58,6 +58,9 @@ class WandbSink:
         self.sync_dir_suffix = sync_dir_suffix
         self._run: Any = None
         self._exit_code: int | None = None  # known once the run finished or the lifecycle ended it
+
+    def prepare(self) -> None:
+        import wandb  # noqa: F401 - seconds, before the first record comes
 
     def new_run_id(self) -> str:
         return secrets.token_hex(8)  # W&B run ids: letters and digits

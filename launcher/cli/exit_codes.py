@@ -23,7 +23,8 @@ exit codes:
   {EXIT_BAD_INPUT}    bad input: a malformed job spec, bad arguments, not a run directory, a run directory
        holding a different job; nothing was created
   {EXIT_NOT_NOW}    cannot be done now: SLURM is absent or refused the job (the run directory is left as it
-       was), the run is busy, finished (raise its budget) or not resumable, no live task to signal
+       was), the run is busy, finished (raise its budget) or not resumable, no live task to
+       signal, a tracker that took nothing (sync)
   {EXIT_RUN_FAILED}    --follow: the run ended failed; rehearse: a run failed or timed out (no verdict)
   {EXIT_RUN_STOPPED}    --follow: the run ended stopped or cancelled (`elfes resume` continues it)
   {EXIT_NOT_RESUMABLE}    rehearse: not resumable (the straight runs agree, the interrupted one differs)

@@ -288,6 +288,24 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _sync(args: argparse.Namespace) -> int:
+    from ..commands import sync
+
+    code = EXIT_OK
+    for result in sync.sync(args.run_dirs):
+        if not result.trackers:
+            print_line(f"{result.run_dir}: no trackers (its spec has no tracking: section)")
+        for synced in result.synced:
+            sent = f"sent {synced.rows} metric value(s)" + (" and the run's lifecycle" if synced.lifecycle else "")
+            what = sent if synced.rows or synced.lifecycle else "nothing to send: it has every record"
+            print_line(f"{result.run_dir}: {synced.tracker}: {what} (run {synced.run_id})")
+        for tracker, problem in sorted(result.problems.items()):
+            print_line(f"{result.run_dir}: {tracker}: not sent ({problem}); the records wait in events.jsonl: "
+                       f"elfes sync {shell_quoted(result.run_dir)} again once {tracker} answers")
+            code = EXIT_NOT_NOW
+    return code
+
+
 def _rehearse(args: argparse.Namespace) -> int:
     from .rehearse import rehearse
 
@@ -297,7 +315,7 @@ def _rehearse(args: argparse.Namespace) -> int:
 VERBS = {
     "submit": _submit, "status": _status, "logs": _logs, "preempt": _preempt, "cancel": _cancel,
     "resume": _resume, "validate": _validate, "init": _init, "schema": _schema, "plot": _plot, "doctor": _doctor,
-    "rehearse": _rehearse, "export": _export,
+    "rehearse": _rehearse, "export": _export, "sync": _sync,
 }
 
 

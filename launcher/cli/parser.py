@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "optimizer state and the rest; a sharded one's shards read whole) as one file that "
                         "torch.load(weights_only=True) reads")
 
+    sync = verb("sync", "Send what a run's experiment trackers (its spec's tracking:) lack, from its run directory's "
+                "records: after a tracker was down at the run's end, or any time. Nothing is sent twice.")
+    sync.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories or sweep folders (every member)")
+
     verb("schema", "Print the JSON Schema of a job spec (for editors).")
 
     doctor = verb("doctor", "Tell what this SLURM cluster does to a job on preemption, time limit and cancel "

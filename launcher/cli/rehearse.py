@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the interruptions: pause the run, then continue it on W ranks (elfes resume "
                              "--set resources.tasks_per_node=...), and compare it with the straight run within rounding")
     parser.add_argument("--keep", action="store_true", help="keep the scratch runs after an exact verdict")
+    parser.add_argument("--with-trackers", action="store_true",
+                        help="mirror the scratch runs to the spec's experiment trackers (tracking:) too; by default "
+                        "they send nothing there")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
@@ -53,7 +56,8 @@ def rehearse(args: argparse.Namespace) -> int:
 
     options = RehearsalOptions(
         interruptions=args.interruptions, kinds=tuple(kind.strip() for kind in args.kinds.split(",") if kind.strip()),
-        seed=args.seed, executor=args.executor, overrides=tuple(args.sets), keep=args.keep, resize=args.resize)
+        seed=args.seed, executor=args.executor, overrides=tuple(args.sets), keep=args.keep, resize=args.resize,
+        with_trackers=args.with_trackers)
     rehearsals = [prepare(args.spec, replace(options, member=member)) for member in args.members or [None]]
     reports = []
     for rehearsal in rehearsals:

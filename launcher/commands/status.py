@@ -16,7 +16,7 @@ from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
 from ..rundir.goodput_reading import NoTimings, run_goodput
 from ..rundir.liveness import effective_state
-from ..rundir.lookup import run_paths
+from ..rundir.lookup import recorded_data, run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.provenance import environment_changes
 from ..rundir.state import Launch, RunStatus
@@ -134,7 +134,7 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
                    if attempt.provenance is not None), None) if state is not None else None
     summary = summary_from_ends(paths)
     notes.extend(getattr(summary, "warnings", ()))  # the engine's warnings since the latest start
-    notes.extend(tracker_notes(paths))
+    notes.extend(tracker_notes(paths, ended=state is not None and state.status in run_state.ENDED))
     goodput = _goodput(paths, state, notes)
     return Status(
         run_dir=str(paths.run_dir),
@@ -180,26 +180,51 @@ def _goodput(paths: RunPaths, state: run_state.RunState | None, notes: list[str]
     return None
 
 
-def tracker_notes(paths: RunPaths) -> list[str]:
-    """A line per experiment tracker whose mirror is behind: since when, why, and how much waits to be sent."""
-    if not paths.tracking.is_dir():  # no tracker mirrors this run: status stays free of the mirror's imports
+def tracker_notes(paths: RunPaths, *, ended: bool = False) -> list[str]:
+    """A line per experiment tracker whose mirror is behind (since when, why, how much waits to be sent, and who
+    sends it) and, for a run that has ended (no attempt of its own will send anything), per tracker whose mirror
+    never started or whose run lacks the run's end: each names ``elfes sync RUN_DIR``."""
+    trackers = _spec_trackers(paths) if ended else ()
+    if not trackers and not paths.tracking.is_dir():  # no tracker mirrors this run: status stays free of its imports
         return []
+    from elfes.records.tracker_lifecycle import read_lifecycle
     from elfes.records.tracker_mirror import read_mirror_state
     from elfes.records.tracking import TRACKERS
 
+    sync = f"`elfes sync {paths.run_dir}`"
+    lifecycle = read_lifecycle(paths.run_dir) if ended else None
     notes = []
     for tracker in TRACKERS:
         mirror = read_mirror_state(paths.run_dir, tracker)
-        if mirror is None or not mirror.behind:
+        if mirror is None:
+            if tracker in trackers and paths.events.is_file():
+                notes.append(f"the {tracker} mirror never started (the run ended first, or its attempt was killed): "
+                             f"{tracker} has none of the run's records; {sync} sends them")
             continue
-        try:
-            waiting = max(0, paths.events.stat().st_size - mirror.offset)
-        except OSError:
-            waiting = 0
-        notes.append(f"the {tracker} mirror is behind since {mirror.behind_since} ({mirror.error}): {waiting} bytes "
-                     f"of events.jsonl wait to be sent, by the running attempt once {tracker} takes them again, "
-                     "else by the run's next attempt")
+        if mirror.behind:
+            try:
+                waiting = max(0, paths.events.stat().st_size - mirror.offset)
+            except OSError:
+                waiting = 0
+            who = (f"the run has ended, so no attempt of it sends them: {sync} does, at any time (nothing is sent twice)"
+                   if ended else f"the running attempt sends them once {tracker} takes them again, else the run's "
+                   f"next attempt, or {sync} once no attempt runs")
+            notes.append(f"the {tracker} mirror is behind since {mirror.behind_since} ({mirror.error}): {waiting} bytes "
+                         f"of events.jsonl wait to be sent; {who}")
+        elif lifecycle is not None and lifecycle.terminal and mirror.lifecycle_sent != lifecycle.digest():
+            notes.append(f"the {tracker} run does not say yet that the run ended {lifecycle.status} ({tracker} did not "
+                         f"take it at the run's end); {sync} sends it")
     return notes
+
+
+def _spec_trackers(paths: RunPaths) -> tuple[str, ...]:
+    """The trackers the recorded spec's ``tracking:`` names, read without validating the spec; none when unread."""
+    try:
+        data = recorded_data(paths)
+    except ValueError:
+        return ()
+    tracking = data.get("tracking") if data is not None else None
+    return tuple(name for name, settings in tracking.items() if settings) if isinstance(tracking, dict) else ()
 
 
 def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:

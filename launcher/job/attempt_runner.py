@@ -23,7 +23,6 @@ from elfes.records.tracking import GROUP_VARIABLE, TRACKING_VARIABLE
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
 from ..rundir.provenance import changes_at, place_changes_at
-from ..rundir.sweep_record import is_sweep_dir
 from ..rundir.task_files import cancel_requested, redirect_standard_streams, remove_pid_file, write_pid_file
 from ..spec import JobSpec
 from .attempt_context import AttemptContext
@@ -37,7 +36,7 @@ from .outcome import Decision, decide
 from .provenance import collect, rank_place
 from .resume_point import resume_point
 from .signals import SignalFlags
-from .tracker_lifecycle import publish_lifecycle
+from .tracker_lifecycle import publish_lifecycle, tracker_group
 from .watchdog import HangWatchdog, end_stuck_peers
 
 log = logging.getLogger(__name__)
@@ -114,8 +113,9 @@ class AttemptRunner:
             os.environ[str(name)] = str(value)
         if spec.tracking.trackers:  # the RunLogger of the entrypoint or command mirrors to them
             os.environ[TRACKING_VARIABLE] = spec.tracking.model_dump_json()
-            if is_sweep_dir(self.context.paths.run_dir.parent):  # one tracker group per sweep
-                os.environ[GROUP_VARIABLE] = self.context.paths.run_dir.parent.name
+            group = tracker_group(self.context.paths.run_dir)  # one tracker group per sweep
+            if group is not None:
+                os.environ[GROUP_VARIABLE] = group
         workdir = str(spec.workdir)  # the code snapshot, when the run has one
         os.chdir(workdir)
         source = self.context.recorded_workdir

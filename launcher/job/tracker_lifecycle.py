@@ -30,6 +30,7 @@ from elfes.records.tracking import TrackingSettings, tracking_group
 from ..rundir.paths import RunPaths
 from ..rundir.provenance import Provenance
 from ..rundir.state import Attempt, Outcome, RunState, RunStatus, load_state
+from ..rundir.sweep_record import is_sweep_dir
 from ..spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -97,22 +98,36 @@ def publish_lifecycle(paths: RunPaths, spec: JobSpec | None, state: RunState | N
     return send_lifecycle(paths.run_dir, spec.tracking, group=tracking_group())
 
 
-def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | None = None,
-                   timeout_s: float = SEND_TIMEOUT_S) -> list[str]:
-    """Send the run's lifecycle to each tracker of ``settings`` that lacks it, at most ``timeout_s`` (all at
-    once, each in a thread of its own). Returns one line per tracker that did not take it; never raises."""
+def tracker_group(run_dir: Path) -> str | None:
+    """The group of a run's tracker runs: its sweep's name for a sweep member, else None."""
+    return run_dir.parent.name if is_sweep_dir(run_dir.parent) else None
+
+
+def tracker_sinks(settings: TrackingSettings, run_dir: Path, *, group: str | None,
+                  wandb_folder_suffix: str) -> list[Any]:
+    """One sink per tracker of ``settings``; a W&B run resumed outside an attempt writes its offline records in a
+    folder of its own (``wandb_folder_suffix``: two runs of one id begun in the same second would share one)."""
     from elfes.records.mlflow_sink import MlflowSink
-    from elfes.records.tracker_mirror import send_lifecycle_once
     from elfes.records.wandb_sink import WandbSink
 
-    lifecycle = read_lifecycle(run_dir)
-    if lifecycle is None:
-        return []
     sinks: list[Any] = []
     if settings.mlflow is not None:
         sinks.append(MlflowSink(settings.mlflow, run_dir, group))
     if settings.wandb is not None:
-        sinks.append(WandbSink(settings.wandb, run_dir, group, sync_dir_suffix="end"))
+        sinks.append(WandbSink(settings.wandb, run_dir, group, sync_dir_suffix=wandb_folder_suffix))
+    return sinks
+
+
+def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | None = None,
+                   timeout_s: float = SEND_TIMEOUT_S) -> list[str]:
+    """Send the run's lifecycle to each tracker of ``settings`` that lacks it, at most ``timeout_s`` (all at
+    once, each in a thread of its own). Returns one line per tracker that did not take it; never raises."""
+    from elfes.records.tracker_mirror import send_lifecycle_once
+
+    lifecycle = read_lifecycle(run_dir)
+    if lifecycle is None:
+        return []
+    sinks = tracker_sinks(settings, run_dir, group=group, wandb_folder_suffix="end")
     problems: dict[str, str] = {}
 
     def send(sink: Any) -> None:

@@ -31,6 +31,7 @@ RUN_DIR/
   tracking/<tracker>.json       what the MLflow or W&B mirror has sent (elfes.records.tracker_mirror), written atomically
   tracking/lifecycle.json       what the trackers are to say of the run: status, attempts' ends, spec, provenance
                                 (elfes.records.tracker_lifecycle), written atomically by rank 0
+  tracking/<tracker>.lock       held by whoever sends to that tracker: the attempt's mirror, or `elfes sync`
   tracking/wandb/               the W&B SDK's folder (offline runs for `wandb sync`)
 ```
 

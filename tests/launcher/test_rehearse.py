@@ -129,6 +129,15 @@ def test_bad_arguments_exit_2_and_create_nothing(tmp_path, capsys, arguments, sa
     assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
 
 
+def test_the_scratch_runs_mirror_to_the_specs_trackers_only_with_trackers_asked_for(tmp_path):
+    from elfes.launcher.commands.rehearsal.pipeline import RehearsalOptions, prepare
+
+    spec = write_spec(tmp_path, tracking={"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    assert prepare(spec, RehearsalOptions(executor="local")).spec.tracking.trackers == ()
+    assert prepare(spec, RehearsalOptions(executor="local", with_trackers=True)).spec.tracking.trackers == ("mlflow",)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
+
+
 def test_a_bad_spec_exits_2_and_creates_nothing(tmp_path, capsys):
     spec = write_spec(tmp_path, resources={"nodes": 1, "tasks_per_node": 0})
     assert elfes(["rehearse", str(spec), "--executor", "local"]) == 2
@@ -138,9 +147,11 @@ def test_a_bad_spec_exits_2_and_creates_nothing(tmp_path, capsys):
 
 def test_the_quickstart_with_one_interruption_of_each_kind_is_exact(tmp_path, capsys):
     seed = seed_where(3, KINDS, lambda steps: steps[-1] <= 17)  # six updates of slack before the last
-    spec = write_spec(tmp_path, config=LONGER)
+    store = tmp_path / "mlflow.db"  # the spec's tracker, which a rehearsal leaves alone unless --with-trackers
+    spec = write_spec(tmp_path, config=LONGER, tracking={"mlflow": {"tracking_uri": f"sqlite:///{store}"}})
     code, report = rehearse(spec, "--interruptions", "3", "--seed", str(seed), capsys=capsys)
     assert (code, report["verdict"]) == (0, "exact"), report
+    assert not store.exists()  # no MLflow run of a scratch run
     assert sorted(i["kind"] for i in report["interruptions"]) == sorted(KINDS)
     assert all(i["step"] is not None and i["attempt"] and i["landed"] for i in report["interruptions"])
     assert report["runs"]["interrupted"]["attempts"] == 4

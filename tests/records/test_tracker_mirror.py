@@ -6,6 +6,10 @@ state says the mirror is behind; credentials from the environment reach no file 
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +19,17 @@ from tracker_histories import mlflow_history, wandb_offline_history
 from elfes.launcher.commands.status import tracker_notes
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.records import RunLogger, read_events
-from elfes.records.tracker_mirror import FLUSH_TIMEOUT_S, FLUSH_TIMEOUT_VARIABLE, flush_timeout_s, read_mirror_state
-from elfes.records.tracking import tracker_state_path, wandb_dir
+from elfes.records.mlflow_sink import MlflowSink
+from elfes.records.tracker_mirror import (
+    FLUSH_TIMEOUT_S,
+    FLUSH_TIMEOUT_VARIABLE,
+    REQUEST_TIMEOUT_S,
+    START_TIMEOUT_VARIABLE,
+    flush_timeout_s,
+    read_mirror_state,
+)
+from elfes.records.tracker_sync import Synced, TrackerBusy, sync_tracker
+from elfes.records.tracking import MlflowSettings, tracker_state_path, wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
 pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' installs it")
@@ -186,3 +199,144 @@ def test_the_wait_for_the_rest_at_an_attempts_end_is_20_s_or_the_variables_posit
     else:
         monkeypatch.setenv(FLUSH_TIMEOUT_VARIABLE, value)
     assert flush_timeout_s() == seconds
+
+
+# -- a tracker that never answers, a mirror that cannot start, `elfes sync` beside a running mirror -----------------
+@pytest.fixture
+def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
+    """An HTTP tracking URI whose server accepts every connection and never answers a byte."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=64)
+    server.settimeout(0.2)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}", accepted
+    finally:
+        stop.set()
+        thread.join()
+        for connection in accepted:
+            connection.close()
+        server.close()
+
+
+def wait_until(condition, what: str, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def warnings_of(run_dir: Path) -> list[dict]:
+    return [event for event in read_events(run_dir) if event["event"] == "warning"] if (run_dir / "events.jsonl").exists() else []
+
+
+def test_a_tracker_that_accepts_connections_and_never_answers_is_reported_within_seconds(tmp_path, silent_server):
+    uri, accepted = silent_server
+    with RunLogger(tmp_path, is_main_process=True, console=plain_console(),
+                   mlflow={"tracking_uri": uri, "experiment": "silent"}) as logger:
+        logger.log(start())
+        began = time.monotonic()
+        logger.log(train(1, loss=1.0))
+        (warning,) = wait_until(lambda: warnings_of(tmp_path), "the mirror's warning while the attempt runs")
+        waited = time.monotonic() - began
+        assert accepted, "the mirror never reached the server"
+        assert REQUEST_TIMEOUT_S <= 10 and waited < REQUEST_TIMEOUT_S + 15, waited  # not the client's minutes
+        assert warning["kind"] == "tracker_behind" and "the mlflow mirror cannot send" in warning["message"]
+        assert "timeout" in warning["message"].lower(), warning["message"]
+        (note,) = tracker_notes(RunPaths(tmp_path))  # what `elfes status` says meanwhile
+        assert note.startswith("the mlflow mirror is behind since") and "elfes sync" in note
+        assert logger._trackers[0].close(timeout_s=0.0) is False  # one more try, then the attempt's end goes on
+
+
+def test_a_mirror_that_has_not_started_when_the_attempt_ends_is_marked_behind_with_a_warning(
+        tmp_path, silent_server, monkeypatch):
+    """Its first request still hangs when the close's wait for the start (here 0.5 s) is over: the attempt ends,
+    and the mirror's state and a warning say so; status names `elfes sync`."""
+    monkeypatch.setenv(START_TIMEOUT_VARIABLE, "0.5")
+    uri, _ = silent_server
+    log_attempt(tmp_path, [start(), train(1, loss=1.0)], mlflow={"tracking_uri": uri, "experiment": "slow"})
+
+    state = read_mirror_state(tmp_path, "mlflow")
+    assert state is not None and state.behind and state.offset == 0, state
+    (warning,) = warnings_of(tmp_path)
+    assert "the mlflow mirror had not started 0.5 s after the attempt's end began" in warning["message"], warning
+    assert START_TIMEOUT_VARIABLE in warning["message"]
+    (note,) = tracker_notes(RunPaths(tmp_path), ended=True)
+    assert f"`elfes sync {tmp_path}`" in note and "next attempt" not in note, note
+
+
+def test_elfes_sync_leaves_a_tracker_to_the_running_attempts_mirror_then_sends_nothing_twice(tmp_path, store):
+    settings = MlflowSettings(tracking_uri=store, experiment="busy")
+    run_dir = tmp_path / "run"
+    with RunLogger(run_dir, is_main_process=True, console=plain_console(), mlflow=settings) as logger:
+        logger.log(start())
+        logger.log(train(1, loss=1.0))
+        wait_until(lambda: logger._trackers[0].sender is not None, "the mirror to hold its sender lock")
+        with pytest.raises(TrackerBusy, match="the mlflow mirror of a running attempt sends the run's records"):
+            sync_tracker(MlflowSink(settings, run_dir, None), run_dir)
+
+    state = read_mirror_state(run_dir, "mlflow")
+    assert sync_tracker(MlflowSink(settings, run_dir, None), run_dir) == Synced("mlflow", 0, False, state.run_id)
+    assert mlflow_history(store, state.run_id)["train/loss"] == [(1, 1.0)]
+
+
+def test_a_relative_store_path_is_the_spec_folders_and_a_plain_scripts_is_mlflows(tmp_path, monkeypatch):
+    import yaml
+
+    from elfes.launcher.spec.loading import load_spec
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)  # not the spec's folder
+    for given, resolved in [("sqlite:///runs/mlflow.db", f"sqlite:///{folder}/runs/mlflow.db"),
+                            ("file:mlruns", f"file://{folder}/mlruns"),
+                            (f"sqlite:///{tmp_path}/abs.db", f"sqlite:///{tmp_path}/abs.db"),
+                            ("http://127.0.0.1:5000", "http://127.0.0.1:5000")]:
+        spec = {"name": "rel", "entrypoint": "job:main", "run_dir": "runs/rel",
+                "tracking": {"mlflow": {"tracking_uri": given}}}
+        (folder / "job.yaml").write_text(yaml.safe_dump(spec))
+        assert load_spec(folder / "job.yaml", check_files=False).tracking.mlflow.tracking_uri == resolved
+    assert MlflowSettings(tracking_uri="sqlite:///runs/mlflow.db").tracking_uri == "sqlite:///runs/mlflow.db"
+
+
+def test_elfes_sync_sends_a_wandb_run_every_step_once_where_no_mirror_ran(tmp_path, wandb_offline):
+    from elfes.records.tracking import WandbSettings
+    from elfes.records.wandb_sink import WandbSink
+
+    for events in three_attempts():  # recorded without trackers: no mirror ever ran
+        log_attempt(tmp_path / "run", events)
+    sink = WandbSink(WandbSettings(project="elfes-tests", mode="offline"), tmp_path / "run", None, sync_dir_suffix="sync")
+    synced = sync_tracker(sink, tmp_path / "run")
+    assert (synced.tracker, synced.lifecycle) == ("wandb", False) and synced.rows > 0
+    history = wandb_offline_history(wandb_dir(tmp_path / "run"), synced.run_id)
+    assert history["train/loss"] == [(1, 1.0), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.5)]
+    assert sync_tracker(sink, tmp_path / "run") == Synced("wandb", 0, False, synced.run_id)
+
+
+def test_status_names_elfes_sync_for_an_ended_run_whose_mirror_never_started_or_whose_tracker_lacks_its_end(tmp_path):
+    from elfes.records.tracker_lifecycle import Lifecycle, write_lifecycle
+    from elfes.records.tracker_mirror import MirrorState, save_mirror_state
+
+    paths = RunPaths(tmp_path)
+    paths.spec.write_text("name: ended\ntracking:\n  mlflow: {tracking_uri: 'sqlite:////x/m.db'}\n  wandb: null\n")
+    log_attempt(tmp_path, [start(), train(1, loss=1.0), run_end(1)])
+    (note,) = tracker_notes(paths, ended=True)
+    assert note.startswith("the mlflow mirror never started") and f"`elfes sync {tmp_path}` sends them" in note
+    assert tracker_notes(paths, ended=False) == []  # a running attempt's mirror may be starting
+
+    write_lifecycle(tmp_path, Lifecycle(status="FINISHED"))
+    save_mirror_state(tmp_path, MirrorState(tracker="mlflow", offset=paths.events.stat().st_size))
+    (note,) = tracker_notes(paths, ended=True)
+    assert note == (f"the mlflow run does not say yet that the run ended FINISHED (mlflow did not take it at the run's "
+                    f"end); `elfes sync {tmp_path}` sends it")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from elfes.files import write_text_atomically
+from elfes.records.tracking import TrackingSettings
 
 from ...rundir import state as run_state
 from ...rundir.liveness import liveness
@@ -79,6 +80,7 @@ class RehearsalOptions:
     keep: bool = False
     member: str | None = None  # the sweep member to rehearse (a sweep spec needs one)
     resize: int | None = None  # a pause, then the continuation on this many ranks (instead of the interruptions)
+    with_trackers: bool = False  # mirror the scratch runs to the spec's trackers (off: they are no real runs)
 
 
 # -- preparing: everything checked before anything is created -------------------------------------------------
@@ -97,6 +99,8 @@ def prepare(spec_file: str | os.PathLike[str], options: RehearsalOptions) -> Reh
     else:
         spec = load_spec_with(source, options.overrides)
         folder = Path(f"{spec.run_dir}.rehearsal")
+    if not options.with_trackers:  # scratch runs: the user's trackers hold real runs only
+        spec = spec.model_copy(update={"tracking": TrackingSettings()})
     resume_sets = () if options.resize is None else _resize_sets(spec, options.resize)
     if resume_sets and options.member is None:
         load_spec_with(source, (*options.overrides, *resume_sets))  # the continuation's spec is valid too
