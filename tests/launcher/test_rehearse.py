@@ -18,6 +18,8 @@ import yaml
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands.rehearsal.pipeline import KINDS, candidate_steps, plan_interruptions
+from elfes.launcher.rundir.liveness import local_processes
+from elfes.launcher.rundir.paths import RunPaths
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # 256 samples, batches of 16, accumulation 2: 8 updates an epoch on one rank, a train record each.
@@ -153,6 +155,9 @@ def test_the_quickstart_with_one_interruption_of_each_kind_is_exact(tmp_path, ca
         assert recorded[0]["torch"] == torch.__version__ and recorded[0]["code"]["origin"] == "submit", recorded
     assert not any("threat to bitwise resume" in note for note in report["notes"])
     folder = tmp_path / "run.rehearsal"
+    # Each scratch run was removed once its job was gone: no process is left to write a stray folder back.
+    for name in ("straight-1", "straight-2", "interrupted"):
+        assert not any(local_processes(RunPaths(folder / name)).values()), name
     assert sorted(p.name for p in folder.iterdir()) == ["report.json"]  # scratch runs removed after exact
     assert json.loads((folder / "report.json").read_text())["verdict"] == "exact"
     assert not (tmp_path / "run").exists()  # the spec's own run directory is never touched
