@@ -238,9 +238,29 @@ def test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_sam
     state = json.loads((tmp_path / "run.rehearsal" / "interrupted" / "state.json").read_text())
     assert [attempt["world_size"] for attempt in state["attempts"]] == [2, 1]
     # docs/rehearse.md shows such a line: the same words around the numbers.
-    shown = re.sub(r"\d+(\.\d+)?(e-\d+)?", "N", (REPOSITORY / "docs" / "rehearse.md").read_text().split(
+    shown = re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", (REPOSITORY / "docs" / "rehearse.md").read_text().split(
         "<!-- doc-test: rehearse/resize-line -->\n```\n", 1)[1].split("\n```", 1)[0])
-    assert re.sub(r"\d+(\.\d+)?(e-\d+)?", "N", report["summary"]).split(", in ")[0] == shown.split(", in ")[0]
+    assert re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", report["summary"]).split(", in ")[0] == shown.split(", in ")[0]
+
+
+def test_a_resize_of_a_job_with_dropout_drawn_per_rank_names_the_dropout(tmp_path, capsys):
+    """--resize 1 of the same job with dropout drawn per rank (the default): every update counts the same samples,
+    the losses part by more than rounding, so not resumable; the verdict gives the samples' and the losses' apart,
+    the table of differences leaves out the entries that describe the ranks, and the likely cause is the dropout,
+    with model_randomness="per_batch" as the way out."""
+    config = {"epochs": 3, "train_samples": 256, "log_every": 1, "window": 4, "dropout": 0.3, "step_delay_s": 0.04}
+    spec = write_spec(tmp_path, "tests.launcher.entrypoints:budget_free_quickstart", config=config,
+                      resources={"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
+                                 "timeout_min": 10})
+    code, report = rehearse(spec, "--resize", "1", capsys=capsys)
+    assert (code, report["verdict"]) == (6, "not resumable"), report
+    resized = report["resized"]
+    assert resized["samples_identical"] and not resized["losses_within_tolerance"], resized
+    assert "the losses differ by up to" in report["summary"] and "the same samples in every update" in report["summary"]
+    tensors = report["differences"]["tensors"]
+    assert tensors and not any(t["name"].startswith(("/layout", "/ranks")) for t in tensors), tensors
+    [cause] = report["likely_causes"]
+    assert cause.startswith("Dropout drawn per rank") and 'model_randomness="per_batch"' in cause, cause
 
 
 @pytest.mark.parametrize(("ranks", "says"), [(0, "give the number of ranks to continue on"),
