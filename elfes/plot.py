@@ -166,28 +166,42 @@ def _title(runs: Sequence[RunCurves]) -> str:
         return each
     counts: dict[str, int] = {}
     for run in runs:
-        for marker in run.timeline.markers:
-            counts[marker.kind] = counts.get(marker.kind, 0) + 1
+        for kind, count in _interruptions(run.timeline).items():
+            counts[kind] = counts.get(kind, 0) + count
     attempts = sum(len(run.timeline.attempts) for run in runs)
-    words = {"stop": "stop", "requeue": "requeue", "killed": "kill", "failed": "failure", "resume": "resume"}
-    parts = [f"{counts[kind]} {word}{'s' if counts[kind] > 1 else ''}" for kind, word in words.items() if kind in counts]
-    return f"{len(runs)} runs, {attempts} attempts in all" + (f": {', '.join(parts)}" if parts else "")
+    return f"{len(runs)} runs, {attempts} attempts in all" + (f": {_counted(counts)}" if counts else "")
 
 
 def describe(timeline: Timeline) -> str:
-    """The interruptions of a run in a few words, for the title.
+    """The interruptions of a run in a few words, for the title: a stop that the run's requeue followed (a
+    preemption, a time limit) counts once, as a requeue.
 
     Example:
         >>> describe(build_timeline(read_events(run_dir)))  # doctest: +SKIP
-        '4 attempts: 2 stops, 2 requeues, 1 kill, 1 resume'
+        '4 attempts: 2 requeues, 1 kill, 1 resume'
     """
+    counts = _interruptions(timeline)
+    attempts = len(timeline.attempts)
+    return f"{attempts} attempt{'s' if attempts > 1 else ''}" + (f": {_counted(counts)}" if counts else "")
+
+
+_TITLE_WORDS = {"stop": "stop", "requeue": "requeue", "killed": "kill", "failed": "failure", "resume": "resume"}
+
+
+def _interruptions(timeline: Timeline) -> dict[str, int]:
+    """Each kind of marker of ``timeline`` (but its start) counted, a stop that a requeue relaunched left out."""
+    requeued = {attempt.number - 1 for attempt in timeline.attempts if attempt.launch == "requeue"}
     counts: dict[str, int] = {}
     for marker in timeline.markers:
-        counts[marker.kind] = counts.get(marker.kind, 0) + 1
-    words = {"stop": "stop", "requeue": "requeue", "killed": "kill", "failed": "failure", "resume": "resume"}
-    parts = [f"{counts[kind]} {word}{'s' if counts[kind] > 1 else ''}" for kind, word in words.items() if kind in counts]
-    attempts = len(timeline.attempts)
-    return f"{attempts} attempt{'s' if attempts > 1 else ''}" + (f": {', '.join(parts)}" if parts else "")
+        if marker.kind in _TITLE_WORDS and not (marker.kind == "stop" and marker.attempt in requeued):
+            counts[marker.kind] = counts.get(marker.kind, 0) + 1
+    return counts
+
+
+def _counted(counts: dict[str, int]) -> str:
+    """``2 requeues, 1 kill``, in the order of _TITLE_WORDS."""
+    return ", ".join(f"{counts[kind]} {word}{'s' if counts[kind] > 1 else ''}" for kind, word in _TITLE_WORDS.items()
+                     if kind in counts)
 
 
 def save(figure: Figure, path: Path) -> Path:
@@ -298,6 +312,8 @@ def _short_label(run: RunCurves, marker: Marker) -> str:
         return "cancel" if attempt.cancelled else str(attempt.stop_signal)
     if marker.kind == "failed":
         return str(attempt.failure)
+    if marker.kind in ("resume", "requeue"):
+        return marker.label  # ``resume on 2 ranks`` where the attempt continued on another world size
     return "kill" if marker.kind == "killed" else marker.kind
 
 

@@ -237,10 +237,16 @@ class Progress:
     best_checkpoint: str | None = None  # the file name of the best checkpoint, which retention keeps
     # The monitor as it was before a finished run's end-of-budget evaluation (see TrainingSession.finish).
     before_final_evaluation: dict[str, Any] | None = None
+    # TrainConfig.model_randomness of the run: a continuation that changes it is refused (resize.continuation_warning).
+    model_randomness: str | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in asdict(self):
-            setattr(self, name, state[name])
+            # A checkpoint older than a field holds none of it: the field keeps this call's value.
+            setattr(self, name, state[name] if name in state or name not in _NEWER_PROGRESS else getattr(self, name))
+
+
+_NEWER_PROGRESS = ("model_randomness",)  # Progress fields that checkpoints of this format version may lack

@@ -124,6 +124,7 @@ class RunSetup:
     gradient_accumulation_steps: int
     ema_decay: float | None
     objective: dict[str, float] | None  # the objective's coefficients (None: the scalar mean loss)
+    per_rank_data: str | None = None  # what of the training loader keeps a position per rank (no resize takes it)
 
 
 def describe_run(
@@ -152,6 +153,7 @@ def describe_run(
         },
         ema_decay=setup.ema_decay,
         objective=setup.objective,
+        per_rank_data=setup.per_rank_data,
         metadata=dict(metadata),
         run_id=run_id,
     )

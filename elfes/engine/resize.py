@@ -14,64 +14,22 @@ had in the same state, every new rank takes.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from elfes.refusals import ConfigurationError
+from elfes.world_size import PER_WORLD_LAYOUT as PER_WORLD_LAYOUT  # re-exported: what a resize checks as one window
+from elfes.world_size import describe, window
+from elfes.world_size import resize_problems as resize_problems  # re-exported: the engine's refusal of a resize
+
 from .data.fetch import fetch_seed, seed_generators
 
-# Layout entries that differ per rank count, checked as one window by :func:`resize_problems` instead.
-PER_WORLD_LAYOUT = ("world_size", "sharding", "gradient_accumulation_steps", "batches_per_epoch")
 # Mixed into the stream seed of a rank after a resize, so that it never equals a batch's fetch seed.
 _RANK_STREAM = 0x52414E4B
 # Mixed into the data seed, so that a microbatch's model draws never reuse the numbers of its batch's fetch.
 _MODEL_STREAM = 0x4D4F44454C
-
-
-def window(layout: Mapping[str, Any]) -> int:
-    """Microbatches per update over all ranks."""
-    return int(layout["world_size"]) * int(layout["gradient_accumulation_steps"])
-
-
-def describe(layout: Mapping[str, Any]) -> str:
-    """``2 ranks x accumulation 2`` of a layout."""
-    ranks = int(layout["world_size"])
-    return f"{ranks} rank{'s' if ranks != 1 else ''} x accumulation {layout['gradient_accumulation_steps']}"
-
-
-def resize_problems(found: Mapping[str, Any], expected: Mapping[str, Any], *, per_rank_data: str | None) -> list[str]:
-    """Why a checkpoint of layout ``found`` cannot continue on this run's ``expected`` world size (empty when it
-    can); ``per_rank_data`` names the training loader's per-rank position, if it keeps one."""
-    old, new = window(found), window(expected)
-    world = int(expected["world_size"])
-    problems = []
-    if old != new:
-        ranks = describe({"world_size": world, "gradient_accumulation_steps": old // world}).partition(" x ")[0]
-        keeps = (f"{ranks} x accumulation {old // world} keeps the window of {old} microbatches: set "
-                 f"Accelerator(gradient_accumulation_steps={old // world}), as a job does that derives it from the "
-                 "world size (window // world_size; the guide's 'Continuing on another world size')"
-                 ) if old % world == 0 else (
-                 f"no accumulation on {ranks} keeps it: use a world size that divides {old}")
-        problems.append(
-            f"world_size: the checkpoint was written on {describe(found)} (a window of {old} microbatches per "
-            f"update) and this run has {describe(expected)} ({new}); continuing needs the same window, so that "
-            f"every update trains on the same samples: {keeps}")
-    elif found.get("batches_per_epoch") is not None and expected.get("batches_per_epoch") is not None:
-        before = int(found["batches_per_epoch"]) * int(found["world_size"])
-        after = int(expected["batches_per_epoch"]) * world
-        if before != after:
-            problems.append(f"batches_per_epoch: the checkpoint's epoch has {before} batches over all ranks, this "
-                            f"run's has {after}; continue with the same data and batch size")
-    if (found.get("sharding") is None) != (expected.get("sharding") is None):
-        sharded = "sharded" if found.get("sharding") is not None else "not sharded"
-        problems.append(f"sharding: the checkpoint's model is {sharded}, this run's is "
-                        f"{'not ' if expected.get('sharding') is None else ''}sharded")
-    if per_rank_data is not None and old == new:
-        problems.append(
-            f"data: {per_rank_data}, whose position each rank keeps for itself and no other world size can take "
-            "over; continue on the same world size, or read a map-style dataset through the engine's sampler "
-            "(DataLoader(dataset, shuffle=True), with or without workers), whose position is the run's")
-    return problems
 
 
 def shared_generators(ranks: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -135,6 +93,20 @@ def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: in
     """The batch of its share where a rank of the new world size resumes the epoch."""
     consumed = next_batch * int(found["world_size"])  # batches of the epoch that every rank together read
     return consumed // world  # a whole number of windows (or the epoch's start): check_fits admitted the window
+
+
+def continuation_warning(payload: Mapping[str, Any], expected: Mapping[str, Any], model_randomness: str,
+                         source: Path) -> str | None:
+    """Refuse checkpoint ``source`` (``payload``) where it was written with another
+    ``TrainConfig.model_randomness`` (every draw of the model would change silently); else what a continuation on
+    another world size changes (:func:`resize_warning`). A checkpoint older than the record is taken as it is."""
+    recorded = payload["progress"].get("model_randomness")
+    if recorded is not None and recorded != model_randomness:
+        raise ConfigurationError(
+            f"Checkpoint {source} was written with TrainConfig.model_randomness={recorded!r} and this run has "
+            f"{model_randomness!r}: the dropout and every other torch draw of the model would change at the resume. "
+            f"Continue with model_randomness={recorded!r}, or start a new run from its weights (load_weights).")
+    return resize_warning(payload["layout"], expected, model_randomness)
 
 
 def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any], model_randomness: str) -> str | None:

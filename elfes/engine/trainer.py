@@ -188,6 +188,7 @@ class Trainer:
         """One call's session, handed the parts of the trainer it drives as they are now (the user may
         have replaced the scheduler or logger since construction)."""
         budget = Budget(config.epochs, config.max_steps, self.planned_steps(config), self.updates_per_epoch, self.batches_per_epoch)
+        self.progress.model_randomness = config.model_randomness  # recorded in checkpoints; a restore checks it
         setup = RunSetup(
             world_size=self.accelerator.num_processes,
             precision=str(self.accelerator.mixed_precision),
@@ -195,6 +196,7 @@ class Trainer:
             gradient_accumulation_steps=self.accumulation_steps,
             ema_decay=self.ema.decay if self.ema is not None else None,
             objective=self.loss.describe(),
+            per_rank_data=self.data.per_rank_position(),
         )
         return TrainingSession(
             config, budget, setup,

@@ -73,8 +73,11 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "A run began from scratch. Records the world size, precision (no/fp16/bf16), device, gradient "
         "accumulation, the TrainConfig fields (config), the step budget, the optimizer class and parameter "
         "groups (name, lr, weight_decay, num_parameters), the EMA decay or null, the objective term weights "
-        "or null, user metadata and the initial training state.",
+        "or null, user metadata and the initial training state. per_rank_data names what of the training loader "
+        "keeps a position per rank (a stream, a stateful sampler), which no other world size can continue, or is "
+        "null; records written before it existed lack it.",
         _RUN_FIELDS,
+        optional=("per_rank_data",),
     ),
     "resumed": EventSpec(
         "A run continued from a checkpoint (resumed_from). Same fields as started; state is the restored "
@@ -82,7 +85,7 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "(a run resumed with fewer epochs or a smaller max_steps): there is nothing left to train; where it "
         "is absent (older records) readers compare state.step with budget.planned_steps.",
         (*_RUN_FIELDS, "resumed_from"),
-        optional=("past_budget",),
+        optional=("past_budget", "per_rank_data"),
     ),
     "train": EventSpec(
         "Training progress at the logging interval: metrics holds loss, lr/<group> (the parameter group's "
@@ -134,8 +137,9 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "inexact_stream, a stream whose state_dict leaves out part of its place, such as a Hugging Face "
         "stream shuffled with a buffer, warned at every start; stream_replay, a resume that read and "
         "discarded a stream's consumed batches, with the time it took; tracker_behind, an experiment tracker "
-        "(MLflow, W&B) that did not take the records sent to it, said once until it takes them again). `elfes "
-        "status` shows the warnings "
+        "(MLflow, W&B) that did not take the records sent to it, said once until it takes them again; "
+        "world_size_changed, a run continued on another world size, which then matches an uninterrupted one to "
+        "float rounding, not bitwise, with what its generators keep). `elfes status` shows the warnings "
         "recorded since the run's latest start.",
         ("kind", "message", "epoch", "step"),
     ),

@@ -44,6 +44,9 @@ from ..rundir.state import Attempt, Failure, Outcome
 CONFIGURATION_REFUSED = ("the engine refused the run's configuration, which a retry would refuse again: fix it, then "
                          "`elfes resume RUN_DIR`")
 
+# A cause longer than this (a message with a dump in it) keeps its first and last lines.
+MAX_CAUSE_CHARS = 2000
+
 # What a rank's collectives raise when a peer's process or node is gone (gloo, NCCL, the TCP store).
 _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|EPIPE|"
@@ -91,8 +94,11 @@ class FailureReport:
 
 
 def _one_line(text: str) -> str:
+    """The whole message on one line (a refusal lists its reasons, and what to do, on lines of their own); one too
+    long for a status line keeps its first and last lines."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if len(lines) <= 1 else f"{lines[0]} ... {lines[-1]}"
+    whole = " ".join(lines)
+    return whole if len(whole) <= MAX_CAUSE_CHARS or len(lines) <= 1 else f"{lines[0]} ... {lines[-1]}"
 
 
 def write_report(paths: RunPaths, attempt: int, report: FailureReport) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import getpass
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 from .tools import SlurmError, Tool, answered, run
 
@@ -22,6 +22,10 @@ ALIVE_STATES = frozenset({
 })
 # The pseudo-state of a job that squeue no longer knows (and sacct has no final state for).
 GONE = "GONE"
+# How sacct is asked to print times: in UTC and in one format, whatever the user's TZ and SLURM_TIME_FORMAT say
+# (sacct prints the local time of its own process, without a zone, in the format SLURM_TIME_FORMAT chooses).
+SACCT_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+SACCT_TIME_ENVIRONMENT = {"TZ": "UTC", "SLURM_TIME_FORMAT": SACCT_TIME_FORMAT}
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,8 @@ def job_starts(job_ids: Collection[str]) -> dict[str, tuple[JobStart, ...]] | No
     it (an array task as ``<array>_<task>``), oldest first; None where accounting does not answer."""
     if not job_ids:
         return {}
-    accounted = run(Tool.SACCT, "-n", "-X", "-D", "-P", "-j", ",".join(sorted(job_ids)), "-o", "JobID,Eligible,Start")
+    accounted = run(Tool.SACCT, "-n", "-X", "-D", "-P", "-j", ",".join(sorted(job_ids)), "-o", "JobID,Eligible,Start",
+                    environment=SACCT_TIME_ENVIRONMENT)
     if not accounted.ok:
         return None
     starts: dict[str, list[JobStart]] = {}
@@ -169,9 +174,10 @@ def job_starts(job_ids: Collection[str]) -> dict[str, tuple[JobStart, ...]] | No
 
 
 def _accounted_time(text: str) -> datetime | None:
-    """A time as sacct prints it (the local time, without a zone), or None for ``Unknown``/``None``."""
+    """A time as sacct prints it under :data:`SACCT_TIME_ENVIRONMENT` (UTC, without a zone), or None for
+    ``Unknown``/``None``."""
     try:
-        return datetime.fromisoformat(text.strip()).astimezone()
+        return datetime.strptime(text.strip(), SACCT_TIME_FORMAT).replace(tzinfo=timezone.utc)
     except ValueError:
         return None
 

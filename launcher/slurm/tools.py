@@ -11,9 +11,10 @@ killed and answers code 124, saying so on stderr: a slow controller is not a mis
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -85,14 +86,17 @@ def _ignore_stop_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-def run(tool: Tool, *arguments: str, timeout_s: float = TOOL_TIMEOUT_S, in_job: bool = False) -> Answer:
+def run(tool: Tool, *arguments: str, timeout_s: float = TOOL_TIMEOUT_S, in_job: bool = False,
+        environment: Mapping[str, str] | None = None) -> Answer:
     """Run ``tool arguments...`` for at most ``timeout_s``, its output captured as text. ``in_job``: the job runs
-    it on itself, and it ignores the stop signals SLURM sends the job meanwhile."""
+    it on itself, and it ignores the stop signals SLURM sends the job meanwhile. ``environment``: variables set for
+    it over this process's (how sacct prints its times, say)."""
     argv = (tool.value, *arguments)
     preexec: Callable[[], None] | None = _ignore_stop_signals if in_job else None
+    env = {**os.environ, **environment} if environment is not None else None
     try:
         completed = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
-                                   preexec_fn=preexec)
+                                   preexec_fn=preexec, env=env)
     except subprocess.TimeoutExpired as error:
         return Answer(argv, TIMED_OUT_CODE, "", f"{tool.value} did not answer within {timeout_s:g} s", str(error),
                       timed_out=True)

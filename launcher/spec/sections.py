@@ -91,7 +91,8 @@ class Resources(Section):
         json_schema_extra=MAY_CHANGE,
     )
     tasks_per_node: StrictInt = Field(
-        1, ge=1, description="Processes (ranks) per node, an integer >= 1; with GPUs, one per GPU (= gpus_per_node).",
+        1, ge=1, description="Processes (ranks) per node, an integer >= 1; with GPUs, one per GPU (= gpus_per_node); "
+        "the local executor starts at most 4 per CPU of this machine.",
         json_schema_extra=MAY_CHANGE,
     )
     gpus_per_node: StrictInt = Field(

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
+from elfes.world_size import world_size_problems
+
+from ..rundir.checkpoint_layout import last_checkpoint_layout
 from ..rundir.paths import RunPaths
 from ..spec import JobSpec
 from ..spec.continuing import changeable, changeable_keys, may_change
@@ -74,3 +77,21 @@ def refused_changes(recorded: JobSpec, new: JobSpec, paths: RunPaths) -> list[st
         refused.append(f"resources.gpus_per_node ({recorded.resources.gpus_per_node} -> {new.resources.gpus_per_node}: "
                        "from CPUs to GPUs or back)")
     return refused
+
+
+def world_size_refusal(recorded: JobSpec, new: JobSpec, paths: RunPaths) -> str | None:
+    """Why ``new``'s world size cannot continue the checkpoint ``last`` names, whatever the job's accumulation
+    (elfes/world_size.py, the engine's own reasoning, on the layout the run's records tell); None where it can,
+    where only the job's accumulation decides (the engine refuses at the resume), or where the records do not tell."""
+    if new.world_size == recorded.world_size or not has_checkpoints(paths):
+        return None
+    found = last_checkpoint_layout(paths)
+    if found is None:
+        return None
+    name, layout = found
+    problems = world_size_problems(layout, new.world_size, per_rank_data=layout["per_rank_data"])
+    if not problems:
+        return None
+    return (f"run directory {paths.run_dir} cannot continue on {new.world_size} rank"
+            f"{'s' if new.world_size != 1 else ''} (resources.nodes x resources.tasks_per_node) from its checkpoint "
+            f"`last` ({name}), so nothing was submitted: " + "; ".join(problems))

@@ -50,6 +50,9 @@ from .scripts import (
 )
 
 EXECUTORS = ("auto", "slurm", "local")
+# The CPU ranks a local job may start per CPU of this machine: a few share a core well enough for a test or a
+# rehearsal (gloo ranks wait on one another), beyond that each update waits on ranks that hardly run.
+LOCAL_RANKS_PER_CPU = 4
 
 class ExecutorError(ElfesError, ValueError):
     """The spec cannot run on the chosen executor (bad input: nothing was created)."""
@@ -99,6 +102,13 @@ def check_executor(spec: JobSpec, executor: str) -> None:
             f"resources.nodes = {spec.resources.nodes}: the local executor runs on this machine only (1 node); "
             "set nodes: 1, or submit with --executor slurm"
         )
+    tasks, cpus = spec.resources.tasks_per_node, usable_cpus()
+    if tasks > LOCAL_RANKS_PER_CPU * cpus:
+        gpus = visible_gpus()
+        raise ExecutorError(
+            f"resources.tasks_per_node = {tasks}: this machine has {cpus} CPU(s) and {len(gpus) or 'no'} GPU(s), and "
+            f"the local executor starts at most {LOCAL_RANKS_PER_CPU} ranks per CPU ({LOCAL_RANKS_PER_CPU * cpus} here); "
+            "lower tasks_per_node, or submit with --executor slurm")
     wanted = spec.resources.gpus_per_node
     if wanted > 0:
         visible = visible_gpus()
@@ -108,6 +118,14 @@ def check_executor(spec: JobSpec, executor: str) -> None:
                 f"({', '.join(map(str, visible)) or 'none'}); set gpus_per_node: 0 to train on CPU ranks with gloo, "
                 "lower it, or submit with --executor slurm"
             )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity
+        return os.cpu_count() or 1
 
 
 # -- SLURM ------------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from ..rundir.task_files import cancel_requested
 from ..spec import JobSpec, SpecError
 from . import executors
 from .code_plan import CodePlan, carry_out, prune_older
-from .continuation import CHANGEABLE_FIELDS, budget_raised, extend_hint, refused_changes
+from .continuation import CHANGEABLE_FIELDS, budget_raised, extend_hint, refused_changes, world_size_refusal
 from .handover import (
     Interrupted,
     RunDirUndo,
@@ -64,6 +64,9 @@ def changes(spec: JobSpec, source: str, paths: RunPaths, recorded: JobSpec | Non
             f"continues from its checkpoints: {', '.join(refused)}); they change what the run computes. Keep them "
             f"as recorded in {paths.spec} to continue that run (these may change: {', '.join(CHANGEABLE_FIELDS)}), "
             "or start a fresh run in another run_dir (e.g. --set run_dir=NEW_FOLDER)")
+    resized = world_size_refusal(recorded, spec, paths)
+    if resized is not None:
+        raise UsageError(f"{source}: {resized}")
     return tuple(recorded.differences(spec))
 
 
@@ -201,7 +204,7 @@ class HandOver:
             s, executor=executor, kind=kind, max_requeues=spec.requeue.max_requeues,
             host=socket.gethostname(), pid=os.getpid(),
             submitit_folder=str(submitit_folder) if submitit_folder is not None else None, array_task=array_task,
-            refuse_finished=refuse_finished))
+            refuse_finished=refuse_finished, run_dir=str(self.paths.run_dir)))
 
     def record_job(self, job_id: str) -> run_state.RunState:
         """The executor took the latest submission as ``job_id``."""

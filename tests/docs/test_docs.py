@@ -56,7 +56,7 @@ TESTED = {
     "trackers/job.yaml": "tests/records/test_tracker_mirror.py::test_the_trackers_section_of_the_guide_validates",
     "charlm/gpu": "tests/examples/test_charlm.py::test_the_gpu_spec_validates_and_dry_runs_for_slurm",
     "resize/accumulation.py": "test_the_window_block_derives_the_accumulation_from_the_world_size",
-    "rehearse/resize-line": "tests/launcher/test_rehearse.py::test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_data_identical",
+    "rehearse/resize-line": "tests/launcher/test_rehearse.py::test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_same_samples",
 }
 
 

@@ -98,3 +98,40 @@ def test_a_monitor_naming_a_metric_the_evaluation_does_not_report_is_refused_wit
     with pytest.raises(ValueError, match=r"'validation/accuracy' is not among the evaluation results \[.*'validation/loss'.*\]; name one of them"):
         run.trainer.train(run.config, checkpoint_dir=tmp_path)
     assert run.trainer.state.step == 4  # raised at the first evaluation, the end of epoch 0
+
+
+def test_a_resume_that_switches_model_randomness_is_refused_and_a_checkpoint_older_than_the_record_resumes(tmp_path):
+    """TrainConfig.model_randomness is recorded in every checkpoint: switching it at a resume (which would change
+    every dropout draw silently) is refused naming both values and what to do; a checkpoint written before the
+    record existed resumes, and the checkpoints written after it record the run's value."""
+    from workloads import fresh_accelerate
+
+    from elfes.engine.checkpoint import resume_source
+
+    spec = RunSpec(epochs=1, evaluate=False, monitor=False, warmup=False)
+    fresh_accelerate()
+    first = build(spec)
+    first.trainer.train(first.config, checkpoint_dir=tmp_path / "a")
+    last = resume_source(tmp_path / "a" / "last")[0].resolve()
+    payload = torch.load(last, weights_only=True)
+    assert payload["progress"]["model_randomness"] == "per_rank"
+
+    fresh_accelerate()
+    switched = build(spec.with_(epochs=2, model_randomness="per_batch"))
+    with pytest.raises(ConfigurationError) as refused:
+        switched.trainer.train(switched.config, checkpoint_dir=tmp_path / "a", resume_from=last)
+    assert str(refused.value) == (
+        f"Checkpoint {last} was written with TrainConfig.model_randomness='per_rank' and this run has 'per_batch': "
+        "the dropout and every other torch draw of the model would change at the resume. Continue with "
+        "model_randomness='per_rank', or start a new run from its weights (load_weights).")
+
+    del payload["progress"]["model_randomness"]  # as every checkpoint written before the record existed
+    older = tmp_path / "b" / last.name
+    older.parent.mkdir()
+    torch.save(payload, older)
+    fresh_accelerate()
+    continued = build(spec.with_(epochs=2, model_randomness="per_batch"))
+    state = continued.trainer.train(continued.config, checkpoint_dir=tmp_path / "b", resume_from=older)
+    assert state.epoch == 2
+    final = torch.load(resume_source(tmp_path / "b" / "last")[0], weights_only=True)
+    assert final["progress"]["model_randomness"] == "per_batch"

@@ -156,3 +156,32 @@ def test_generators_every_old_rank_shared_are_every_new_ranks_and_differing_ones
     torch.rand(1)  # this rank drew once more from torch, and from nothing else
     assert set(shared_generators([{"rng": same}, {"rng": capture_rng()}])) == {"python", "numpy", "cuda"}
     assert shared_generators([{"rng": {}}, {"rng": {}}]) == {}  # nothing saved: derived streams
+
+
+def test_each_start_records_what_of_the_loader_keeps_a_position_per_rank(tmp_path):
+    """The `started` record names a stream's per-rank position (what `elfes resume` reads, torch-free, to refuse
+    another world size before submitting: launcher/rundir/checkpoint_layout.py), and null for a map-style
+    dataset read through the engine's sampler."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+    from workloads import fresh_accelerate, mse_step, quiet_logger
+
+    from elfes.engine import TrainConfig, Trainer
+    from elfes.records import read_events
+
+    class Shards(IterableDataset):
+        def __iter__(self):
+            return iter([(torch.ones(2, 1), torch.zeros(2, 1))] * 4)
+
+    for name, loader, expected in (
+            ("stream", DataLoader(Shards(), batch_size=None), "the training stream (Shards) is read by each rank from "
+                                                              "its own share"),
+            ("map", DataLoader(TensorDataset(torch.ones(8, 1), torch.zeros(8, 1)), batch_size=2, shuffle=True), None)):
+        fresh_accelerate()
+        model = torch.nn.Linear(1, 1)
+        with quiet_logger(tmp_path / name) as logger:
+            trainer = Trainer(Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                              mse_step, logger=logger)
+            trainer.train(TrainConfig(epochs=1, max_steps=2, evaluate_every=None, checkpoint_every=None))
+        [started] = [event for event in read_events(tmp_path / name) if event["event"] == "started"]
+        assert started["per_rank_data"] == expected

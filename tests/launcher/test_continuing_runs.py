@@ -89,6 +89,34 @@ def test_resume_on_another_world_size_continues_the_run_within_float_rounding(ru
         torch.testing.assert_close(final[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_a_world_size_that_cannot_keep_the_window_is_refused_at_resume_and_the_engines_refusal_says_why(runs: Runs):
+    """A finished 2-rank run of 2 x accumulation 2 (a window of 4 microbatches). On 3 ranks no accumulation keeps
+    the window: `elfes resume` refuses it from the run's records before anything is submitted, naming the world
+    sizes that do, the run directory unchanged. On 1 rank only the job's accumulation decides, and this job keeps
+    2: the engine refuses at the resume, and state.json and `elfes status` carry the whole reason (the
+    accumulation that keeps the window), not retried."""
+    run_dir = runs.submit("fixed", tasks=2, entrypoint=ENTRYPOINT, config={**TRAINING, "epochs": 1, "dropout": 0.0})
+    wait_ended(run_dir, "finished")
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+
+    refused = elfes("resume", str(run_dir), "--set", "config.epochs=2", "--set", "resources.tasks_per_node=3")
+    assert refused.returncode == 2, refused.stderr
+    assert f"run directory {run_dir} cannot continue on 3 ranks" in refused.stderr, refused.stderr
+    assert "no accumulation on 3 ranks keeps it: use a world size that divides 4 (1, 2 or 4)" in refused.stderr
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+
+    resized = elfes("resume", str(run_dir), "--set", "config.epochs=2", "--set", "resources.tasks_per_node=1")
+    assert resized.returncode == 0, resized.stderr
+    state = wait_ended(run_dir, "failed")
+    assert [(a.outcome, a.world_size) for a in state.attempts] == [("finished", 2), ("failed", 1)]  # not retried
+    failure = state.attempts[-1].failure
+    assert failure is not None and not failure.retried
+    keeps = "1 rank x accumulation 4 keeps the window of 4 microbatches"
+    assert keeps in failure.cause and keeps in (state.error or ""), (failure, state.error)
+    assert keeps in json.loads(elfes("status", str(run_dir), "--json").stdout)["error"]
+    assert keeps in " ".join(elfes("status", str(run_dir)).stdout.split())
+
+
 def test_a_run_whose_first_submission_failed_before_a_checkpoint_takes_the_corrected_spec(runs: Runs):
     run_dir = runs.submit("typo", tasks=1, entrypoint="tests.launcher.entrypoints:failing")
     failed = wait_ended(run_dir, "failed")

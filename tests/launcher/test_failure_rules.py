@@ -261,3 +261,25 @@ def test_a_retry_that_leaves_no_node_out_says_so_in_status(tmp_path: Path) -> No
     print_status(console, [dataclasses.replace(run_status(paths.run_dir), notes=[])])
     assert f"attempt 1 failed: RuntimeError: the loss is NaN (rank 1 on node1, step 7); retried from `last`; {why}" \
         in console.file.getvalue()
+
+
+def test_a_checkpoint_the_run_cannot_continue_is_recorded_with_every_reason_and_not_retried() -> None:
+    from elfes.engine.checkpoint import CheckpointMismatch
+
+    refusal = CheckpointMismatch(
+        "Checkpoint /runs/a/checkpoints/step-4.pt does not match this run:\n"
+        "  - world_size: the checkpoint was written on 2 ranks x accumulation 2 (a window of 4 microbatches per update) "
+        "and this run has 1 rank x accumulation 2 (2); continuing needs the same window, so that every update trains "
+        "on the same samples: 1 rank x accumulation 4 keeps the window of 4 microbatches\n"
+        "Resume with the same batching; to change it, start a new run from its weights (load_weights).")
+    cause = report(step=4, error=refusal)
+    assert cause.cause == ("CheckpointMismatch: Checkpoint /runs/a/checkpoints/step-4.pt does not match this run: - "
+                           "world_size: the checkpoint was written on 2 ranks x accumulation 2 (a window of 4 "
+                           "microbatches per update) and this run has 1 rank x accumulation 2 (2); continuing needs the "
+                           "same window, so that every update trains on the same samples: 1 rank x accumulation 4 keeps "
+                           "the window of 4 microbatches Resume with the same batching; to change it, start a new run "
+                           "from its weights (load_weights).")
+    decided = decide_failure(cause, previous=None, failures_used=0, max_failures=3)
+    assert not decided.retried and "1 rank x accumulation 4 keeps the window" in decided.cause
+    dump = RuntimeError("first line\n" + "x" * 3000 + "\nlast line")  # a message with a dump keeps its ends
+    assert report(error=dump).cause == "RuntimeError: first line ... last line"

@@ -175,3 +175,20 @@ def test_submit_follow_on_a_terminal_draws_the_progress_bar(tmp_path: Path, clea
     text = output.decode(errors="replace")
     assert "\x1b[" in text and "samples/s" in text  # rich's live bar, not plain lines
     assert "elfes: run finished" in text
+
+
+def test_more_ranks_than_this_machine_can_start_are_refused_at_validate_and_submit_naming_its_cpus(tmp_path: Path):
+    spec = write_spec(tmp_path, [sys.executable, "-c", "print('never')"])
+    from elfes.launcher.submit.scripts import visible_gpus
+
+    cpus, gpus = len(os.sched_getaffinity(0)), len(visible_gpus()) or "no"
+    for verb in ("validate", "submit"):
+        refused = elfes(verb, str(spec), "--executor", "local", "--set", "resources.tasks_per_node=100000", cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert (f"resources.tasks_per_node = 100000: this machine has {cpus} CPU(s) and {gpus} GPU(s), and the local "
+                f"executor starts at most 4 ranks per CPU ({4 * cpus} here)") in refused.stderr, refused.stderr
+        assert refused.stderr.rstrip().endswith("lower tasks_per_node, or submit with --executor slurm")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]  # no run directory, no job
+    accepted = elfes("validate", str(spec), "--executor", "local", "--set", f"resources.tasks_per_node={4 * cpus}",
+                     cwd=tmp_path)
+    assert accepted.returncode == 0, accepted.stderr

@@ -43,3 +43,53 @@ def test_a_stream_shuffled_in_a_buffer_is_named_first_when_the_interrupted_run_w
     assert "shuffle(buffer_size=...)" in causes[2] and "shards" in causes[2]
     unwarned = likely_causes(SPEC, LOSS_DIVERGES, [requeue], [])
     assert any(cause.startswith("A stream shuffled in a buffer:") for cause in unwarned[3:])
+
+
+def train_records(losses: dict[int, float], *, samples: int = 16, randomness: str | None = None) -> list[dict]:
+    start = {"event": "started", "config": {"model_randomness": randomness} if randomness else {}}
+    return [start, *({"event": "train", "step": step, "metrics": {"loss": loss, "last_update_samples": samples}}
+                     for step, loss in losses.items())]
+
+
+RESIZED = Comparison(
+    tensors=(TensorDifference("checkpoints/final", "/layout/world_size", None, "2 vs 1"),
+             TensorDifference("checkpoints/final", "/ranks[1]", None, "missing in the interrupted run"),
+             TensorDifference("checkpoints/final", "/model/0.weight", 0.02, max_relative_diff=0.04)),
+    divergence=MetricDivergence(step=5, event="train", metric="loss", ours=0.52, theirs=0.5),
+    compared_files=("checkpoints/final",),
+)
+
+
+def test_a_resize_with_dropout_drawn_per_rank_names_the_dropout_and_judges_samples_and_losses_apart():
+    """The samples of every update after the pause are the same (exact), the losses differ beyond rounding: the
+    verdict says both apart, the layout and ranks entries are set aside, and the one likely cause is the dropout
+    drawn per rank, with model_randomness="per_batch" as the remedy."""
+    from elfes.launcher.commands.rehearsal.causes import resize_causes
+    from elfes.launcher.commands.rehearsal.compare import judge_resized, without_per_rank_entries
+    from elfes.launcher.commands.rehearsal.report import resized_line
+
+    kept = without_per_rank_entries(RESIZED)
+    assert [t.name for t in kept.tensors] == ["/model/0.weight"]
+    ours = train_records({4: 0.6, 5: 0.52, 6: 0.45}, randomness="per_rank")
+    resized = judge_resized(kept, ours, train_records({4: 0.6, 5: 0.5, 6: 0.44}), ranks=1, resumed_at=4)
+    assert resized.samples_identical and not resized.losses_within_tolerance and not resized.within_rounding
+    report = resized.to_json()
+    assert (report["samples_identical"], report["losses_within_tolerance"]) == (True, False)
+    assert "data_identical" not in report
+    assert resized_line("not resumable", resized) == (
+        "not resumable on 1 rank (the same samples in every update after step 4, the losses differ by up to 4.0e-02 "
+        "(relative), more than rounding; the largest relative difference of any tensor 4.0e-02, in checkpoints/final "
+        "/model/0.weight)")
+    [cause] = resize_causes(resized, ours)
+    assert cause.startswith("Dropout drawn per rank: every update after step 4 counted the same samples, but the "
+                            "job's TrainConfig.model_randomness is 'per_rank'")
+    assert 'TrainConfig(model_randomness="per_batch")' in cause
+
+    other_samples = judge_resized(kept, train_records({4: 0.6, 5: 0.5}, samples=8), train_records({4: 0.6, 5: 0.5}),
+                                  ranks=1, resumed_at=4)
+    assert not other_samples.samples_identical and other_samples.losses_within_tolerance
+    assert resize_causes(other_samples, [])[0].startswith("Another window: from step 5 an update counted other "
+                                                          "samples")
+    per_batch = judge_resized(kept, train_records({5: 0.52}, randomness="per_batch"), train_records({5: 0.5}),
+                              ranks=1, resumed_at=4)
+    assert resize_causes(per_batch, train_records({}, randomness="per_batch"))[0].startswith("Draws outside torch")

@@ -162,3 +162,19 @@ def test_a_submission_recorded_after_its_run_finished_meanwhile_is_refused_with_
         S.record_submission(finished, executor="local", kind="submit", max_requeues=2, refuse_finished=reason)
     again = S.record_submission(finished, executor="local", kind="submit", max_requeues=2)  # a raised budget
     assert again.status == "submitted" and len(again.submissions) == 2
+
+
+def test_a_resume_of_a_run_retrying_a_failure_says_it_retries_from_last_and_points_at_status():
+    failure = S.Failure(category="exception", cause="RuntimeError: the loss is NaN", retried=True, step=7)
+    requeued = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="failed", error="boom", failure=failure)
+    running = begin(requeued, "41:1", launch="requeue")
+    for state in (requeued, running):  # waiting for its retry, and running it
+        with pytest.raises(S.NotNow) as refused:
+            S.record_submission(state, executor="local", kind="resume", max_requeues=2, run_dir="runs/a")
+        said = str(refused.value)
+        assert said.startswith("the run is retrying itself from `last` after attempt 1 failed (RuntimeError: the "
+                               "loss is NaN)"), said
+        assert "`elfes status runs/a --until ended`" in said
+    stopped = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="requeued", signal="SIGUSR2", step=3)
+    with pytest.raises(S.NotNow, match="cannot record a resume while the run is requeued"):  # a requeue, not a retry
+        S.record_submission(stopped, executor="local", kind="resume", max_requeues=2)

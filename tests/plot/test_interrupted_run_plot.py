@@ -94,7 +94,7 @@ def test_the_plot_has_one_kept_path_the_lost_segment_apart_and_every_interruptio
     labels = {text.get_position()[0]: text.get_text() for text in loss_panel.texts}
     assert labels[first_stop] == "SIGUSR2 / requeue"
     assert labels[interrupted.killed_at_step] == "kill"
-    assert "2 stops, 2 requeues, 1 kill, 1 resume" in result.figure.get_suptitle()
+    assert "4 attempts: 2 requeues, 1 kill, 1 resume" in result.figure.get_suptitle()  # a preemption counts once
 
 
 def test_tensorboard_holds_each_steps_loss_once_equal_to_the_run_records(interrupted):

@@ -129,3 +129,21 @@ def test_a_resume_on_another_world_size_is_marked_with_its_ranks():
     ]
     starts = [marker.label for marker in build_timeline(events).markers if marker.kind in ("start", "resume")]
     assert starts == ["start", "resume on 1 rank", "resume"]
+
+
+def test_a_preemption_counts_once_in_the_title_and_a_resume_on_other_ranks_names_them():
+    """Two preemptions (a SIGUSR2 stop, then the run's requeue: one interruption each), a SIGTERM stop resumed by
+    hand on 1 rank instead of 2: the title counts 2 requeues, 1 stop and 1 resume, and the resume's label says
+    the ranks it continued on, as the guide promises."""
+    events = run_events({20, 40, 60})
+    for event in events:
+        if event["event"] in ("started", "resumed"):
+            event["world_size"] = 2
+    last_resume = [index for index, event in enumerate(events) if event["event"] == "resumed"][-1]
+    events[last_resume]["world_size"] = 1
+    timeline = build_timeline(events, launches=["submit", "requeue", "requeue", "resume"])
+    figure = draw([RunCurves("run", timeline)], ["train/loss"])
+    assert figure.get_suptitle() == "run: 4 attempts: 1 stop, 2 requeues, 1 resume"
+    (ax,) = figure.get_axes()
+    labels = {text.get_position()[0]: text.get_text() for text in ax.texts}
+    assert labels[20] == "SIGUSR2 / requeue" and labels[60] == "SIGUSR2 / resume on 1 rank", labels

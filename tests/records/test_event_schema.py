@@ -59,7 +59,7 @@ def test_the_reference_documents_the_new_events_and_fields():
     reference = event_reference()
     assert "| `failed` | `exception`, `message`, `epoch`, `step` |" in reference
     assert "| `stop_signal` | `signal`, `reason`, `epoch`, `step` |" in reference
-    assert "`resumed_from`, `past_budget` (optional) |" in reference
+    assert "`resumed_from`, `past_budget` (optional), `per_rank_data` (optional) |" in reference
     assert "lr/decay and lr/no_decay" in reference
 
 
@@ -67,3 +67,13 @@ def test_a_resumed_event_without_past_budget_is_still_valid():
     """Records written before past_budget existed (and engines not yet emitting it) stay readable."""
     assert validate_event(started(5, resumed_from="/ckpt")) == "resumed"
     assert validate_event({**started(5, resumed_from="/ckpt"), "past_budget": False}) == "resumed"
+
+
+def test_every_warning_kind_is_explained_in_the_events_table():
+    """The `warning` row of the events table (docs/engine.md, generated from the schema and checked against it by
+    tests/docs) names every kind the engine can record (elfes.contract.WarningKind: the only kinds it emits)."""
+    from elfes.contract import WarningKind
+    from elfes.records.schema import EVENT_SPECS
+
+    described = EVENT_SPECS["warning"].description
+    assert [kind.value for kind in WarningKind if f"{kind.value}, " not in described] == []

@@ -304,3 +304,27 @@ def test_the_cluster_commands_of_the_slurm_guide_start_and_stop_it(open_folder: 
         stopped = subprocess.run(f"{stop} --dir {open_folder}", shell=True, cwd=repository, capture_output=True,
                                  text=True, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
+
+
+def test_job_starts_reads_sacct_in_utc_whatever_time_zone_and_format_the_user_set(slurm_env: SlurmCluster,
+                                                                                   tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch):
+    """sacct prints times in the local time of its own process, in the format SLURM_TIME_FORMAT chooses: the launcher
+    asks it for UTC in one format, so that a user's TZ (here UTC+14, which this Python process was never told of)
+    and SLURM_TIME_FORMAT=relative (``19:41:08``) change nothing in the starts it reads (the goodput's queue waits).
+    Asked while the job runs: this cluster's accounting keeps no Eligible time for a job that started at once and
+    completed."""
+    from datetime import datetime, timedelta, timezone
+
+    from elfes.launcher.slurm import job_starts
+
+    submitted_at = datetime.now(timezone.utc) - timedelta(seconds=2)  # sacct keeps whole seconds
+    job_id = sbatch(slurm_env, f"--output={tmp_path / 'out.txt'}", "--wrap", "sleep 60", cwd=tmp_path)
+    wait_for(lambda: accounted_state(slurm_env, job_id) == "RUNNING", timeout_s=30,
+             what=f"sacct to report job {job_id} RUNNING")
+    running_at = datetime.now(timezone.utc)
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "relative")
+    [start] = (job_starts([str(job_id)]) or {})[str(job_id)]
+    assert start.started_at is not None
+    assert submitted_at <= start.eligible_at <= start.started_at <= running_at, (submitted_at, start, running_at)

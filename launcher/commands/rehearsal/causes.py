@@ -11,7 +11,7 @@ from typing import Any
 from elfes.contract import WarningKind
 
 from ...spec import JobSpec
-from .compare import Comparison
+from .compare import RESIZE_TOLERANCE, Comparison, Resized
 
 # Top-level checkpoint entries, as the engine names them, and what each holds.
 _PARTS = {
@@ -109,6 +109,47 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
     if warned:  # the run's own words: the best evidence
         ordered.insert(0, shuffle_buffer)
     return causes + ordered
+
+
+def model_randomness(events: list[dict[str, Any]]) -> str | None:
+    """``TrainConfig.model_randomness`` of the run's latest start, as its records say (None without records)."""
+    starts = [event for event in events if event.get("event") in ("started", "resumed")]
+    found = (starts[-1].get("config") or {}).get("model_randomness") if starts else None
+    return found if isinstance(found, str) else None
+
+
+def resize_causes(resized: Resized, events: list[dict[str, Any]]) -> list[str]:
+    """What most probably made a continuation on another world size (``resized``) differ by more than rounding;
+    ``events``: the continued run's records."""
+    after = f"after step {resized.resumed_at}" if resized.resumed_at is not None else "after the pause"
+    causes = []
+    if not resized.samples_identical:
+        causes.append(
+            f"Another window: from step {resized.samples_differ_at} an update counted other samples than the straight "
+            "run's, so the job's window of microbatches per update changed with the world size. Derive the "
+            "accumulation from it (Accelerator(gradient_accumulation_steps=window // world_size)), as the guide's "
+            "'Continuing on another world size' shows.")
+    elif not (resized.losses_within_tolerance and resized.largest_difference <= RESIZE_TOLERANCE):
+        randomness = model_randomness(events)
+        if randomness != "per_batch":
+            causes.append(
+                f"Dropout drawn per rank: every update {after} counted the same samples, but the job's "
+                f"TrainConfig.model_randomness is {randomness or 'per_rank'!r}, so each rank of the new world size "
+                "draws its dropout (and every other torch draw of the model) from a new stream, and the run took "
+                f"another random path (its losses differ by up to {resized.largest_loss_difference:.1e}). Set "
+                "TrainConfig(model_randomness=\"per_batch\"): each microbatch's draws then follow its batch, on any "
+                "world size. A model without dropout or other draws continues within rounding as it is.")
+        else:
+            causes.append(
+                f"Draws outside torch: every update {after} counted the same samples and torch's draws follow each "
+                "batch (model_randomness='per_batch'), but NumPy's and Python's generators in the training process "
+                "start new streams on the new world size. Draw the model's randomness from torch, or seed those "
+                "generators from the batch.")
+    if resized.unmatched:
+        first = resized.unmatched[0]
+        causes.append(f"{len(resized.unmatched)} entries differ in a way no rounding explains, e.g. {first.file} "
+                      f"{first.name}: {first.note}.")
+    return causes
 
 
 def reproducibility_advice(spec: JobSpec, comparison: Comparison) -> list[str]:

@@ -331,7 +331,6 @@ class Resized:
 
     ranks: int
     resumed_at: int | None  # the step the continuation started from
-    data_identical: bool  # every logged update after it counted the same samples, its loss within the tolerance
     largest_loss_difference: float  # relative, over the logged train losses after the resume
     largest_difference: float  # relative, over every compared tensor and number
     largest_in: str  # where: "checkpoints/final /model/0.weight"
@@ -339,11 +338,24 @@ class Resized:
     samples_differ_at: int | None = None  # the first logged step whose update counted other samples
 
     @property
+    def samples_identical(self) -> bool:
+        """Every logged update after the resume counted the same samples as the straight run's (exact)."""
+        return self.samples_differ_at is None
+
+    @property
+    def losses_within_tolerance(self) -> bool:
+        """Every logged train loss after the resume within :data:`RESIZE_TOLERANCE` (relative) of the straight run's."""
+        return self.largest_loss_difference <= RESIZE_TOLERANCE
+
+    @property
     def within_rounding(self) -> bool:
-        return (self.data_identical and not self.unmatched and self.largest_difference <= RESIZE_TOLERANCE)
+        return (self.samples_identical and self.losses_within_tolerance and not self.unmatched
+                and self.largest_difference <= RESIZE_TOLERANCE)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "within_rounding": self.within_rounding, "tolerance": RESIZE_TOLERANCE}
+        return {**asdict(self), "samples_identical": self.samples_identical,
+                "losses_within_tolerance": self.losses_within_tolerance, "within_rounding": self.within_rounding,
+                "tolerance": RESIZE_TOLERANCE}
 
 
 def judge_resized(comparison: Comparison, ours: list[dict[str, Any]], theirs: list[dict[str, Any]], *, ranks: int,
@@ -365,6 +377,12 @@ def judge_resized(comparison: Comparison, ours: list[dict[str, Any]], theirs: li
             samples_differ_at = samples_differ_at or step
             continue
         loss_difference = max(loss_difference, abs(left["loss"] - right["loss"]) / max(abs(right["loss"]), 1e-30))
-    return Resized(ranks, resumed_at, samples_differ_at is None and loss_difference <= RESIZE_TOLERANCE,
-                   loss_difference, largest.max_relative_diff if largest and largest.max_relative_diff else 0.0,
+    return Resized(ranks, resumed_at, loss_difference,
+                   largest.max_relative_diff if largest and largest.max_relative_diff else 0.0,
                    f"{largest.file} {largest.name}" if largest else "", unmatched, samples_differ_at)
+
+
+def without_per_rank_entries(comparison: Comparison) -> Comparison:
+    """``comparison`` with the entries that describe the ranks (:data:`PER_RANK_ENTRIES`) set aside: after a
+    resize they differ by design."""
+    return replace(comparison, tensors=tuple(t for t in comparison.tensors if not t.name.startswith(PER_RANK_ENTRIES)))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,8 +43,17 @@ from ...spec.overrides import load_spec_with
 from ...spec.sweep import plan_sweep, wants_sweep
 from ...submit import executors
 from ...submit.handover import Interrupted
-from .causes import likely_causes, reproducibility_advice
-from .compare import Comparison, Resized, compare_runs, generator_note, judge_resized, read_records, unused_generators
+from .causes import likely_causes, reproducibility_advice, resize_causes
+from .compare import (
+    Comparison,
+    Resized,
+    compare_runs,
+    generator_note,
+    judge_resized,
+    read_records,
+    unused_generators,
+    without_per_rank_entries,
+)
 from .interrupt import InterruptedRun
 from .plan import (
     PlannedInterruption,
@@ -57,7 +65,7 @@ from .plan import (
     read_events_if_any,
 )
 from .report import VERDICTS, Interruption, Report, after_the_last_update
-from .runs import RUN_NAMES, ScratchRuns, Show
+from .runs import RUN_NAMES, ScratchRuns, Show, remove_run_dir
 
 KINDS = ("requeue", "stop", "kill")
 REPORT_FILE = "report.json"
@@ -227,7 +235,8 @@ class Rehearsal:
             interruptions, retried = self._interrupt(runs, length, say)
             say("comparing the interrupted run with straight-1")
             resumed = compare_runs(self.folder / "interrupted", straight_1).without_generators(unused)
-            if self.options.resize is not None:
+            if self.options.resize is not None:  # the entries that describe the ranks differ by design
+                resumed = without_per_rank_entries(resumed)
                 resized = judge_resized(resumed, read_records(self.folder / "interrupted"), read_records(straight_1),
                                         ranks=self.options.resize, resumed_at=interruptions[0].saved_step)
         else:
@@ -239,7 +248,9 @@ class Rehearsal:
         report = Report(verdict, str(self.source), str(self.folder), self.options.seed, self.options.executor,
                         interruptions, straight, resumed, requested=[p.kind for p in self._plan(length, 0)],
                         kinds=KINDS, retried=retried, notes=notes, runs=runs.runs, resized=resized)
-        if verdict == "not resumable" and resumed is not None:
+        if verdict == "not resumable" and resized is not None:
+            report.likely_causes = resize_causes(resized, read_events_if_any(RunPaths(self.folder / "interrupted")))
+        elif verdict == "not resumable" and resumed is not None:
             report.likely_causes = likely_causes(self.spec, resumed, interruptions,
                                                  read_events_if_any(RunPaths(self.folder / "interrupted")))
         elif verdict == "not reproducible":
@@ -276,7 +287,9 @@ class Rehearsal:
         return done, retried
 
     def _remove(self, name: str) -> None:
-        shutil.rmtree(self.folder / name, ignore_errors=True)
+        """Remove scratch run ``name`` once its job is gone: a local job's controller writes its result and log into
+        the run directory after the run recorded its end, and would leave a stray folder behind a removal."""
+        remove_run_dir(self.folder / name)
         (self.folder / f"{name}.yaml").unlink(missing_ok=True)
 
 

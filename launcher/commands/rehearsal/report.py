@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .compare import Comparison, Resized
+from .compare import RESIZE_TOLERANCE, Comparison, Resized
 
 VERDICTS = ("exact", "within rounding", "not resumable", "not reproducible")
 
@@ -110,12 +110,15 @@ class Report:
 
 
 def resized_line(verdict: str, resized: Resized) -> str:
-    """The verdict of a pause continued on another world size: whether the data stayed, and the largest
-    relative difference of any tensor."""
+    """The verdict of a pause continued on another world size: whether every update counted the same samples
+    (exact), whether the losses stayed within rounding, and the largest relative difference of any tensor."""
     after = f"after step {resized.resumed_at}" if resized.resumed_at is not None else "after the pause"
-    data = (f"the data identical in every update {after}" if resized.data_identical else
-            f"other data from step {resized.samples_differ_at} (another sample count)" if resized.samples_differ_at
-            else f"the losses {after} differ by up to {resized.largest_loss_difference:.1e} (relative)")
+    samples = (f"the same samples in every update {after}" if resized.samples_identical else
+               f"other samples from step {resized.samples_differ_at} (another sample count)")
+    losses = (f"the losses within {RESIZE_TOLERANCE:g} (relative, at most {resized.largest_loss_difference:.1e})"
+              if resized.losses_within_tolerance else
+              f"the losses differ by up to {resized.largest_loss_difference:.1e} (relative), more than rounding")
+    data = f"{samples}, {losses}"
     largest = (f"the largest relative difference of any tensor {resized.largest_difference:.1e}"
                + (f", in {resized.largest_in}" if resized.largest_in else ""))
     unmatched = (f"; {len(resized.unmatched)} entries no rounding explains, e.g. "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from ..submission import submit
 from .plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
 
 RUN_NAMES = ("straight-1", "interrupted", "straight-2")
+GONE_TIMEOUT_S = 60.0  # how long a finished scratch job's processes get to exit before its folder is removed
 # show(run name, step, total or None): called on every look at a run; the caller decides what to draw.
 Show = Callable[[str, int, "int | None"], None]
 
@@ -203,6 +205,26 @@ def failure(paths: RunPaths, state: run_state.RunState) -> str:
 
 
 # -- processes ------------------------------------------------------------------------------------------------
+def remove_run_dir(run_dir: Path, timeout_s: float = GONE_TIMEOUT_S) -> None:
+    """Wait (at most ``timeout_s``) until no process of the run's job is alive, then remove its directory; raises
+    RehearsalFailed, naming it, where something is still writing into it after that."""
+    paths = RunPaths(run_dir)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = run_state.load_state(paths) if paths.state.is_file() else None
+        if state is None or not liveness(paths, state).alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for _ in range(5):  # a process the wait gave up on may add a file while the tree is removed
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if not run_dir.exists():
+            return
+        time.sleep(0.5)
+    raise RehearsalFailed(f"{run_dir} could not be removed: a process of its job still writes into it; end it "
+                          f"(`elfes cancel {run_dir}`) and remove the folder")
+
+
+
 def signal_tasks(paths: RunPaths, signum: int) -> None:
     for record in recorded_tasks(paths):
         try:
