@@ -25,7 +25,6 @@ from torch import nn
 
 from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
-from elfes.refusals import ConfigurationError
 
 from .collectives import every_rank_value
 from .dcp_reader import SafeReader, ShardDamage
@@ -212,10 +211,6 @@ def _is_complete(path: Path) -> bool:
 _ADVISORY_LAYOUT = ("torch_threads",)
 
 
-class CheckpointMismatch(CheckpointError, ConfigurationError):
-    """A checkpoint whose layout or model does not fit this run: refused on any node alike, so never retried."""
-
-
 @dataclass(frozen=True)
 class PendingCheckpoint:
     """A checkpoint whose payload is built, ready to be written (``payload`` is None where nothing is
@@ -309,7 +304,7 @@ class Checkpointer:
         if resized:
             mismatches += resize_problems(found, expected, per_rank_data=self.per_rank["data"].per_rank_position())
         if mismatches:
-            raise CheckpointMismatch(
+            raise UnusableCheckpointError(
                 f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
                 "Resume with the same batching (on another world size, the same window of microbatches per update), "
                 "objective, EMA, precision, optimizer, scheduler and model (names, shapes and dtypes); to change them, "

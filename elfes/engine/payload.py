@@ -19,7 +19,8 @@ class CheckpointError(RuntimeError):
 
 
 class UnusableCheckpointError(CheckpointError, ConfigurationError):
-    """A checkpoint no retry can use (damaged, or not written by ELFES): also a :class:`ConfigurationError`, so
+    """A checkpoint no retry can use (damaged, not written by ELFES, or one whose layout or model does not fit this
+    run, on any node alike): also a :class:`ConfigurationError`, so
     that the launcher ends the attempt instead of retrying from it (launcher/job/failures.py)."""
 
 

@@ -264,16 +264,16 @@ def test_a_retry_that_leaves_no_node_out_says_so_in_status(tmp_path: Path) -> No
 
 
 def test_a_checkpoint_the_run_cannot_continue_is_recorded_with_every_reason_and_not_retried() -> None:
-    from elfes.engine.checkpoint import CheckpointMismatch
+    from elfes.engine.payload import UnusableCheckpointError
 
-    refusal = CheckpointMismatch(
+    refusal = UnusableCheckpointError(
         "Checkpoint /runs/a/checkpoints/step-4.pt does not match this run:\n"
         "  - world_size: the checkpoint was written on 2 ranks x accumulation 2 (a window of 4 microbatches per update) "
         "and this run has 1 rank x accumulation 2 (2); continuing needs the same window, so that every update trains "
         "on the same samples: 1 rank x accumulation 4 keeps the window of 4 microbatches\n"
         "Resume with the same batching; to change it, start a new run from its weights (load_weights).")
     cause = report(step=4, error=refusal)
-    assert cause.cause == ("CheckpointMismatch: Checkpoint /runs/a/checkpoints/step-4.pt does not match this run: - "
+    assert cause.cause == ("UnusableCheckpointError: Checkpoint /runs/a/checkpoints/step-4.pt does not match this run: - "
                            "world_size: the checkpoint was written on 2 ranks x accumulation 2 (a window of 4 "
                            "microbatches per update) and this run has 1 rank x accumulation 2 (2); continuing needs the "
                            "same window, so that every update trains on the same samples: 1 rank x accumulation 4 keeps "
