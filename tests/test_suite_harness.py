@@ -8,7 +8,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from scheduling import SPREAD_FILES, queue_order, work_unit
+from scheduling import EXPECTED_S, SPREAD_FILES, queue_order, work_unit
 from shared_runs import SharedRuns
 
 
@@ -47,10 +47,12 @@ def test_a_file_is_one_unit_of_work_and_each_test_of_a_spread_file_is_its_own():
     assert work_unit(f"{spread}::test_a") == f"{spread}::test_a"
 
 
-def test_spread_tests_are_queued_first_then_slurm_files_then_the_files_with_most_tests():
+def test_the_units_are_queued_longest_first_a_file_kept_whole_in_its_order():
     spread = sorted(SPREAD_FILES)[0]
+    known = next(unit for unit in EXPECTED_S if unit.startswith("tests/launcher/test_rehearse.py::"))
     collected = [("tests/a.py::one", False), ("tests/b.py::one", False), ("tests/b.py::two", False),
-                 (f"{spread}::one", False), ("tests/slurm/c.py::one", True), (f"{spread}::two", False)]
+                 (f"{spread}::unknown", False), ("tests/slurm/c.py::one", True), ("tests/slurm/c.py::two", True),
+                 (known, False)]
     queued = [collected[index][0] for index in queue_order(collected)]
-    assert queued == [f"{spread}::one", f"{spread}::two", "tests/slurm/c.py::one", "tests/b.py::one",
-                      "tests/b.py::two", "tests/a.py::one"]
+    assert queued == [known, "tests/slurm/c.py::one", "tests/slurm/c.py::two", f"{spread}::unknown",
+                      "tests/b.py::one", "tests/b.py::two", "tests/a.py::one"]
