@@ -37,29 +37,41 @@ class FilesAndSpreadTests(LoadScopeScheduling):
 
 # Seconds of worker time of the longest units, to queue them first (only their order matters): measured in the
 # suite's run of benchmarks/results/2026-12-07-test-durations.md on a loaded machine (several times slower than an
-# idle one), except those marked as estimates (from the last idle run's per-file sums). A unit not listed counts
-# as DEFAULT_S: a test of a spread file, a SLURM file, or a second per test of any other file.
+# idle one; the import graph after its parse was cached), except the estimate marked. A unit not listed counts as
+# DEFAULT_S: a test of a spread file, a SLURM file, or a second per test of any other file.
 EXPECTED_S = {
+    "tests/docs/test_docs.py::test_make_run_finishes_the_example_job_then_the_tour_runs_as_written": 1558,
+    "tests/engine/test_sharded.py": 1346,
     "tests/launcher/test_rehearse.py::test_a_sharded_job_rehearses_exact_through_sigterm_and_sigkill": 763,
-    "tests/launcher/test_rehearse.py::test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_data_"
-    "identical": 557,
-    "tests/docs/test_docs.py::test_make_run_finishes_the_example_job_then_the_tour_runs_as_written": 900,  # estimate
-    "tests/slurm/test_two_hosts.py": 1000,  # estimate
+    "tests/launcher/test_rehearse.py::test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_data_identical": 557,
+    "tests/docs/test_docs.py::test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact": 496,
+    "tests/launcher/test_rehearse.py::test_generators_never_seeded_nor_drawn_from_are_a_note_and_the_verdict_exact": 353,
     "tests/engine/test_rough_edges.py": 335,
-    "tests/engine/test_sharded.py": 321,
+    "tests/launcher/test_rehearse.py::test_a_job_with_nan_in_a_buffer_and_a_logged_metric_is_exact": 295,
+    "tests/engine/test_data_pipelines.py::test_a_stateful_iterable_dataset_resumes_mid_epoch_bitwise": 270,
     "tests/launcher/test_rehearse.py::test_a_command_job_rehearses_exact": 269,
+    "tests/launcher/test_rehearse.py::test_a_job_without_a_run_logger_rehearses_exact_and_says_the_metrics_were_not_compared": 236,
     "tests/launcher/test_rehearse.py::test_the_quickstart_with_one_interruption_of_each_kind_is_exact": 227,
+    "tests/launcher/test_rehearse.py::test_an_export_the_interrupted_run_lost_is_not_resumable_naming_the_file": 201,
     "tests/launcher/test_rehearse.py::test_a_sampler_with_a_hidden_count_is_not_resumable": 147,
     "tests/launcher/test_command_jobs.py::test_an_engine_command_as_the_docs_write_it_is_preempted_bitwise": 147,
+    "tests/test_import_graph.py": 137,
     "tests/engine/test_checkpoint.py": 125,
-    "tests/engine/test_schedule.py": 107,
+    "tests/slurm/test_two_hosts.py": 1200,  # estimate: 5.7 min in the last idle run
 }
-AUGMENTATION = "tests/engine/test_data_pipelines.py::test_random_augmentation_resumes_bitwise_after_a_pause_a_sigterm_and_a_sigkill"
+AUGMENTATION = ("tests/engine/test_data_pipelines.py::test_random_augmentation_resumes_bitwise_after_a_pause_a_"
+                "sigterm_and_a_sigkill")
 EXPECTED_S |= {f"{AUGMENTATION}[{case}]": seconds for case, seconds in (
-    ("numpy-two-workers", 368), ("python-main-process", 325), ("numpy-persistent-workers", 286),
-    ("numpy-main-process", 253), ("torch-two-workers", 207), ("torch-main-process", 204),
+    ("python-persistent-workers", 530),
+    ("numpy-two-workers", 368),
+    ("python-main-process", 325),
+    ("numpy-persistent-workers", 286),
+    ("python-two-workers", 285),
+    ("numpy-main-process", 253),
+    ("torch-two-workers", 207),
+    ("torch-main-process", 204),
     ("torch-persistent-workers", 174),
-    ("python-two-workers", 250), ("python-persistent-workers", 250))}  # the last two: estimates, like their siblings
+)}
 DEFAULT_S = {"spread test": 60.0, "slurm file": 300.0, "test of another file": 1.0}
 
 
