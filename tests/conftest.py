@@ -7,8 +7,25 @@ import signal
 
 import pytest
 from launching import GUARDED_ENVIRONMENT_NAMES, GUARDED_ENVIRONMENT_PREFIXES, torchrun
+from scheduling import FilesAndSpreadTests, queue_order
 
 GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
+# -- how the xdist workers share the suite (pyproject.toml: -n 4 --dist loadfile; the rules in scheduling.py) ------
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> FilesAndSpreadTests | None:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    config.option.loadscopereorder = False  # units are handed out in the collection's order, set below
+    return FilesAndSpreadTests(config, log)
+
+
+@pytest.hookimpl(trylast=True)  # after tests/slurm/conftest.py has marked its tests
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest units of work first (:func:`scheduling.queue_order`)."""
+    order = queue_order([(item.nodeid, item.get_closest_marker("slurm") is not None) for item in items])
+    items[:] = [items[index] for index in order]
 
 
 def _guarded_environment() -> dict[str, str]:

@@ -6,6 +6,7 @@ module a login-node command loads at import time reaches torch or numpy."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,8 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports(module: str, *, top_level_only: bool = False, type_checking: bool = False) -> set[str]:
+@functools.cache  # every test reads the same graph: each module is parsed once a session, not once a test
+def imports(module: str, *, top_level_only: bool = False, type_checking: bool = False) -> frozenset[str]:
     """Names ``module`` imports (resolved to absolute names; a `from X import y` also names X.y), with
     those under `if TYPE_CHECKING:` when ``type_checking``."""
     file = MODULES[module]
@@ -75,7 +77,7 @@ def imports(module: str, *, top_level_only: bool = False, type_checking: bool = 
                     visit([child for child in children if isinstance(child, ast.AST)])
 
     visit(ast.parse(file.read_text(encoding="utf-8")).body)
-    return found
+    return frozenset(found)
 
 
 def project_edges(*, top_level_only: bool = False, type_checking: bool = False) -> dict[str, set[str]]:

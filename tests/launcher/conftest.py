@@ -1,8 +1,8 @@
 """Fixtures of the launcher's end-to-end tests on the local executor (helpers in ``local_runs.py``).
 
 - ``runs``: submits runs through the CLI (:class:`local_runs.Runs`); at teardown, ends what is left of them.
-- ``references`` (module): ``references(tasks)``, an uninterrupted run on ``tasks`` ranks, started on first
-  use and shared by the tests of one module.
+- ``references`` (session): ``references(tasks)``, an uninterrupted run on ``tasks`` ranks, started on first
+  use and shared by every test of the session, on every xdist worker (``shared_runs.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from local_runs import CONFIG, Runs
+from local_runs import CONFIG, Runs, state_of
+from shared_runs import SharedRuns, session_folder
+
+from elfes.launcher.rundir import state as run_state
 
 
 @pytest.fixture
@@ -21,18 +24,15 @@ def runs(tmp_path: Path) -> Iterator[Runs]:
     runs.kill_leftovers()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Path]]:
-    """``references(tasks)``: the run directory of an uninterrupted run on ``tasks`` ranks (started on
-    first use, shared by the tests of this module; call early so that it trains alongside the test's run)."""
-    runs = Runs(tmp_path_factory.mktemp("references"))
-    started: dict[int, Path] = {}
+    """``references(tasks)``: the run directory of an uninterrupted run on ``tasks`` ranks (started on first
+    use, shared by the whole session; call early so that it trains alongside the test's run)."""
+    shared = SharedRuns(session_folder(tmp_path_factory, "launcher-references"),
+                        lambda folder, name, inputs: Runs(folder).submit(name, **inputs))
 
     def reference(tasks: int) -> Path:
-        if tasks not in started:
-            started[tasks] = runs.submit(f"reference-{tasks}", tasks=tasks,
-                                         config={**CONFIG, "step_delay_s": 0.0})
-        return started[tasks]
+        return shared.get({"tasks": tasks, "config": {**CONFIG, "step_delay_s": 0.0}})
 
     yield reference
-    runs.kill_leftovers()
+    shared.finish(lambda run_dir: (state := state_of(run_dir)) is not None and state.status in run_state.ENDED)

@@ -8,7 +8,7 @@ in test_failure_rules.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -20,19 +20,10 @@ from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Path]]:
-    """The run directory of an uninterrupted 2-rank run (started on first use, shared by this module)."""
-    runs = Runs(tmp_path_factory.mktemp("references"))
-    started: list[Path] = []
-
-    def get() -> Path:
-        if not started:
-            started.append(runs.submit("reference", tasks=2, config={**CONFIG, "step_delay_s": 0.0}))
-        return started[0]
-
-    yield get
-    runs.kill_leftovers()
+@pytest.fixture
+def reference(references: Callable[[int], Path]) -> Callable[[], Path]:
+    """The run directory of an uninterrupted 2-rank run (conftest.py's, shared by the session)."""
+    return lambda: references(2)
 
 
 def _status_json(run_dir: Path) -> dict:

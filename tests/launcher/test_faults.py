@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,10 +69,12 @@ def started_records(run_dir: Path) -> list[dict]:
 
 
 # -- item 8: `last` trusted neither too little nor too much ------------------------------------------------------
-def test_a_dangling_last_resumes_from_the_runs_newest_complete_checkpoint(runs: Runs) -> None:
+def test_a_dangling_last_resumes_from_the_runs_newest_complete_checkpoint(
+    runs: Runs, references: Callable[[int], Path]
+) -> None:
     """`last`'s file removed: `elfes resume` continues from the run's newest complete checkpoint (the
     epoch-1 one) and ends bitwise equal to the uninterrupted run."""
-    reference = runs.submit("reference", config={**CONFIG, "step_delay_s": 0.0})
+    reference = references(1)
     run_dir = cancelled_mid_run(runs, "dangling", after_step=9)  # past the epoch-1 checkpoint (step 8)
     paths = RunPaths(run_dir)
     target = paths.last.resolve()

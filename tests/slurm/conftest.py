@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
-from launching import kill_local_run
-from slurm_runs import elfes, write_spec
+from shared_runs import SharedRuns, session_folder
+from slurm_runs import elfes, state_of, write_spec
 from two_hosts import NamespacesUnavailable, TwoHostCluster, missing_network_programs
+
+from elfes.launcher.rundir import state as run_state
 
 REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
 # The single-node cluster's MaxArraySize: low, so that a sweep of a few tiny members spans several arrays.
@@ -169,20 +171,17 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(f"{name} SLURM cluster: started in {timings['start']:.1f} s ({steps}){stop}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Path]]:
     """``reference(tasks)``: the run directory of the job run uninterrupted on ``tasks`` ranks (the local
-    executor, unslowed; submitted on first use, so call it early: it trains while the SLURM job waits)."""
-    folder = tmp_path_factory.mktemp("references")
-    run_dirs: dict[int, Path] = {}
+    executor, unslowed; submitted on first use and shared by the whole session, on every xdist worker
+    (``shared_runs.py``), so call it early: it trains while the SLURM job waits)."""
 
-    def run(tasks: int) -> Path:
-        if tasks not in run_dirs:
-            spec = write_spec(folder, f"reference-{tasks}", tasks=tasks, step_delay_s=0.0)
-            assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
-            run_dirs[tasks] = folder / f"reference-{tasks}"
-        return run_dirs[tasks]
+    def start(folder: Path, name: str, inputs: dict) -> Path:
+        spec = write_spec(folder, name, tasks=inputs["tasks"], step_delay_s=0.0)
+        assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
+        return folder / name
 
-    yield run
-    for run_dir in run_dirs.values():
-        kill_local_run(run_dir)
+    shared = SharedRuns(session_folder(tmp_path_factory, "slurm-references"), start)
+    yield lambda tasks: shared.get({"tasks": tasks})
+    shared.finish(lambda run_dir: (state := state_of(run_dir)) is not None and state.status in run_state.ENDED)

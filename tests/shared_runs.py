@@ -1,0 +1,78 @@
+"""Reference runs started once per test session and shared by every module and every xdist worker that asks.
+
+An uninterrupted run is what many end-to-end tests compare their interrupted run with, bit for bit. The same
+spec always trains the same tensors, so the first test to ask for one submits it and every later test (of any
+module, on any worker) gets the same run directory. Runs are keyed by their inputs (the spec less its name and
+run directory), kept in one folder of the session (beside the workers' own temporary folders under xdist), and
+claimed under a file lock, so that two workers asking at once start one run.
+
+A worker waits at its session's end for the runs it started to end (other workers may still be reading them),
+then ends what is left of their jobs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launching import kill_local_run
+
+END_WAIT_S = 300.0  # at the session's end: how long a started run may still take to end before it is killed
+
+
+def session_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """``name`` in the folder of this pytest session: the same folder for every xdist worker of one run (each
+    worker's own temporary folder is ``popen-gwN`` inside it), a new one for each session."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) across processes."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class SharedRuns:
+    """``get(inputs)``: the run directory of the run that ``start(folder, name)`` submits for ``inputs``, submitted
+    by whichever test of the session asked first (``start`` returns at once; the run trains meanwhile)."""
+
+    def __init__(self, folder: Path, start: Callable[[Path, str, dict[str, Any]], Path]) -> None:
+        self.folder = folder
+        self.start = start
+        self.started: list[Path] = []
+
+    def get(self, inputs: dict[str, Any]) -> Path:
+        key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        record = self.folder / f"{key}.json"
+        with locked(self.folder / f"{key}.lock"):
+            if record.exists():
+                return Path(json.loads(record.read_text())["run_dir"])
+            run_dir = self.start(self.folder, f"reference-{key}", inputs)
+            self.started.append(run_dir)
+            record.write_text(json.dumps({"run_dir": str(run_dir), "inputs": inputs}, default=str))
+        return run_dir
+
+    def finish(self, ended: Callable[[Path], bool]) -> None:
+        """Wait (at most :data:`END_WAIT_S`) until each run this process started has ended, then kill what is
+        left of its job."""
+        deadline = time.monotonic() + END_WAIT_S
+        for run_dir in self.started:
+            while not ended(run_dir) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            kill_local_run(run_dir)
