@@ -28,7 +28,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 CONFIG = {"epochs": 2, "train_samples": 256, "log_every": 1}
 PLANNED_STEPS = 16
 STEP_DELAY_S = 0.08  # per batch and rank (times the ranks): about 2.6 s of training, so signals land mid-run
-JOB_TIMEOUT_S = 150.0
+JOB_TIMEOUT_S = 300.0  # a loaded machine; an attempt with a tracker may wait up to 120 s for its mirror to start
 
 
 # -- specs and runs ---------------------------------------------------------------------------------------------
