@@ -18,13 +18,13 @@ RECORDED = [
 
 
 @pytest.mark.parametrize(("place", "seed"), RECORDED)
-def test_a_batch_seed_is_the_one_earlier_runs_drew_under(place, seed):
+def test_a_batch_seed_is_the_one_earlier_runs_drew_under(place: tuple[int, int, int], seed: int) -> None:
     data_seed, epoch, index = place
     assert fetch_seed(data_seed, epoch, index) == seed
     assert batch_seed(epoch_seed(data_seed, epoch), index) == seed
 
 
-def test_the_sampler_tags_each_batch_with_the_seed_of_its_place_also_after_a_resume_within_the_epoch():
+def test_the_sampler_tags_each_batch_with_the_seed_of_its_place_also_after_a_resume_within_the_epoch() -> None:
     batches = PositionedBatches(BatchSampler(SequentialSampler(range(20)), batch_size=4, drop_last=False))
     batches.start_epoch(1234567890123, 2)
     assert [batch.seed for batch in batches] == [fetch_seed(1234567890123, 2, index) for index in range(5)]
