@@ -42,10 +42,17 @@ _MASK64 = 2**64 - 1
 
 def fetch_seed(data_seed: int, epoch: int, index: int) -> int:
     """A 64-bit seed for the fetch of batch ``index`` of ``epoch`` (SplitMix64 over the three numbers)."""
-    value = 0
-    for part in (data_seed, epoch, index):
-        value = _splitmix64((value ^ part) & _MASK64)
-    return value
+    return batch_seed(epoch_seed(data_seed, epoch), index)
+
+
+def epoch_seed(data_seed: int, epoch: int) -> int:
+    """What :func:`fetch_seed` mixes from the data seed and the epoch: the same for every batch of the epoch."""
+    return _splitmix64((_splitmix64(data_seed & _MASK64) ^ epoch) & _MASK64)
+
+
+def batch_seed(epoch_seed: int, index: int) -> int:
+    """:func:`fetch_seed` of batch ``index`` from its epoch's :func:`epoch_seed`."""
+    return _splitmix64((epoch_seed ^ index) & _MASK64)
 
 
 def _splitmix64(value: int) -> int:
@@ -86,8 +93,7 @@ class PositionedBatches:
 
     def __init__(self, batch_sampler: Any) -> None:
         self.batch_sampler = batch_sampler
-        self.data_seed = 0
-        self.epoch = 0
+        self._epoch_seed = epoch_seed(0, 0)  # mixed once per epoch, not once per batch
         self._first_index = 0
 
     # accelerate's sampler lookup and its sharding read these of a batch sampler
@@ -104,7 +110,7 @@ class PositionedBatches:
         return bool(getattr(self.batch_sampler, "drop_last", False))
 
     def start_epoch(self, data_seed: int, epoch: int) -> None:
-        self.data_seed, self.epoch, self._first_index = data_seed, epoch, 0
+        self._epoch_seed, self._first_index = epoch_seed(data_seed, epoch), 0
 
     def continue_at(self, index: int) -> None:
         """The next iterator's first batch is batch ``index`` of the epoch (a sampler resumed from its own state)."""
@@ -116,7 +122,7 @@ class PositionedBatches:
     def __iter__(self) -> Iterator[PositionedBatch]:
         index, self._first_index = self._first_index, 0
         for indices in self.batch_sampler:
-            yield PositionedBatch(indices, fetch_seed(self.data_seed, self.epoch, index))
+            yield PositionedBatch(indices, batch_seed(self._epoch_seed, index))
             index += 1
 
     def set_epoch(self, epoch: int) -> None:
