@@ -164,3 +164,17 @@ def test_a_file_that_cannot_be_read_is_named_and_nothing_is_created(tmp_path: Pa
     assert "pkg/model.py cannot be read for the code snapshot" in error and "snapshot.exclude" in error, error
     assert "run_dir" not in error, error
     assert not (tmp_path / "runs" / "unreadable").exists()
+
+
+def test_more_token_files_and_names_in_other_case_are_left_out(tmp_path: Path) -> None:
+    """Comet's, Modal's and ClearML's key files, GnuPG's keyring, a PuTTY key, a Google OAuth client's secret, and a
+    credential's name in other case (a case-insensitive file system reads `.ENV` as `.env`)."""
+    secrets = {".comet.config": "[comet]\napi_key = x\n", ".modal.toml": "[default]\ntoken_secret = 'x'\n",
+               "clearml.conf": "api { credentials { secret_key: x } }\n", ".gnupg/private-keys-v1.d/A1.key": "x",
+               "keys/deploy.ppk": "PuTTY-User-Key-File-3: ssh-ed25519\n", ".ENV": "TOKEN=x\n",
+               "client_secret_42.apps.googleusercontent.com.json": '{"installed": {"client_secret": "x"}}',
+               "Secrets.yaml": "db: pw\n", "ID_RSA.bak": "x"}
+    write_files(tmp_path, {**secrets, **CODE})
+    selection = select(tmp_path, Snapshot())
+    assert sorted(selection.secrets) == sorted(secrets)
+    assert sorted(selection.files) == sorted(CODE)
