@@ -178,3 +178,24 @@ def test_more_token_files_and_names_in_other_case_are_left_out(tmp_path: Path) -
     selection = select(tmp_path, Snapshot())
     assert sorted(selection.secrets) == sorted(secrets)
     assert sorted(selection.files) == sorted(CODE)
+
+
+
+@pytest.mark.parametrize(("uri", "copied"), [
+    ("sqlite:///project/store/experiments.db", ["tracked/0/meta.yaml", "train.py"]),
+    ("file:project/tracked", ["store/experiments.db", "train.py"])])  # a journal of any name stays out
+def test_the_runs_own_mlflow_store_stays_out_whatever_its_name(tmp_path: Path, uri: str, copied: list[str]) -> None:
+    """A store named otherwise than mlflow.db or mlruns (`sqlite:///.../experiments.db` and its journal,
+    `file:tracked`), which the run's mirror writes under the workdir: never copied, so never a change."""
+    from elfes.launcher.spec import load_spec
+    from elfes.launcher.submit.code_plan import plan_submit
+
+    files = {"train.py": "pass\n", "store/experiments.db": "SQLite format 3", "store/experiments.db-journal": "j",
+             "tracked/0/meta.yaml": "name: x\n"}
+    write_files(tmp_path / "project", files)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "a", "command": ["true"], "workdir": "project", "run_dir": "runs/a",
+                                    "tracking": {"mlflow": {"tracking_uri": uri}}}))
+    selection = plan_submit(load_spec(spec), str(spec)).selection
+    assert selection is not None
+    assert list(selection.files) == copied
