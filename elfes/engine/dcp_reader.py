@@ -55,7 +55,11 @@ class SafeReader(FileSystemReader):
                 ) from None
         if not isinstance(metadata, Metadata):
             raise UnusableCheckpointError(f"{path} is not DCP metadata; resume from a checkpoint written by Trainer.train().")
-        _check_entries(folder, metadata)
+        try:
+            _check_entries(folder, metadata)
+        except (TypeError, AttributeError) as error:  # DCP's classes holding what DCP never puts there
+            raise UnusableCheckpointError(f"{path} holds DCP metadata of a shape DCP never writes ({error}); "
+                                          + _NOT_ELFES) from None
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata

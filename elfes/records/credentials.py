@@ -2,13 +2,14 @@
 
 A value is left out when its **name** ends in a credential word (:func:`credential_name`) or its **text** looks
 like a credential (:func:`credential_text`). The name rule looks at the name's last word (split at ``_``, ``-``,
-``.``, spaces and camelCase humps), so ``api_key``, ``hfToken``, ``DB_PASSWORD``, ``aws_secret``, ``GH_PAT``
-and ``basic_auth`` are left out while ``author``, ``tokenizer``, ``keyboard``, ``monkey_patch``,
+``.``, spaces and camelCase humps, a number after it set aside), so ``api_key``, ``hfToken``, ``DB_PASSWORD``,
+``aws_secret``, ``GH_PAT``, ``API_KEY_2`` and ``basic_auth`` are left out while ``author``, ``tokenizer``, ``keyboard``, ``monkey_patch``,
 ``num_tokens`` (a count: the plural is not a credential word) and ``token_budget`` pass. A tokenizer's special
 tokens (``pad_token``, ``eos_token``, ...) pass too: their values are strings such as ``"</s>"``. The text rule
 finds a bearer token, an assignment to a credential name (``password=..``, ``password: ..``, ``--hf-token
 ..``), a URL with a user name or password (``postgres://me:pw@db``), and the known token prefixes (``sk-``,
-``ghp_``, ``gho_``, ``github_pat_``, ``hf_``, ``xoxb-``/``xoxp-``, ``AKIA``, ``glpat-``, a JWT's ``eyJ..``).
+``ghp_``, ``gho_``, ``github_pat_``, ``hf_``, ``xoxb-``/``xoxp-``, ``AKIA``/``ASIA``, ``glpat-``, a JWT's ``eyJ..``,
+Google's ``AIza``/``ya29.``, Stripe's ``sk_live_``, Databricks' ``dapi``, npm's ``npm_``, PyPI's ``pypi-AgE``).
 The spec's ``env:`` is never sent at all (:func:`spec_params`): an environment is where credentials belong.
 
 Torch-free, pydantic-free.
@@ -24,8 +25,8 @@ from urllib.parse import urlsplit
 
 # The last word of a name that holds a credential (lower case); "tokens", "keys" are counts and lists of them.
 CREDENTIAL_WORDS = frozenset({
-    "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase", "credential", "credentials", "key",
-    "apikey", "auth", "cookie", "pat"})
+    "token", "secret", "secrets", "password", "passwords", "passwd", "pwd", "passphrase", "credential", "credentials",
+    "key", "apikey", "auth", "authorization", "cookie", "pat"})
 # A tokenizer's special tokens: `eos_token: "</s>"` names a string of the vocabulary, not a credential.
 SPECIAL_TOKENS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask"})
 # The name of a credential assignment (a key, a command-line option) and where its value starts.
@@ -35,7 +36,8 @@ _CREDENTIAL_TEXT = re.compile(
     r"(?i:\bbearer\s+[\w.~+/=-]{8,})"  # an HTTP Authorization header's token
     r"|\b[a-z][\w+.-]*://[^/\s:@]+:[^/\s@]+@"  # a URL with user:password@
     r"|(?<![\w-])(?:sk-(?:proj-|ant-)?[\w-]{16,}|gh[opusr]_[A-Za-z0-9]{16,}|github_pat_\w{16,}|hf_[A-Za-z0-9]{16,}"
-    r"|xox[abposr]-[\w-]{10,}|AKIA[0-9A-Z]{16}|glpat-[\w-]{16,}|eyJ[\w-]{8,}\.[\w-]{8,})")
+    r"|xox[abposr]-[\w-]{10,}|A[KS]IA[0-9A-Z]{16}|glpat-[\w-]{16,}|eyJ[\w-]{8,}\.[\w-]{8,}|AIza[\w-]{30,}"
+    r"|[sr]k_live_\w{16,}|dapi[0-9a-f]{32}|npm_[A-Za-z0-9]{36}|pypi-AgE[\w-]{16,}|ya29\.[\w-]{16,})")
 
 
 def _words(name: str) -> list[str]:
@@ -53,6 +55,10 @@ def credential_name(name: str) -> bool:
         [False, False, False, False, False]
     """
     words = _words(name)
+    while words and words[-1].isdigit():  # API_KEY_2: a numbered credential is one
+        words.pop()
+    if words:
+        words[-1] = words[-1].rstrip("0123456789")  # openai_key2, token2
     if not words or words[-1] not in CREDENTIAL_WORDS:
         return False
     return not (words[-1] == "token" and len(words) > 1 and words[-2] in SPECIAL_TOKENS)
@@ -128,3 +134,17 @@ def spec_params(spec: Mapping[str, Any]) -> dict[str, str]:
 
     add("spec", without_credentials({key: value for key, value in spec.items() if key != "env"}))
     return params
+
+
+def sendable_params(params: Mapping[str, str]) -> dict[str, str]:
+    """Flat ``spec.<field>`` parameters as they may be sent, whoever wrote them (a ``tracking/lifecycle.json`` of an
+    earlier ELFES held ``spec.env.*`` and names this rule leaves out, and ``elfes sync`` sends it at any time):
+    without ``spec.env`` and each whose name or text looks like a credential.
+
+    Example:
+        >>> sendable_params({"spec.name": "a", "spec.env.OMP_NUM_THREADS": "1", "spec.config.api_key.id": "x"})
+        {'spec.name': 'a'}
+    """
+    return {name: value for name, value in params.items()
+            if name != "spec.env" and not name.startswith("spec.env.")
+            and not any(credential_name(part) for part in name.split(".")) and not credential_text(value)}

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from elfes.files import write_text_atomically
 
+from .credentials import sendable_params
 from .tracking import lifecycle_path
 
 TrackerStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]
@@ -72,7 +73,7 @@ class Lifecycle:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Lifecycle:
         return cls(status=data["status"], attempt_ends={int(n): str(end) for n, end in data["attempt_ends"].items()},
-                   params={str(k): str(v) for k, v in data["params"].items()},
+                   params=sendable_params({str(k): str(v) for k, v in data["params"].items()}),
                    provenance={str(k): str(v) for k, v in data["provenance"].items()})
 
     def digest(self) -> str:

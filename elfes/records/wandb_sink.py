@@ -72,7 +72,9 @@ class WandbSink:
             run_id = self.new_run_id()
         folder = wandb_dir(self.run_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True,
+        # No metadata: W&B would record the process's command line (`train.py --hf-token ...`), which the spec's
+        # credential rule keeps from the trackers (elfes/records/credentials.py), and ELFES sends its own provenance.
+        settings = wandb.Settings(console="off", save_code=False, disable_git=True, silent=True, x_disable_meta=True,
                                   **({"x_sync_dir_suffix": self.sync_dir_suffix} if self.sync_dir_suffix else {}))
         with _OPEN_SINKS_LOCK:
             _OPEN_SINKS[0] += 1

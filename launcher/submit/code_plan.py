@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..rundir.code_record import CodeRecord, fingerprint, load_code_record, new_code_record, save_code_record
 from ..rundir.paths import RunPaths
@@ -79,10 +80,23 @@ def _shown(names: tuple[str, ...]) -> str:
                                                if len(names) > SHOWN_CHANGES else "")
 
 
+def own_outputs(spec: JobSpec) -> tuple[Path, ...]:
+    """What the run itself writes, never code: its run directory and its MLflow store where that is a file or a
+    folder (``sqlite:///runs/experiments.db`` with SQLite's journals, ``file:mlruns``), whatever its name."""
+    mlflow = spec.tracking.mlflow
+    uri = mlflow.tracking_uri if mlflow is not None else ""
+    if uri.startswith("sqlite:///"):
+        store = Path(uri[len("sqlite:///"):].partition("?")[0])
+        return (spec.run_dir, store, *(store.with_name(store.name + suffix) for suffix in ("-journal", "-wal", "-shm")))
+    if uri.startswith("file:"):
+        return (spec.run_dir, Path(urlsplit(uri).path))
+    return (spec.run_dir,)
+
+
 def _selection(spec: JobSpec, source: str, leave_out: tuple[Path, ...]) -> Selection:
     assert spec.snapshot is not False
     try:
-        selection = select(spec.workdir, spec.snapshot, leave_out=(spec.run_dir, *leave_out))
+        selection = select(spec.workdir, spec.snapshot, leave_out=(*own_outputs(spec), *leave_out))
     except OSError as error:
         raise SnapshotError(f"{source}: workdir = {str(spec.workdir)!r} cannot be read for the code snapshot "
                             f"({error.strerror or error})") from None
@@ -146,7 +160,7 @@ def _changes_note(spec: JobSpec, options: Snapshot, record: CodeRecord, source: 
     if not spec.workdir.is_dir():
         return f"{kept}; the workdir {spec.workdir} is gone"
     try:
-        now = select(spec.workdir, options, leave_out=(spec.run_dir,))
+        now = select(spec.workdir, options, leave_out=own_outputs(spec))
     except (OSError, SnapshotError):
         return kept
     changes = changed_files(Path(record.path), now)

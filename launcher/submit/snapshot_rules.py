@@ -31,6 +31,8 @@ SECRET_PATTERNS = (
     ".kaggle", "kaggle.json", "*huggingface/token", "*huggingface/stored_tokens", "*.mlflow/credentials",
     ".databrickscfg", "*gh/hosts.yml", ".s3cfg", ".boto", ".vault-token", "rclone.conf", ".htpasswd",
     "secrets.yaml", "secrets.yml", "secrets.json", "secrets.toml", ".secrets",
+    # Comet, Modal and ClearML keep their keys in a file too; GnuPG's keyring, PuTTY's keys, a Google OAuth client.
+    ".comet.config", ".modal.toml", "clearml.conf", ".gnupg", "*.ppk", "client_secret*.json",
 )
 # A copy of an SSH key under another name (id_rsa.bak, id_ed25519~); its public half (.pub) is no secret.
 KEY_COPY = re.compile(r"id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?[.~_-].*(?<!\.pub)")
@@ -67,7 +69,8 @@ def holds_private_key(path: Path) -> bool:
 
 def looks_secret(workdir: Path, relative: str) -> bool:
     """Whether ``workdir/relative`` looks like a credential: by its name, or by its content."""
-    return (matches(relative, SECRET_PATTERNS) or KEY_COPY.fullmatch(PurePosixPath(relative).name) is not None
+    named = relative.lower()  # .ENV, Secrets.yaml, ID_RSA.bak: a name in other case is the same secret
+    return (matches(named, SECRET_PATTERNS) or KEY_COPY.fullmatch(PurePosixPath(named).name) is not None
             or holds_private_key(workdir / relative))
 
 

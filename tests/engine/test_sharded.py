@@ -25,7 +25,14 @@ import torch.distributed.checkpoint as dcp
 from launching import launch_torchrun
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from workloads import DropoutMLP, RunSpec, assert_bitwise_equal, build
 
 from elfes.contract import CheckpointName
@@ -524,3 +531,26 @@ def test_elfes_export_whole_writes_a_sharded_checkpoint_optimizer_included_as_on
     assert whole["state"]["step"] == 4 and len(whole["ranks"]) == 2 and "optimizer_groups" in whole
     assert main(["export", str(final), str(tmp_path / "x.pt"), "--whole", "--weights", "ema"]) == 2
     assert "drop --weights ema" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("storage", ["offset", "list", "length"])
+def test_metadata_of_a_shape_dcp_never_writes_is_refused_naming_it_not_retried(tmp_path, storage):
+    """DCP's own classes holding what DCP never puts there (an offset that is text, entries that are a list, a
+    storage without its length): a refusal naming `.metadata`, not a TypeError that the launcher would retry."""
+    (tmp_path / "__0_0.distcp").write_bytes(b"x" * 64)
+    index = MetadataIndex("model.w", torch.Size([0]))
+    where = _StorageInfo("__0_0.distcp", 0, 8)
+    if storage == "offset":
+        where.offset = "0"  # type: ignore[assignment]
+    elif storage == "length":
+        del where.length
+    entry = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size([2]),
+                                  [ChunkStorageMetadata(torch.Size([0]), torch.Size([2]))])
+    metadata = Metadata(state_dict_metadata={"model.w": entry},
+                        storage_data=[where] if storage == "list" else {index: where})  # type: ignore[arg-type]
+    with open(tmp_path / ".metadata", "wb") as stream:
+        pickle.dump(metadata, stream)
+    with pytest.raises(CheckpointError, match="of a shape DCP never writes") as refused:
+        SafeReader(tmp_path).read_metadata()
+    assert str(tmp_path / ".metadata") in str(refused.value)
+    assert_not_retried(refused.value)

@@ -164,3 +164,38 @@ def test_a_file_that_cannot_be_read_is_named_and_nothing_is_created(tmp_path: Pa
     assert "pkg/model.py cannot be read for the code snapshot" in error and "snapshot.exclude" in error, error
     assert "run_dir" not in error, error
     assert not (tmp_path / "runs" / "unreadable").exists()
+
+
+def test_more_token_files_and_names_in_other_case_are_left_out(tmp_path: Path) -> None:
+    """Comet's, Modal's and ClearML's key files, GnuPG's keyring, a PuTTY key, a Google OAuth client's secret, and a
+    credential's name in other case (a case-insensitive file system reads `.ENV` as `.env`)."""
+    secrets = {".comet.config": "[comet]\napi_key = x\n", ".modal.toml": "[default]\ntoken_secret = 'x'\n",
+               "clearml.conf": "api { credentials { secret_key: x } }\n", ".gnupg/private-keys-v1.d/A1.key": "x",
+               "keys/deploy.ppk": "PuTTY-User-Key-File-3: ssh-ed25519\n", ".ENV": "TOKEN=x\n",
+               "client_secret_42.apps.googleusercontent.com.json": '{"installed": {"client_secret": "x"}}',
+               "Secrets.yaml": "db: pw\n", "ID_RSA.bak": "x"}
+    write_files(tmp_path, {**secrets, **CODE})
+    selection = select(tmp_path, Snapshot())
+    assert sorted(selection.secrets) == sorted(secrets)
+    assert sorted(selection.files) == sorted(CODE)
+
+
+
+@pytest.mark.parametrize(("uri", "copied"), [
+    ("sqlite:///project/store/experiments.db", ["tracked/0/meta.yaml", "train.py"]),
+    ("file:project/tracked", ["store/experiments.db", "train.py"])])  # a journal of any name stays out
+def test_the_runs_own_mlflow_store_stays_out_whatever_its_name(tmp_path: Path, uri: str, copied: list[str]) -> None:
+    """A store named otherwise than mlflow.db or mlruns (`sqlite:///.../experiments.db` and its journal,
+    `file:tracked`), which the run's mirror writes under the workdir: never copied, so never a change."""
+    from elfes.launcher.spec import load_spec
+    from elfes.launcher.submit.code_plan import plan_submit
+
+    files = {"train.py": "pass\n", "store/experiments.db": "SQLite format 3", "store/experiments.db-journal": "j",
+             "tracked/0/meta.yaml": "name: x\n"}
+    write_files(tmp_path / "project", files)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "a", "command": ["true"], "workdir": "project", "run_dir": "runs/a",
+                                    "tracking": {"mlflow": {"tracking_uri": uri}}}))
+    selection = plan_submit(load_spec(spec), str(spec)).selection
+    assert selection is not None
+    assert list(selection.files) == copied

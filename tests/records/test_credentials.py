@@ -54,3 +54,34 @@ def test_nested_values_lists_and_the_env_section() -> None:
     assert params == {"spec.name": "a", "spec.config.author": "Ada", "spec.config.optimizer.lr": "0.1",
                       "spec.config.tokenizer.name": "gpt2", "spec.config.tokenizer.pad_token": "<pad>",
                       "spec.command": '["python", "t.py", "--max-tokens", "5"]'}
+
+
+@pytest.mark.parametrize("name", ["API_KEY_2", "openai_key2", "token2", "Authorization", "ODBC_PWD"])
+def test_a_numbered_credential_name_and_an_authorization_are_left_out(name: str) -> None:
+    assert credential_name(name)
+
+
+@pytest.mark.parametrize("text", [
+    "Authorization: Basic dXNlcjpodW50ZXIy", "Server=db;Uid=me;Pwd=hunter2;", "ASIAIOSFODNN7EXAMPLE",
+    "AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW", "sk_live_4eC39HqLyjWDarjtT1zdp7dc", "dapi0123456789abcdef0123456789abcdef",
+    "npm_abcdefghijklmnopqrstuvwxyz0123456789", "pypi-AgEIcHlwaS5vcmcCJDAwMDAwMDAw", "ya29.a0AfH6SMBx1y2z3w4v5u6t"])
+def test_more_credential_values_are_left_out(text: str) -> None:
+    assert credential_text(text)
+
+
+def test_a_lifecycle_written_before_the_rule_is_sent_without_env_nor_credentials(tmp_path) -> None:
+    """``elfes sync`` sends a run's ``tracking/lifecycle.json`` at any time: one an earlier ELFES wrote, with the
+    spec's ``env`` in it, is read without it."""
+    import json
+
+    from elfes.records.tracker_lifecycle import read_lifecycle
+    from elfes.records.tracking import lifecycle_path
+
+    path = lifecycle_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"status": "FINISHED", "attempt_ends": {"1": "finished"}, "provenance": {}, "params": {
+        "spec.name": "a", "spec.env.OPENAI_KEY": "sk-x", "spec.env.OMP_NUM_THREADS": "1", "spec.env": "{}",
+        "spec.config.note": "Bearer abcdefgh12345678", "spec.config.author": "Ada", "spec.config.db.HF_HUB_KEY": "x"}}))
+    lifecycle = read_lifecycle(tmp_path)
+    assert lifecycle is not None
+    assert lifecycle.params == {"spec.name": "a", "spec.config.author": "Ada"}

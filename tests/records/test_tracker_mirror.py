@@ -160,6 +160,18 @@ def test_no_credential_from_the_environment_reaches_the_run_directory(tmp_path, 
         assert not any(value.encode() in data for value in secrets.values()), path
 
 
+
+def test_the_command_line_of_the_process_never_reaches_wandb(tmp_path, wandb_offline, monkeypatch):
+    """W&B records its process's arguments with the run's metadata by default: a job run as `python train.py
+    --hf-token ...` would send what spec.command's rule leaves out. The sink asks W&B for no metadata."""
+    token = "hf_QwErTyUiOpAsDfGhJkLzXcVbNm01234567"
+    monkeypatch.setattr("sys.argv", ["train.py", "--hf-token", token])
+    log_attempt(tmp_path / "run", three_attempts()[0], wandb={"project": "elfes-tests", "mode": "offline"})
+
+    files = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".wandb" for path in files)
+    assert not [path for path in files if token.encode() in path.read_bytes()]
+
 def test_settings_that_do_not_fit_are_refused_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match="tracking_uri"):
         RunLogger(tmp_path, is_main_process=True, mlflow={"tracking_uri": "https://me:secret@mlflow.example"})
