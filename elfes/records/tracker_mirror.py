@@ -113,21 +113,22 @@ class TrackerMirror:
         """New lines are in ``events.jsonl``: wake the thread. Never blocks."""
         self._wake.set()
 
-    def close(self, timeout_s: float | None = None) -> bool:
+    def close(self, timeout_s: float | None = None, *, stopping: bool = False) -> bool:
         """Wait for the mirror to start (at most :func:`start_timeout_s`), then for it to send what is left (at
         most ``timeout_s``, :func:`flush_timeout_s` when None); True when the tracker has every record.
 
         A mirror already behind (its tracker down) tries once more and leaves the rest to the next attempt or
         ``elfes sync``: a tracker that is down never delays the end of an attempt (a preemption's grace time is
-        short). One that misses a wait is marked behind, with a warning."""
+        short). When the attempt is ``stopping`` (a preemption, a time limit) the wait for the start is at most the
+        flush's too. One that misses a wait is marked behind, with a warning."""
         timeout_s = flush_timeout_s() if timeout_s is None else timeout_s
         self._closing.set()
         self._wake.set()
-        start_s = start_timeout_s()
+        start_s = min(start_timeout_s(), timeout_s) if stopping else start_timeout_s()
         if not self._started.wait(start_s):
             self._give_up(f"had not started {start_s:g} s after the attempt's end began",
-                          f"importing {self.sink.name} and trying it once took longer ({START_TIMEOUT_VARIABLE} sets "
-                          "another wait)")
+                          f"importing {self.sink.name} and trying it once took longer "
+                          f"({FLUSH_TIMEOUT_VARIABLE if stopping else START_TIMEOUT_VARIABLE} sets another wait)")
             return False
         sender = self.sender
         self._deadline = time.monotonic() + (0.0 if sender is None or sender.state.behind else timeout_s)

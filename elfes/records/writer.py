@@ -83,6 +83,7 @@ class RunLogger:
         # The running totals of the phases' times (timings.json), which `elfes status` reads for the goodput.
         self._timings = TimingsWriter(self.run_dir, self.path) if is_main_process else None
         self._closed = False
+        self._stopping = False  # a stop was logged: the attempt ends within a preemption's short grace time
         # Checkpoint or evaluation code may log from a helper thread; lines must not interleave.
         self._lock = threading.Lock()
 
@@ -125,6 +126,7 @@ class RunLogger:
                 self._timings.add(event, now.isoformat(), self._size)
             if self._tensorboard is not None:
                 self._tensorboard.write(event)
+            self._stopping |= name == "stopped"
             for tracker in self._trackers:
                 tracker.notify()
             self._display.show(event, now)
@@ -137,7 +139,7 @@ class RunLogger:
         """
         # Outside the lock: a mirror that falls behind while it sends the rest records a warning through log().
         for tracker in self._trackers:
-            tracker.close()
+            tracker.close(stopping=self._stopping)
         self._trackers = []
         with self._lock:
             self._closed = True

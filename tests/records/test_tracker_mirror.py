@@ -352,3 +352,22 @@ def test_status_names_elfes_sync_for_an_ended_run_whose_mirror_never_started_or_
     (note,) = tracker_notes(paths, ended=True)
     assert note == (f"the mlflow run does not say yet that the run ended FINISHED (mlflow did not take it at the run's "
                     f"end); `elfes sync {tmp_path}` sends it")
+
+
+def test_a_stopping_attempt_waits_for_a_mirror_that_has_not_started_no_longer_than_the_flush(
+        tmp_path, silent_server, monkeypatch):
+    """A preemption's grace time is short: once the attempt logged its stop, the close waits for the mirror's start
+    at most the flush's wait (here 1 s), not the start's (its default, 120 s); the next attempt sends the rest."""
+    monkeypatch.setenv(FLUSH_TIMEOUT_VARIABLE, "1")
+    monkeypatch.delenv(START_TIMEOUT_VARIABLE, raising=False)
+    uri, _ = silent_server
+    began = time.monotonic()
+    log_attempt(tmp_path, [start(), train(1, loss=1.0), run_end(1, reason="signal")],
+                mlflow={"tracking_uri": uri, "experiment": "slow"})
+
+    assert time.monotonic() - began < 60.0  # well under the start's 120 s on a loaded machine
+    state = read_mirror_state(tmp_path, "mlflow")
+    assert state is not None and state.behind and state.offset == 0, state
+    (warning,) = warnings_of(tmp_path)
+    assert "the mlflow mirror had not started 1 s after the attempt's end began" in warning["message"], warning
+    assert FLUSH_TIMEOUT_VARIABLE in warning["message"]
