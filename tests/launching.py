@@ -47,7 +47,7 @@ def launch_environment(**extra: str) -> dict[str, str]:
     return environment
 
 
-def launch_torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 300) -> subprocess.CompletedProcess:
+def launch_torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Run ``script`` on ``processes`` gloo ranks with torchrun; the return code is None if it timed out."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
@@ -71,7 +71,7 @@ def launch_torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 300) -> subprocess.CompletedProcess:
+def torchrun(script: Path, *arguments: str, processes: int = 2, timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Run ``script`` on ``processes`` gloo ranks with torchrun; fail the test with its output if it fails."""
     launch = launch_torchrun(script, *arguments, processes=processes, timeout_s=timeout_s)
     if launch.returncode != 0:
