@@ -99,22 +99,22 @@ def wandb_offline_ends(wandb_root: Path, run_id: str) -> list[tuple[bool, int]]:
 
 def wandb_offline_summary(wandb_root: Path, run_id: str) -> dict:
     """The W&B run's summary as its updates leave it (the last value of each key)."""
-    summary = {}
-    for record in wandb_offline_records(wandb_root, run_id):
-        if record.WhichOneof("record_type") == "summary":
-            for item in record.summary.update:
-                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-    return summary
+    return _wandb_offline_updates(wandb_root, run_id, "summary")
 
 
 def wandb_offline_config(wandb_root: Path, run_id: str) -> dict:
     """The W&B run's config as its updates leave it (the last value of each top-level key)."""
-    config = {}
+    return _wandb_offline_updates(wandb_root, run_id, "config")
+
+
+def _wandb_offline_updates(wandb_root: Path, run_id: str, kind: str) -> dict:
+    """The last value of each key the run's ``kind`` records ("summary" or "config") updated."""
+    values = {}
     for record in wandb_offline_records(wandb_root, run_id):
-        if record.WhichOneof("record_type") == "config":
-            for item in record.config.update:
-                config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-    return config
+        if record.WhichOneof("record_type") == kind:
+            for item in getattr(record, kind).update:
+                values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return values
 
 
 def wandb_offline_history(wandb_root: Path, run_id: str) -> History:

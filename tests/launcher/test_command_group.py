@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from elfes.launcher.job.outcome import Delivery, command_stop_reason
 from elfes.launcher.rundir.command_group import CommandGroup, child_subreaper, dispositions, group_members, process_stat
@@ -21,14 +21,6 @@ TRAINER = ("import signal, sys, time\n"
            "signal.signal(signal.SIGUSR2, signal.SIG_IGN)\n"
            "print('ready', flush=True)\n"
            "time.sleep(120)\n")
-
-
-def wait_until(condition, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
 
 
 def test_a_wrappers_trainer_stays_in_the_group_and_is_reaped_with_its_code(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from synthetic_events import checkpoint, evaluation, plain_console, run_end, started, train
 from tracker_histories import mlflow_history, wandb_offline_history
+from waiting import wait_until
 
 from elfes.launcher.commands.status import tracker_notes
 from elfes.launcher.rundir.paths import RunPaths
@@ -239,14 +240,6 @@ def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
         for connection in accepted:
             connection.close()
         server.close()
-
-
-def wait_until(condition, what: str, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def warnings_of(run_dir: Path) -> list[dict]:
