@@ -44,7 +44,7 @@ from pathlib import Path
 
 from ..spec.models import SpecError
 from ..spec.sections import Snapshot
-from .snapshot_rules import checkpoint, elfes_output, in_run_folder, is_run_folder, looks_secret, matches
+from .snapshot_rules import checkpoint, elfes_output, in_output_folder, is_output_folder, looks_secret, matches
 
 GIT_TIMEOUT_S = 60.0
 ALWAYS_LEFT_OUT = (".git", "__pycache__", "*.pyc")  # in a folder that is not a git work tree
@@ -114,7 +114,7 @@ def _walk(workdir: Path, leave_out: Sequence[Path]) -> list[str]:
         here = Path(folder)
         folders[:] = sorted(name for name in folders if not _left_out(here / name, leave_out)
                             and not any(fnmatch.fnmatchcase(name, pattern) for pattern in ALWAYS_LEFT_OUT)
-                            and not is_run_folder(here / name))
+                            and not is_output_folder(here / name))
         linked = [name for name in folders if (here / name).is_symlink()]  # copied as links, not followed
         folders[:] = [name for name in folders if name not in linked]
         for name in sorted([*files, *linked]):
@@ -189,9 +189,9 @@ def select(workdir: Path, options: Snapshot, *, leave_out: Sequence[Path] = ()) 
     if listed is None:
         git = False
         listed = _walk(workdir, leave_out)
-    run_folders: dict[str, bool] = {}
+    output_folders: dict[str, bool] = {}
     chosen = {name for name in listed if not _left_out(workdir / name, leave_out)
-              and not (git and in_run_folder(workdir, name, run_folders))}  # a walk does not enter them
+              and not (git and in_output_folder(workdir, name, output_folders))}  # a walk does not enter them
     included = set()
     for pattern in options.include:
         for path in workdir.glob(pattern):

@@ -5,9 +5,10 @@
   :data:`PREFIX_BYTES` hold a private key (``-----BEGIN ... PRIVATE KEY-----``, whatever the file's name) or a
   cloud service account's key (a JSON with ``"type": "service_account"`` and ``"private_key"``). Named at
   submission (launcher/submit/code_plan.py): the snapshot often lies on a shared file system.
-- what ELFES itself writes under a workdir, which is not code (:func:`elfes_output`): run directories and sweep
-  folders (:func:`is_run_folder`), tracker stores and SQLite's journals (:data:`TRACKER_STORES`), checkpoints
-  (:data:`CHECKPOINTS`). So "the workdir changed" at a resume lists code, and the snapshot's fingerprint
+- what ELFES itself writes under a workdir, which is not code: run directories, sweep folders and tracker stores'
+  folders, recognised by what they hold (:func:`is_output_folder`: a code package named ``wandb`` is code), and
+  files (:func:`elfes_output`): an MLflow SQLite store and SQLite's journals (:data:`TRACKER_STORE_FILES`),
+  checkpoints (:data:`CHECKPOINTS`). So "the workdir changed" at a resume lists code, and the snapshot's fingerprint
   changes with the code only.
 
 A ``snapshot.include`` pattern brings either back. Torch-free.
@@ -39,10 +40,10 @@ KEY_COPY = re.compile(r"id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?[.~_-].*(?<!\.pub)")
 PREFIX_BYTES = 64 * 1024  # what is read of a file to recognise a key in it: a key file is far smaller
 PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 SERVICE_ACCOUNT = re.compile(rb'"type"\s*:\s*"service_account"')
-# What trackers write beside the code (their stores, SQLite's journals of a store being written) and checkpoints
-# (single files, and a sharded checkpoint's shards and metadata).
-TRACKER_STORES = ("mlflow.db", "mlruns", "mlartifacts", "wandb", "*.db-journal", "*.db-wal", "*.db-shm",
-                  "*.sqlite-journal", "*.sqlite-wal", "*.sqlite-shm")
+# The files trackers write beside the code (MLflow's default SQLite store, SQLite's journals of a store being
+# written) and checkpoints (single files, and a sharded checkpoint's shards and metadata).
+TRACKER_STORE_FILES = ("mlflow.db", "*.db-journal", "*.db-wal", "*.db-shm", "*.sqlite-journal", "*.sqlite-wal",
+                       "*.sqlite-shm")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.distcp", ".metadata")
 
 
@@ -81,22 +82,40 @@ def checkpoint(relative: str) -> bool:
 
 def elfes_output(relative: str) -> bool:
     """Whether ``relative`` is a tracker's store (or its journal) or a checkpoint."""
-    return matches(relative, TRACKER_STORES) or checkpoint(relative)
+    return matches(relative, TRACKER_STORE_FILES) or checkpoint(relative)
 
 
-def is_run_folder(folder: Path) -> bool:
-    """A run directory (its recorded spec and state), a sweep folder or a virtual environment: never copied."""
+def is_output_folder(folder: Path) -> bool:
+    """A run directory (its recorded spec and state), a sweep folder, a virtual environment, or a tracker's store
+    (:func:`is_tracker_store`): never copied."""
     return (((folder / "job.yaml").is_file() and (folder / "state.json").is_file()) or (folder / "sweep.json").is_file()
-            or (folder / "pyvenv.cfg").is_file())
+            or (folder / "pyvenv.cfg").is_file() or is_tracker_store(folder))
 
 
-def in_run_folder(workdir: Path, relative: str, seen: dict[str, bool]) -> bool:
-    """Whether a folder above ``relative`` (below ``workdir``) is a run folder; ``seen`` caches each folder's
+def is_tracker_store(folder: Path) -> bool:
+    """A W&B folder (its ``latest-run`` link or ``run-*``/``offline-run-*`` folders), an MLflow file store (its
+    ``.trash`` or an experiment's ``meta.yaml``) or MLflow's artifact folder, by what it holds: a code package of
+    the same name is code."""
+    try:
+        if folder.name == "wandb":
+            return (folder / "latest-run").is_symlink() or any(
+                child.name.startswith(("run-", "offline-run-")) and child.is_dir() for child in folder.iterdir())
+        if folder.name == "mlruns":
+            return (folder / ".trash").is_dir() or any((child / "meta.yaml").is_file() for child in folder.iterdir())
+        if folder.name == "mlartifacts":
+            return not any(child.suffix == ".py" for child in folder.iterdir())
+    except OSError:
+        return False
+    return False
+
+
+def in_output_folder(workdir: Path, relative: str, seen: dict[str, bool]) -> bool:
+    """Whether a folder above ``relative`` (below ``workdir``) is an output folder; ``seen`` caches each folder's
     answer across the calls of one listing."""
     for parent in reversed(PurePosixPath(relative).parents[:-1]):
         name = parent.as_posix()
         if name not in seen:
-            seen[name] = is_run_folder(workdir / name)
+            seen[name] = is_output_folder(workdir / name)
         if seen[name]:
             return True
     return False

@@ -199,3 +199,15 @@ def test_the_runs_own_mlflow_store_stays_out_whatever_its_name(tmp_path: Path, u
     selection = plan_submit(load_spec(spec), str(spec)).selection
     assert selection is not None
     assert list(selection.files) == copied
+
+
+def test_a_code_package_named_like_a_tracker_store_is_copied_and_the_store_itself_is_not(tmp_path: Path) -> None:
+    """A store's folder is known by what it holds, not by its name alone: `loggers/wandb/` is code."""
+    project = tmp_path / "project"
+    write_files(project, {"train.py": "pass\n", "loggers/wandb/__init__.py": "", "loggers/wandb/utils.py": "X = 1\n",
+                          "pkg/mlruns/reader.py": "Y = 2\n", "wandb/offline-run-1/run-1.wandb": "records",
+                          "mlruns/0/meta.yaml": "name: Default\n"})
+    (project / "wandb" / "latest-run").symlink_to("offline-run-1")
+    selection = select(project, Snapshot())
+    assert list(selection.files) == ["loggers/wandb/__init__.py", "loggers/wandb/utils.py", "pkg/mlruns/reader.py",
+                                     "train.py"]
