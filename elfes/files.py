@@ -140,15 +140,16 @@ def check_writable_directory(path: Path, *, what: str) -> None:
 
 
 @contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
+def exclusive_lock(path: Path, *, wait: bool = True) -> Iterator[None]:
     """Hold an exclusive ``fcntl.flock`` on ``path`` (created if missing) for the block; released when the
     block ends or the process dies, so a killed holder never leaves it taken. The lock file may be removed
     (a refused submission removes the ones it created): a lock taken on a file no longer at ``path`` is
-    dropped and taken again on the file there now, so two holders never hold two different files."""
+    dropped and taken again on the file there now, so two holders never hold two different files. With
+    ``wait=False``, :class:`BlockingIOError` when another holder has it."""
     while True:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             try:
                 current = os.stat(path)
             except FileNotFoundError:

@@ -9,8 +9,8 @@ each step is sent once: elfes/records/tracker_sender.py.
 
 The thread starts with its RunLogger: it takes the tracker's sender lock (``RUN_DIR/tracking/<tracker>.lock``,
 which ``elfes sync`` takes too), reads its state and imports the tracker's library before the first record comes.
-Each request to a tracker has its own timeout (:data:`REQUEST_TIMEOUT_S`), so a tracker that accepts connections
-and never answers is a failure within seconds, not a hang. A failure marks the state behind (``elfes status``
+Each request to MLflow has its own timeout (:data:`REQUEST_TIMEOUT_S`), so a server that accepts connections and
+never answers is a failure within seconds, not a hang (W&B keeps its library's own waits). A failure marks the state behind (``elfes status``
 shows it), records one ``warning`` event of kind ``tracker_behind`` naming the tracker, and is retried every
 :data:`RETRY_S` seconds.
 
@@ -35,25 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from elfes.files import exclusive_lock
-
-from .tracker_sender import (
-    MAX_ROWS,
-    REQUEST_TIMEOUT_S,
-    Batch,
-    Metric,
-    MirrorState,
-    Sender,
-    Sink,
-    read_mirror_state,
-    save_mirror_state,
-    send_lifecycle_once,
-    sender_lock_path,
-)
-
-__all__ = ["FLUSH_TIMEOUT_S", "FLUSH_TIMEOUT_VARIABLE", "MAX_ROWS", "REQUEST_TIMEOUT_S", "RETRY_S", "START_TIMEOUT_S",
-           "START_TIMEOUT_VARIABLE", "Batch", "Metric", "MirrorState", "Sink", "TrackerMirror", "flush_timeout_s",
-           "read_mirror_state", "save_mirror_state", "send_lifecycle_once", "start_timeout_s"]
+from .tracker_sender import REQUEST_TIMEOUT_S, MirrorState, Sender, Sink, sender_lock
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +132,7 @@ class TrackerMirror:
     # -- the thread -----------------------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            sender_lock_path(self.run_dir, self.sink.name).parent.mkdir(parents=True, exist_ok=True)
-            with exclusive_lock(sender_lock_path(self.run_dir, self.sink.name)):  # an `elfes sync` ends first
+            with sender_lock(self.run_dir, self.sink.name):  # an `elfes sync` ends first
                 self.sender = Sender(self.sink, self.run_dir, log=self._log)
                 self._send_until_closed(self.sender)
         except Exception as error:  # the run directory cannot be written: the run's own records say so

@@ -15,14 +15,15 @@ value and timestamp are equal.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from elfes.contract import WarningKind
-from elfes.files import write_text_atomically
+from elfes.files import exclusive_lock, write_text_atomically
 
 from .credentials import without_credentials
 from .schema import events_path
@@ -31,13 +32,23 @@ from .tracker_lifecycle import Lifecycle, read_lifecycle
 from .tracking import Tracker, tracker_state_path, tracking_dir
 
 MAX_ROWS = 1000  # metric values per send (MLflow's log_batch takes at most 1000)
-REQUEST_TIMEOUT_S = 10  # what one request to a tracker may take (the sinks give it to their clients)
+REQUEST_TIMEOUT_S = 10  # what one request to MLflow may take (its sink gives it to the client; W&B keeps its own)
 
 
-def sender_lock_path(run_dir: Path, tracker: Tracker) -> Path:
+def sender_lock_path(run_dir: Path, tracker: str) -> Path:
     """The lock a sender to ``tracker`` holds (``RUN_DIR/tracking/<tracker>.lock``): the mirror of a running
-    attempt for its whole life, ``elfes sync`` while it sends."""
+    attempt for its whole life, ``elfes sync`` while it sends, the launcher while it sends a run's end."""
     return tracking_dir(run_dir) / f"{tracker}.lock"
+
+
+@contextmanager
+def sender_lock(run_dir: Path, tracker: str, *, wait: bool = True) -> Iterator[None]:
+    """Hold ``tracker``'s sender lock for the block; with ``wait=False``, :class:`BlockingIOError` when another
+    sender holds it."""
+    path = sender_lock_path(run_dir, tracker)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(path, wait=wait):
+        yield
 
 
 @dataclass(frozen=True)
@@ -132,16 +143,17 @@ class Sender:
         self.opened = False
         self.rows_sent = 0  # metric values sent by this sender
         self.lifecycles_sent = 0  # lifecycles sent by this sender
-        self.lifecycle_read = False  # lifecycle.json is read once per sender, at the first send
+        self.lifecycle: Lifecycle | None = None  # lifecycle.json, read once per sender at the first send
+        self.lifecycle_read = False
         self._place: tuple[Any, Any] = (None, None)  # epoch and step of the last event read, for the warning
 
     def send_all(self) -> None:
         """Send the lifecycle the tracker lacks, then every whole line past the offset, :data:`MAX_ROWS` rows at a
         time. Raises what the tracker raises."""
         if not self.lifecycle_read:
-            lifecycle = read_lifecycle(self.run_dir)
-            if lifecycle is not None and lifecycle.digest() != self.state.lifecycle_sent:
-                self.send_lifecycle(lifecycle)
+            self.lifecycle = read_lifecycle(self.run_dir)
+            if self.lifecycle is not None and self.lifecycle.digest() != self.state.lifecycle_sent:
+                self.send_lifecycle(self.lifecycle)
             self.lifecycle_read = True
         if not self._events.exists():
             return
@@ -178,7 +190,7 @@ class Sender:
         """Mark the state behind with ``error``; the first time, record a warning event naming the tracker (where
         there is a ``log``). ``cause`` says what failed, instead of "cannot send the run's records"."""
         first = not self.state.behind
-        self.state.behind, self.state.error = True, f"{type(error).__name__}: {_one_line(error)}"
+        self.state.behind, self.state.error = True, f"{type(error).__name__}: {one_line(error)}"
         self.state.behind_since = self.state.behind_since or datetime.now(timezone.utc).isoformat()
         self.save()
         if first and self._log is not None:
@@ -256,23 +268,17 @@ def save_mirror_state(run_dir: Path, state: MirrorState) -> None:
 
 def send_lifecycle_once(sink: Sink, run_dir: Path, lifecycle: Lifecycle) -> None:
     """Open the run's tracker run (created if no mirror ever did), send ``lifecycle`` and close it, unless the
-    tracker has it already. The launcher, once no mirror runs (elfes/records/tracker_lifecycle.py); raises what
-    the tracker raises."""
-    state = read_mirror_state(run_dir, sink.name) or MirrorState(tracker=sink.name)
-    if state.lifecycle_sent == lifecycle.digest():
-        return
-    if state.run_id is None:
-        state.run_id = sink.new_run_id()
-        if state.run_id is not None:
-            save_mirror_state(run_dir, state)  # recorded before the tracker knows it, as the mirror does
-    state.run_id = sink.open(state.run_id, state.elfes_run_id)
-    save_mirror_state(run_dir, state)
-    try:
-        sink.send(Batch(lifecycle=lifecycle))
-    finally:
-        sink.close()
-    state.lifecycle_sent = lifecycle.digest()
-    save_mirror_state(run_dir, state)
+    tracker has it already. The launcher, at a run's end (launcher/job/tracker_lifecycle.py), under the sender
+    lock like every sender; raises what the tracker raises."""
+    with sender_lock(run_dir, sink.name):
+        sender = Sender(sink, run_dir, log=None)
+        if sender.state.lifecycle_sent == lifecycle.digest():
+            return
+        try:
+            sender.send_lifecycle(lifecycle)
+        finally:
+            if sender.opened:
+                sink.close()
 
 
 def _timestamp_ms(text: Any) -> int:
@@ -282,6 +288,7 @@ def _timestamp_ms(text: Any) -> int:
         return 0
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
+    """An error's text on one line, at most 300 characters."""
     text = " ".join(str(error).split())
     return text if len(text) <= 300 else text[:297] + "..."

@@ -10,15 +10,10 @@ run has ended: the tracker run ends as ``elfes status`` says the run ended. Torc
 
 from __future__ import annotations
 
-import fcntl
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tracker_lifecycle import read_lifecycle
-from .tracker_sender import Sender, Sink, sender_lock_path
+from .tracker_sender import Sender, Sink, sender_lock, sender_lock_path
 
 
 class TrackerBusy(Exception):
@@ -38,35 +33,27 @@ class Synced:
 def sync_tracker(sink: Sink, run_dir: Path) -> Synced:
     """Send what ``sink``'s tracker lacks of the run in ``run_dir``. Raises :class:`TrackerBusy` while another
     sender holds the lock, and what the tracker raises (the mirror's state then says it is behind, and why)."""
-    lock = sender_lock_path(run_dir, sink.name)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with _held_now(lock, sink.name):
-        sender = Sender(sink, run_dir, log=None)
-        try:
-            sender.send_all()
-            lifecycle = read_lifecycle(run_dir)
-            if sender.opened and lifecycle is not None and lifecycle.terminal:
-                sender.send_lifecycle(lifecycle)  # the open set the tracker run RUNNING; the run has ended
-        except Exception as error:
-            sender.fell_behind(error)
-            raise
-        finally:
-            if sender.opened:
-                sink.close()
-        sender.caught_up()
-        return Synced(sink.name, sender.rows_sent, sender.lifecycles_sent > 0, sender.state.run_id)
-
-
-@contextmanager
-def _held_now(path: Path, tracker: str) -> Iterator[None]:
-    """Hold the exclusive ``flock`` on ``path`` for the block, or raise :class:`TrackerBusy` when it is held."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TrackerBusy(f"the {tracker} mirror of a running attempt sends the run's records (it holds {path}); "
-                              "it sends what the tracker lacks, or `elfes sync` does once the attempt ended") from None
-        yield
+        with sender_lock(run_dir, sink.name, wait=False):
+            return _send(sink, run_dir)
+    except BlockingIOError:
+        raise TrackerBusy(f"another sender to {sink.name} holds {sender_lock_path(run_dir, sink.name)} (a running "
+                          "attempt's mirror, which sends what the tracker lacks, or another `elfes sync`); run "
+                          "`elfes sync` again once it has ended") from None
+
+
+def _send(sink: Sink, run_dir: Path) -> Synced:
+    sender = Sender(sink, run_dir, log=None)
+    try:
+        sender.send_all()
+        lifecycle = sender.lifecycle
+        if sender.opened and sender.lifecycles_sent == 0 and lifecycle is not None and lifecycle.terminal:
+            sender.send_lifecycle(lifecycle)  # the open set the tracker run RUNNING; the run has ended
+    except Exception as error:
+        sender.fell_behind(error)
+        raise
     finally:
-        os.close(descriptor)
+        if sender.opened:
+            sink.close()
+    sender.caught_up()
+    return Synced(sink.name, sender.rows_sent, sender.lifecycles_sent > 0, sender.state.run_id)

@@ -300,8 +300,11 @@ def _sync(args: argparse.Namespace) -> int:
             what = sent if synced.rows or synced.lifecycle else "nothing to send: it has every record"
             print_line(f"{result.run_dir}: {synced.tracker}: {what} (run {synced.run_id})")
         for tracker, problem in sorted(result.problems.items()):
-            print_line(f"{result.run_dir}: {tracker}: not sent ({problem}); the records wait in events.jsonl: "
-                       f"elfes sync {shell_quoted(result.run_dir)} again once {tracker} answers")
+            if tracker in result.busy:  # the problem says who sends and what to do
+                print_line(f"{result.run_dir}: {tracker}: not sent: {problem}")
+            else:
+                print_line(f"{result.run_dir}: {tracker}: not sent ({problem}); the records wait in events.jsonl: "
+                           f"elfes sync {shell_quoted(result.run_dir)} again once {tracker} answers")
             code = EXIT_NOT_NOW
     return code
 

@@ -188,7 +188,7 @@ def tracker_notes(paths: RunPaths, *, ended: bool = False) -> list[str]:
     if not trackers and not paths.tracking.is_dir():  # no tracker mirrors this run: status stays free of its imports
         return []
     from elfes.records.tracker_lifecycle import read_lifecycle
-    from elfes.records.tracker_mirror import read_mirror_state
+    from elfes.records.tracker_sender import read_mirror_state
     from elfes.records.tracking import TRACKERS
 
     sync = f"`elfes sync {paths.run_dir}`"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elfes.records.tracker_sender import one_line
 from elfes.records.tracker_sync import Synced, TrackerBusy, sync_tracker
 
 from ..job.tracker_lifecycle import tracker_group, tracker_sinks
@@ -25,6 +26,7 @@ class RunSync:
     run_dir: str
     synced: list[Synced] = field(default_factory=list)
     problems: dict[str, str] = field(default_factory=dict)  # tracker -> why it has not every record
+    busy: set[str] = field(default_factory=set)  # trackers another sender holds: their problem says what to do
     trackers: tuple[str, ...] = ()  # the spec's trackers (none: the spec has no tracking: section)
 
 
@@ -51,6 +53,7 @@ def sync_run(paths: RunPaths) -> RunSync:
             result.synced.append(sync_tracker(sink, paths.run_dir))
         except TrackerBusy as error:
             result.problems[sink.name] = str(error)
+            result.busy.add(sink.name)
         except Exception as error:  # the tracker, its library or the network: the mirror's state says it too
-            result.problems[sink.name] = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+            result.problems[sink.name] = f"{type(error).__name__}: {one_line(error)}"
     return result

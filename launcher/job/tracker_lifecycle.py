@@ -122,7 +122,7 @@ def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | No
                    timeout_s: float = SEND_TIMEOUT_S) -> list[str]:
     """Send the run's lifecycle to each tracker of ``settings`` that lacks it, at most ``timeout_s`` (all at
     once, each in a thread of its own). Returns one line per tracker that did not take it; never raises."""
-    from elfes.records.tracker_mirror import send_lifecycle_once
+    from elfes.records.tracker_sender import one_line, send_lifecycle_once
 
     lifecycle = read_lifecycle(run_dir)
     if lifecycle is None:
@@ -134,7 +134,7 @@ def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | No
         try:
             send_lifecycle_once(sink, run_dir, lifecycle)
         except Exception as error:  # the tracker, its library or the network
-            problems[sink.name] = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+            problems[sink.name] = f"{type(error).__name__}: {one_line(error)}"
 
     threads = [threading.Thread(target=send, args=(sink,), name=f"elfes-{sink.name}-lifecycle", daemon=True)
                for sink in sinks]
@@ -146,7 +146,8 @@ def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | No
         if thread.is_alive():
             problems[sink.name] = f"no answer within {timeout_s:.0f} s"
     lines = [f"the {name} run was not set {lifecycle.status} ({problem}): it shows the status it had; the run's "
-             "own records (state.json, elfes status) are complete" for name, problem in sorted(problems.items())]
+             f"own records (state.json, elfes status) are complete, and `elfes sync {run_dir}` sends it"
+             for name, problem in sorted(problems.items())]
     for line in lines:
         log.warning(f"elfes: warning: {line}")
     return lines

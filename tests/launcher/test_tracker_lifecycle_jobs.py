@@ -9,7 +9,7 @@ import pytest
 from local_runs import CONFIG, Runs, wait_ended
 
 from elfes.records.tracker_lifecycle import read_lifecycle
-from elfes.records.tracker_mirror import read_mirror_state
+from elfes.records.tracker_sender import read_mirror_state
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
 

@@ -16,7 +16,8 @@ import pytest
 from local_runs import Runs, wait_ended
 
 from elfes.launcher.cli.main import main as elfes
-from elfes.records.tracker_mirror import FLUSH_TIMEOUT_VARIABLE, read_mirror_state
+from elfes.records.tracker_mirror import FLUSH_TIMEOUT_VARIABLE
+from elfes.records.tracker_sender import read_mirror_state
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
 from tracker_histories import mlflow_history  # noqa: E402

@@ -22,7 +22,7 @@ from launching import kill_local_run
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
-from elfes.records.tracker_mirror import read_mirror_state
+from elfes.records.tracker_sender import read_mirror_state
 from elfes.records.tracking import wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")

@@ -22,7 +22,7 @@ from elfes.launcher.rundir.provenance import CodeProvenance, Provenance
 from elfes.launcher.rundir.state import Failure
 from elfes.launcher.spec.loading import load_spec
 from elfes.records import RunLogger
-from elfes.records.tracker_mirror import read_mirror_state
+from elfes.records.tracker_sender import read_mirror_state
 from elfes.records.tracking import wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
@@ -47,6 +47,9 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("ELFES_TRACKING", raising=False)
+    # These attempts last a moment: a stopped one would give the mirror only the flush's wait to import MLflow and
+    # create its tables, which a loaded machine can take longer than 20 s for. A real attempt runs for minutes.
+    monkeypatch.setenv("ELFES_TRACKER_FLUSH_TIMEOUT_S", "300")
 
 
 class Run:
