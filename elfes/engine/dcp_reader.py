@@ -53,6 +53,12 @@ class SafeReader(FileSystemReader):
                     f"{path} holds Python objects that safe loading refuses to build ({error}); ELFES writes only DCP's "
                     "metadata there, so this folder was not written by ELFES, or was altered. Resume from another checkpoint."
                 ) from None
+            except OSError:  # the read itself failed (an I/O error): nothing says the folder is bad
+                raise
+            except Exception as error:  # DCP's own classes built from arguments DCP never writes: torch.Size("x")
+                raise UnusableCheckpointError(
+                    f"{path} cannot be unpickled as DCP metadata ({type(error).__name__}: {error}); " + _NOT_ELFES
+                ) from None
         if not isinstance(metadata, Metadata):
             raise UnusableCheckpointError(f"{path} is not DCP metadata; resume from a checkpoint written by Trainer.train().")
         try:

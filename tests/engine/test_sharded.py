@@ -38,6 +38,7 @@ from workloads import DropoutMLP, RunSpec, assert_bitwise_equal, build
 from elfes.contract import CheckpointName
 from elfes.engine import export_weights, load_weights
 from elfes.engine.checkpoint import CheckpointDirectory, CheckpointError, read_checkpoint, safe_load_problem
+from elfes.engine.payload import UnusableCheckpointError
 from elfes.engine.sharded import SafeReader, sharded_weights, whole_sharded_checkpoint
 from elfes.launcher.job.failures import FailureReport
 from elfes.launcher.job.resume_point import resume_point
@@ -554,3 +555,38 @@ def test_metadata_of_a_shape_dcp_never_writes_is_refused_naming_it_not_retried(t
         SafeReader(tmp_path).read_metadata()
     assert str(tmp_path / ".metadata") in str(refused.value)
     assert_not_retried(refused.value)
+
+
+class BuiltWith:
+    """Pickles as ``build(*arguments)``: one of the classes DCP's metadata is made of, given what DCP never passes."""
+
+    def __init__(self, build, *arguments) -> None:
+        self.build, self.arguments = build, arguments
+
+    def __reduce__(self):
+        return (self.build, self.arguments)
+
+
+@pytest.mark.parametrize("built", ["size", "path", "layout", "memory_format"])
+def test_metadata_building_its_classes_from_bad_arguments_is_refused_naming_the_file_not_retried(tmp_path, built):
+    """torch.Size("x"), PosixPath(1), _get_layout("x"), _MEM_FORMAT_ENCODING(99): classes the safe unpickler allows,
+    called with what DCP never writes, raise TypeError, KeyError or ValueError; every way in refuses the folder."""
+    from pathlib import PosixPath
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+    from torch.serialization import _get_layout
+
+    from elfes.engine.checkpoint import FORMAT, SHARDED_STATE_FILE, VERSION
+
+    build, argument, error = {"size": (torch.Size, "x", "TypeError"), "path": (PosixPath, 1, "TypeError"),
+                              "layout": (_get_layout, "x", "KeyError"),
+                              "memory_format": (_MEM_FORMAT_ENCODING, 99, "ValueError")}[built]
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(BuiltWith(build, argument)))
+    torch.save({"format": FORMAT, "version": VERSION}, tmp_path / SHARDED_STATE_FILE)
+    for read in (lambda folder: SafeReader(folder).read_metadata(), read_checkpoint):
+        with pytest.raises(UnusableCheckpointError, match="cannot be unpickled as DCP metadata") as refused:
+            read(tmp_path)
+        assert str(tmp_path / ".metadata") in str(refused.value) and f"({error}: " in str(refused.value)
+        assert str(refused.value).endswith("Resume from another checkpoint.")
+        assert_not_retried(refused.value)
+    assert "metadata cannot be read safely" in safe_load_problem(tmp_path)  # what the launcher asks before a resume
