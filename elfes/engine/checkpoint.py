@@ -134,8 +134,10 @@ def payload_file(path: Path) -> Path:
     return path / SHARDED_STATE_FILE if path.is_dir() else path
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint file (or pointer) with ``weights_only=True``, or explain why it cannot be used."""
+def read_checkpoint(path: Path, shards: SafeReader | None = None) -> dict[str, Any]:
+    """Load a checkpoint file (or pointer) with ``weights_only=True``, or explain why it cannot be used. A sharded
+    checkpoint's metadata is checked by ``shards``, its folder's reader (a new one when not given): pass the one that
+    will load the folder, which then reads the metadata no more."""
     path = Path(path)
     if not path.exists():
         hint = f" A pointer {path.name!r} is only created once a checkpoint is published." if path.name in POINTERS else ""
@@ -163,7 +165,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         )
     if resolved.is_dir():  # a sharded checkpoint: its metadata read safely, every shard file there in full
         try:
-            SafeReader(resolved).read_metadata()
+            (shards if shards is not None else SafeReader(resolved)).read_metadata()
         except ShardDamage as damage:
             raise UnusableCheckpointError(unreadable_message(resolved, damage)) from None
     return payload
