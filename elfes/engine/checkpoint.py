@@ -136,8 +136,7 @@ def payload_file(path: Path) -> Path:
 
 def read_checkpoint(path: Path, shards: SafeReader | None = None) -> dict[str, Any]:
     """Load a checkpoint file (or pointer) with ``weights_only=True``, or explain why it cannot be used. A sharded
-    checkpoint's metadata is checked by ``shards``, its folder's reader (a new one when not given): pass the one that
-    will load the folder, which then reads the metadata no more."""
+    one's metadata is checked by ``shards`` (its folder's reader, to hand on to its load), else by a new reader."""
     path = Path(path)
     if not path.exists():
         hint = f" A pointer {path.name!r} is only created once a checkpoint is published." if path.name in POINTERS else ""
@@ -294,23 +293,24 @@ class Checkpointer:
         return payload
 
     def check_fits(self, payload: Mapping[str, Any], resolved: Path, mismatches: list[str]) -> None:
-        """Refuse checkpoint ``resolved`` whose layout (or model: ``mismatches``) does not fit this run."""
+        """Refuse checkpoint ``resolved`` whose layout, model randomness or model (``mismatches``) does not fit this run."""
         expected, found = self.layout(), payload["layout"]
         resized = len(payload["ranks"]) != self.accelerator.num_processes
         unchecked = _ADVISORY_LAYOUT + (PER_WORLD_LAYOUT if resized else ())  # a resize checks them as one window
-        mismatches = [
-            f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
-            for key in expected
-            if key not in unchecked and found.get(key) != expected[key]
-        ] + mismatches
+        mismatches = [f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
+                      for key in expected if key not in unchecked and found.get(key) != expected[key]] + mismatches
+        recorded, randomness = payload["progress"].get("model_randomness"), self.shared["progress"].model_randomness
+        if recorded is not None and recorded != randomness:  # None: a checkpoint older than the record, taken as it is
+            mismatches.append(f"model_randomness: the checkpoint has {recorded!r}, this run has {randomness!r}; the dropout "
+                              "and every other torch draw of the model would change at the resume")
         if resized:
             mismatches += resize_problems(found, expected, per_rank_data=self.per_rank["data"].per_rank_position())
         if mismatches:
             raise UnusableCheckpointError(
                 f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
                 "Resume with the same batching (on another world size, the same window of microbatches per update), "
-                "objective, EMA, precision, optimizer, scheduler and model (names, shapes and dtypes); to change them, "
-                "start a new run from its weights (load_weights)."
+                "objective, EMA, precision, optimizer, scheduler, TrainConfig.model_randomness and model (names, shapes "
+                "and dtypes); to change them, start a new run from its weights (load_weights)."
             )
         if found.get("torch_threads") != expected["torch_threads"]:
             warnings.warn(
