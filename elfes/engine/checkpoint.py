@@ -25,12 +25,13 @@ from torch import nn
 
 from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
+from elfes.world_size import PER_WORLD_LAYOUT, resize_problems
 
 from .collectives import every_rank_value
 from .dcp_reader import SafeReader, ShardDamage
 from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
 from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
-from .resize import PER_WORLD_LAYOUT, resize_problems, restore_resized
+from .resize import restore_resized
 
 FORMAT = "elfes-checkpoint"
 VERSION = 3  # 3: a batch read in the training process draws torch's numbers under its place's seed (2 did not)
@@ -248,13 +249,8 @@ class Checkpointer:
 
     sharded = False  # one file, written by the main process (a sharded model's: :mod:`.sharded`)
 
-    def __init__(
-        self,
-        accelerator: Accelerator,
-        shared: Mapping[str, Any],
-        per_rank: Mapping[str, Any],
-        layout: Callable[[], dict[str, Any]],
-    ) -> None:
+    def __init__(self, accelerator: Accelerator, shared: Mapping[str, Any], per_rank: Mapping[str, Any],
+                 layout: Callable[[], dict[str, Any]]) -> None:
         self.accelerator = accelerator
         self.shared = dict(shared)
         self.per_rank = dict(per_rank)

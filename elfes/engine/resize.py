@@ -18,9 +18,7 @@ from typing import Any
 
 import torch
 
-from elfes.world_size import PER_WORLD_LAYOUT as PER_WORLD_LAYOUT  # re-exported: what a resize checks as one window
 from elfes.world_size import describe, window
-from elfes.world_size import resize_problems as resize_problems  # re-exported: the engine's refusal of a resize
 
 from .data.fetch import fetch_seed, seed_generators
 
