@@ -50,6 +50,19 @@ def keeping_the_window(found: Mapping[str, Any], world: int) -> str:
             "size (window // world_size; the guide's 'Continuing on another world size')")
 
 
+def window_problem(found: Mapping[str, Any], world: int, asked: str) -> str:
+    """Why ``world`` ranks cannot continue a checkpoint of layout ``found``: they change its window (``asked``: what
+    the run has, or the spec asks for). The engine's refusal and the launcher's say it in these words alike."""
+    return (f"world_size: the checkpoint was written on {describe(found)} (a window of {window(found)} microbatches "
+            f"per update) and {asked}; continuing needs the same window, so that every update trains on the same "
+            f"samples: {keeping_the_window(found, world)}")
+
+
+def epoch_batches(layout: Mapping[str, Any]) -> int:
+    """The batches of an epoch over all ranks (``batches_per_epoch`` is one rank's)."""
+    return int(layout["batches_per_epoch"]) * int(layout["world_size"])
+
+
 def per_rank_data_problem(per_rank_data: str) -> str:
     """Why a loader whose position each rank keeps (``per_rank_data`` names it) cannot continue on another size."""
     return (f"data: {per_rank_data}, whose position each rank keeps for itself and no other world size can take "
@@ -64,13 +77,9 @@ def resize_problems(found: Mapping[str, Any], expected: Mapping[str, Any], *, pe
     world = int(expected["world_size"])
     problems = []
     if old != new:
-        problems.append(
-            f"world_size: the checkpoint was written on {describe(found)} (a window of {old} microbatches per "
-            f"update) and this run has {describe(expected)} ({new}); continuing needs the same window, so that "
-            f"every update trains on the same samples: {keeping_the_window(found, world)}")
+        problems.append(window_problem(found, world, f"this run has {describe(expected)} ({new})"))
     elif found.get("batches_per_epoch") is not None and expected.get("batches_per_epoch") is not None:
-        before = int(found["batches_per_epoch"]) * int(found["world_size"])
-        after = int(expected["batches_per_epoch"]) * world
+        before, after = epoch_batches(found), epoch_batches(expected)
         if before != after:
             problems.append(f"batches_per_epoch: the checkpoint's epoch has {before} batches over all ranks, this "
                             f"run's has {after}; continue with the same data and batch size")
@@ -92,11 +101,9 @@ def world_size_problems(found: Mapping[str, Any], world: int, *, per_rank_data: 
     old = window(found)
     problems = []
     if old % world:
-        problems.append(f"world_size: the checkpoint was written on {describe(found)} (a window of {old} "
-                        f"microbatches per update) and the spec asks for {_ranks(world)}; continuing needs the same "
-                        f"window, so that every update trains on the same samples: {keeping_the_window(found, world)}")
+        problems.append(window_problem(found, world, f"the spec asks for {_ranks(world)}"))
     elif found.get("batches_per_epoch") is not None:
-        epoch = int(found["batches_per_epoch"]) * int(found["world_size"])
+        epoch = epoch_batches(found)
         if epoch % world:
             problems.append(f"batches_per_epoch: the checkpoint's epoch has {epoch} batches over all ranks, which "
                             f"{_ranks(world)} cannot share equally; use a world size that divides {epoch} "

@@ -25,12 +25,13 @@ from torch import nn
 
 from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
+from elfes.world_size import PER_WORLD_LAYOUT, resize_problems
 
 from .collectives import every_rank_value
 from .dcp_reader import SafeReader, ShardDamage
 from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
 from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
-from .resize import PER_WORLD_LAYOUT, resize_problems, restore_resized
+from .resize import restore_resized
 
 FORMAT = "elfes-checkpoint"
 VERSION = 3  # 3: a batch read in the training process draws torch's numbers under its place's seed (2 did not)
@@ -134,8 +135,9 @@ def payload_file(path: Path) -> Path:
     return path / SHARDED_STATE_FILE if path.is_dir() else path
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint file (or pointer) with ``weights_only=True``, or explain why it cannot be used."""
+def read_checkpoint(path: Path, shards: SafeReader | None = None) -> dict[str, Any]:
+    """Load a checkpoint file (or pointer) with ``weights_only=True``, or explain why it cannot be used. A sharded
+    one's metadata is checked by ``shards`` (its folder's reader, to hand on to its load), else by a new reader."""
     path = Path(path)
     if not path.exists():
         hint = f" A pointer {path.name!r} is only created once a checkpoint is published." if path.name in POINTERS else ""
@@ -163,7 +165,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         )
     if resolved.is_dir():  # a sharded checkpoint: its metadata read safely, every shard file there in full
         try:
-            SafeReader(resolved).read_metadata()
+            (shards if shards is not None else SafeReader(resolved)).read_metadata()
         except ShardDamage as damage:
             raise UnusableCheckpointError(unreadable_message(resolved, damage)) from None
     return payload
@@ -247,13 +249,8 @@ class Checkpointer:
 
     sharded = False  # one file, written by the main process (a sharded model's: :mod:`.sharded`)
 
-    def __init__(
-        self,
-        accelerator: Accelerator,
-        shared: Mapping[str, Any],
-        per_rank: Mapping[str, Any],
-        layout: Callable[[], dict[str, Any]],
-    ) -> None:
+    def __init__(self, accelerator: Accelerator, shared: Mapping[str, Any], per_rank: Mapping[str, Any],
+                 layout: Callable[[], dict[str, Any]]) -> None:
         self.accelerator = accelerator
         self.shared = dict(shared)
         self.per_rank = dict(per_rank)
@@ -292,23 +289,24 @@ class Checkpointer:
         return payload
 
     def check_fits(self, payload: Mapping[str, Any], resolved: Path, mismatches: list[str]) -> None:
-        """Refuse checkpoint ``resolved`` whose layout (or model: ``mismatches``) does not fit this run."""
+        """Refuse checkpoint ``resolved`` whose layout, model randomness or model (``mismatches``) does not fit this run."""
         expected, found = self.layout(), payload["layout"]
         resized = len(payload["ranks"]) != self.accelerator.num_processes
         unchecked = _ADVISORY_LAYOUT + (PER_WORLD_LAYOUT if resized else ())  # a resize checks them as one window
-        mismatches = [
-            f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
-            for key in expected
-            if key not in unchecked and found.get(key) != expected[key]
-        ] + mismatches
+        mismatches = [f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
+                      for key in expected if key not in unchecked and found.get(key) != expected[key]] + mismatches
+        recorded, randomness = payload["progress"].get("model_randomness"), self.shared["progress"].model_randomness
+        if recorded is not None and recorded != randomness:  # None: a checkpoint older than the record, taken as it is
+            mismatches.append(f"model_randomness: the checkpoint has {recorded!r}, this run has {randomness!r}; the dropout "
+                              "and every other torch draw of the model would change at the resume")
         if resized:
             mismatches += resize_problems(found, expected, per_rank_data=self.per_rank["data"].per_rank_position())
         if mismatches:
             raise UnusableCheckpointError(
                 f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
                 "Resume with the same batching (on another world size, the same window of microbatches per update), "
-                "objective, EMA, precision, optimizer, scheduler and model (names, shapes and dtypes); to change them, "
-                "start a new run from its weights (load_weights)."
+                "objective, EMA, precision, optimizer, scheduler, TrainConfig.model_randomness and model (names, shapes "
+                "and dtypes); to change them, start a new run from its weights (load_weights)."
             )
         if found.get("torch_threads") != expected["torch_threads"]:
             warnings.warn(

@@ -237,7 +237,7 @@ class Progress:
     best_checkpoint: str | None = None  # the file name of the best checkpoint, which retention keeps
     # The monitor as it was before a finished run's end-of-budget evaluation (see TrainingSession.finish).
     before_final_evaluation: dict[str, Any] | None = None
-    # TrainConfig.model_randomness of the run: a continuation that changes it is refused (resize.continuation_warning).
+    # TrainConfig.model_randomness of the run: a continuation that changes it is refused (Checkpointer.check_fits).
     model_randomness: str | None = None
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import mmap
+import os
 import pickle
 import re
 import struct
@@ -36,9 +37,35 @@ class ShardDamage(UnusableCheckpointError):
 class SafeReader(FileSystemReader):
     """DCP's file reader, but its ``.metadata`` is unpickled building DCP's own metadata classes only, every entry
     must be a tensor stored within one of the folder's shard files, a bytes entry is never read, and each entry's
-    checksums are checked before DCP loads it (with ``weights_only=True``)."""
+    checksums are checked before DCP loads it (with ``weights_only=True``).
+
+    The metadata is read and checked once per reader: make one per folder and hand it to whatever loads the folder
+    (:func:`~elfes.engine.sharded.load_shards`), so that a load reads it (and stats every shard file) once."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._checked: Metadata | UnusableCheckpointError | None = None  # the checked metadata, or its refusal
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        super().reset(checkpoint_id)
+        self._checked = None  # maybe another folder now: read its metadata afresh
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The folder's checked metadata, or its refusal (an :class:`UnusableCheckpointError`, :class:`ShardDamage`
+        for a damaged folder), the same at every call: DCP's fallback after a failed read, to a rank's own metadata
+        (``rank=``; ELFES writes none), is given the refusal too."""
+        if self._checked is None:
+            try:
+                self._checked = self._read_checked_metadata()
+            except UnusableCheckpointError as refusal:
+                self._checked = refusal
+        if isinstance(self._checked, UnusableCheckpointError):
+            raise self._checked.with_traceback(None)
+        self._checked.storage_meta = self._checked.storage_meta or StorageMeta()
+        self._checked.storage_meta.load_id = self.load_id
+        return self._checked
+
+    def _read_checked_metadata(self) -> Metadata:
         folder = Path(self.path)
         path = folder / ".metadata"
         if not path.is_file():
@@ -53,6 +80,12 @@ class SafeReader(FileSystemReader):
                     f"{path} holds Python objects that safe loading refuses to build ({error}); ELFES writes only DCP's "
                     "metadata there, so this folder was not written by ELFES, or was altered. Resume from another checkpoint."
                 ) from None
+            except OSError:  # the read itself failed (an I/O error): nothing says the folder is bad
+                raise
+            except Exception as error:  # DCP's own classes built from arguments DCP never writes: torch.Size("x")
+                raise UnusableCheckpointError(
+                    f"{path} cannot be unpickled as DCP metadata ({type(error).__name__}: {error}); " + _NOT_ELFES
+                ) from None
         if not isinstance(metadata, Metadata):
             raise UnusableCheckpointError(f"{path} is not DCP metadata; resume from a checkpoint written by Trainer.train().")
         try:
@@ -60,8 +93,6 @@ class SafeReader(FileSystemReader):
         except (TypeError, AttributeError) as error:  # DCP's classes holding what DCP never puts there
             raise UnusableCheckpointError(f"{path} holds DCP metadata of a shape DCP never writes ({error}); "
                                           + _NOT_ELFES) from None
-        metadata.storage_meta = metadata.storage_meta or StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:

@@ -14,15 +14,11 @@ had in the same state, every new rank takes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from elfes.refusals import ConfigurationError
-from elfes.world_size import PER_WORLD_LAYOUT as PER_WORLD_LAYOUT  # re-exported: what a resize checks as one window
 from elfes.world_size import describe, window
-from elfes.world_size import resize_problems as resize_problems  # re-exported: the engine's refusal of a resize
 
 from .data.fetch import fetch_seed, seed_generators
 
@@ -93,20 +89,6 @@ def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: in
     """The batch of its share where a rank of the new world size resumes the epoch."""
     consumed = next_batch * int(found["world_size"])  # batches of the epoch that every rank together read
     return consumed // world  # a whole number of windows (or the epoch's start): check_fits admitted the window
-
-
-def continuation_warning(payload: Mapping[str, Any], expected: Mapping[str, Any], model_randomness: str,
-                         source: Path) -> str | None:
-    """Refuse checkpoint ``source`` (``payload``) where it was written with another
-    ``TrainConfig.model_randomness`` (every draw of the model would change silently); else what a continuation on
-    another world size changes (:func:`resize_warning`). A checkpoint older than the record is taken as it is."""
-    recorded = payload["progress"].get("model_randomness")
-    if recorded is not None and recorded != model_randomness:
-        raise ConfigurationError(
-            f"Checkpoint {source} was written with TrainConfig.model_randomness={recorded!r} and this run has "
-            f"{model_randomness!r}: the dropout and every other torch draw of the model would change at the resume. "
-            f"Continue with model_randomness={recorded!r}, or start a new run from its weights (load_weights).")
-    return resize_warning(payload["layout"], expected, model_randomness)
 
 
 def resize_warning(found: Mapping[str, Any], expected: Mapping[str, Any], model_randomness: str) -> str | None:

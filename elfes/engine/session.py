@@ -32,7 +32,7 @@ from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epo
 from .loss import LossPath
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
 from .publish import BackgroundWriter, HostBuffers, publish
-from .resize import continuation_warning
+from .resize import resize_warning
 from .resumption import check_schedule_horizons, checkpoint_dir_problem, repair_pointers
 from .stop import StopRequest, decisive_reason
 from .window import Scheduler, UpdateRule, WindowResult
@@ -115,7 +115,7 @@ class TrainingSession:
         payload = self.checkpointer.restore(source)
         resolved = source.resolve()
         self.restored = (resolved, payload["state"], payload["progress"])
-        self.resized = continuation_warning(payload, self.checkpointer.layout(), self.config.model_randomness, resolved)
+        self.resized = resize_warning(payload["layout"], self.checkpointer.layout(), self.config.model_randomness)
         check_schedule_horizons(self.scheduler, self.budget, self.config.scheduler_interval, resolved)
         if self.directory is not None and self.accelerator.is_main_process:
             repair_pointers(self.directory, resolved, self._best_file())

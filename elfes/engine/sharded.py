@@ -87,11 +87,14 @@ def saved_tensors(metadata: Metadata, part: str, device: str | torch.device = "m
     }
 
 
-def sharded_weights(folder: Path, weights: Weights) -> dict[str, torch.Tensor]:
-    """The full raw (or EMA, with raw buffers) weights of sharded checkpoint ``folder``, read in this process
-    alone: no process group is needed, the job's world size does not matter."""
-    payload = read_checkpoint(folder)
-    metadata = SafeReader(folder).read_metadata()
+def sharded_weights(folder: Path, weights: Weights, payload: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The full raw (or EMA, with raw buffers) weights of sharded checkpoint ``folder`` (``payload``: its
+    ``state.pt``, where the caller has read it), read in this process alone: no process group is needed, the job's
+    world size does not matter."""
+    shards = SafeReader(folder)
+    if payload is None:
+        payload = read_checkpoint(folder, shards)
+    metadata = shards.read_metadata()
     state = {"model": saved_tensors(metadata, "model", "cpu")}
     if weights == "ema":
         state["ema"] = saved_tensors(metadata, "ema", "cpu")
@@ -107,7 +110,7 @@ def sharded_weights(folder: Path, weights: Weights) -> dict[str, torch.Tensor]:
                 "which the run averaged: the folder is damaged or was altered. Export the raw weights (weights='raw'), "
                 "or the EMA weights of another checkpoint of the run."
             )
-    load_shards(state, folder, no_dist=True)
+    load_shards(state, shards, no_dist=True)
     return {**state["model"], **state.get("ema", {})}
 
 
@@ -115,11 +118,12 @@ def whole_sharded_checkpoint(folder: Path) -> dict[str, Any]:
     """Sharded checkpoint ``folder`` as one payload, read in this process alone: ``state.pt``'s entries, with the
     whole tensors of the shards under ``model`` and ``ema`` (by parameter name) and ``optimizer`` (by parameter
     index, then state name), for comparing two checkpoints tensor by tensor whatever world size wrote them."""
-    payload = read_checkpoint(folder)
-    metadata = SafeReader(folder).read_metadata()
+    shards = SafeReader(folder)
+    payload = read_checkpoint(folder, shards)
+    metadata = shards.read_metadata()
     tensors = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
                for key, entry in metadata.state_dict_metadata.items() if isinstance(entry, TensorStorageMetadata)}
-    load_shards(tensors, folder, no_dist=True)
+    load_shards(tensors, shards, no_dist=True)
     for key, tensor in sorted(tensors.items()):
         part, _, name = key.partition(".")
         if part == "optimizer":
@@ -130,21 +134,27 @@ def whole_sharded_checkpoint(folder: Path) -> dict[str, Any]:
     return payload
 
 
-def load_shards(state: dict[str, Any], folder: Path, **options: Any) -> None:
-    """``dcp.load`` of ``state`` from sharded checkpoint ``folder`` through :class:`SafeReader` (``options``: DCP's, e.g.
-    ``process_group`` or ``no_dist``). A refusal of the reader is raised as it is; a shard DCP cannot read (it raises
-    its CheckpointException, a BaseException) is a CheckpointError naming the step and the checkpoint to use instead."""
+def load_shards(state: dict[str, Any], shards: SafeReader, **options: Any) -> None:
+    """``dcp.load`` of ``state`` from a sharded checkpoint through ``shards``, the folder's :class:`SafeReader`
+    (``options``: DCP's, e.g. ``process_group`` or ``no_dist``). A refusal of the reader is raised as it is, before
+    DCP sees it; a damaged shard (one DCP cannot read: it raises its CheckpointException, a BaseException) is a
+    CheckpointError naming the step and the checkpoint to use instead."""
+    folder = Path(shards.path)
+    try:
+        shards.read_metadata()  # checked once per reader: DCP's own read below is given what this one found
+    except ShardDamage as damage:
+        raise UnusableCheckpointError(unreadable_message(folder.resolve(), damage)) from None
     try:
         with warnings.catch_warnings():  # DCP warns when it loads in one process, which no_dist asks for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=SafeReader(folder), **options)
+            dcp.load(state, storage_reader=shards, **options)
     except CheckpointException as error:
         causes = [failure[0] if isinstance(failure, tuple) else failure for _, failure in sorted(error.failures.items())]
         refused = next((cause for cause in causes if isinstance(cause, CheckpointError) and not isinstance(cause, ShardDamage)), None)
         if refused is not None:
             raise refused from None
         cause = causes[0] if causes else RuntimeError("DCP could not read it")
-        raise UnusableCheckpointError(unreadable_message(Path(folder).resolve(), cause)) from None
+        raise UnusableCheckpointError(unreadable_message(folder.resolve(), cause)) from None
 
 
 def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None, main: bool) -> dict[str, torch.Tensor]:
@@ -255,21 +265,22 @@ class ShardedCheckpointer(Checkpointer):
         return PendingShards(directory, name, tensors, payload, main, self.group)
 
     def restore(self, source: Path) -> dict[str, Any]:
-        payload = read_checkpoint(source)
         resolved = Path(source).resolve()
+        shards = SafeReader(resolved)
+        payload = read_checkpoint(source, shards)
         if not resolved.is_dir():
             raise CheckpointError(
                 f"{resolved} is a single-file checkpoint of a model that was not sharded, and this run's model is "
                 "sharded with fully_shard. Resume it with the model as it was, or start a new run from its weights "
                 "(load_weights into the plain model, then shard it)."
             )
-        metadata = SafeReader(resolved).read_metadata()  # read_checkpoint found every shard file there in full
+        metadata = shards.read_metadata()  # as read_checkpoint checked it: every shard file there in full
         model, ema, optimizer = (self.shared[part] for part in SHARDED_PARTS)
         self.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
         state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(optimizer, metadata)}
         if ema is not None:
             state["ema"] = ema.state_dict()
-        load_shards(state, resolved, process_group=self.group)
+        load_shards(state, shards, process_group=self.group)
         model.load_state_dict(state["model"])
         reshard(model)  # no whole parameters gathered before the restore are used after it
         parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]

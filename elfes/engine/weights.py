@@ -22,7 +22,7 @@ def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Pat
     if weights not in ("raw", "ema"):
         raise ConfigurationError(f"weights is {weights!r}; use 'raw' or 'ema'.")
     if source.is_dir():
-        return sharded_weights(source, weights)
+        return sharded_weights(source, weights, payload)
     if weights == "raw":
         return dict(payload["model"])
     if payload.get("ema") is None:

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from elfes.records import EventsFileWarning, iter_events
+from elfes.records.timeline import START_EVENTS
 
 from .paths import RunPaths
-
-START_EVENTS = ("started", "resumed")
 
 
 def last_checkpoint_layout(paths: RunPaths) -> tuple[str, dict[str, Any]] | None:

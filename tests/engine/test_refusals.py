@@ -8,7 +8,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torch.utils.data import DataLoader, TensorDataset
-from workloads import RunSpec, build
+from workloads import RunSpec, assert_bitwise_equal, build, snapshot
 
 from elfes.engine import Monitor, StepOutput, TrainConfig, Trainer
 from elfes.refusals import ConfigurationError
@@ -118,12 +118,18 @@ def test_a_resume_that_switches_model_randomness_is_refused_and_a_checkpoint_old
 
     fresh_accelerate()
     switched = build(spec.with_(epochs=2, model_randomness="per_batch"))
+    before = snapshot(switched.trainer)
     with pytest.raises(ConfigurationError) as refused:
         switched.trainer.train(switched.config, checkpoint_dir=tmp_path / "a", resume_from=last)
     assert str(refused.value) == (
-        f"Checkpoint {last} was written with TrainConfig.model_randomness='per_rank' and this run has 'per_batch': "
-        "the dropout and every other torch draw of the model would change at the resume. Continue with "
-        "model_randomness='per_rank', or start a new run from its weights (load_weights).")
+        f"Checkpoint {last} does not match this run:\n"
+        "  - model_randomness: the checkpoint has 'per_rank', this run has 'per_batch'; the dropout and every other "
+        "torch draw of the model would change at the resume\n"
+        "Resume with the same batching (on another world size, the same window of microbatches per update), "
+        "objective, EMA, precision, optimizer, scheduler, TrainConfig.model_randomness and model (names, shapes and "
+        "dtypes); to change them, start a new run from its weights (load_weights).")
+    assert switched.trainer.state.step == 0, "refused before anything of the checkpoint was loaded"
+    assert_bitwise_equal(before, snapshot(switched.trainer), "the refused trainer")
 
     del payload["progress"]["model_randomness"]  # as every checkpoint written before the record existed
     older = tmp_path / "b" / last.name

@@ -22,7 +22,7 @@ import pytest
 import torch
 from launching import launch_torchrun
 
-from elfes.engine.resize import resize_problems
+from elfes.world_size import resize_problems
 
 pytestmark = pytest.mark.distributed
 

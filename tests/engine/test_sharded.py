@@ -38,6 +38,7 @@ from workloads import DropoutMLP, RunSpec, assert_bitwise_equal, build
 from elfes.contract import CheckpointName
 from elfes.engine import export_weights, load_weights
 from elfes.engine.checkpoint import CheckpointDirectory, CheckpointError, read_checkpoint, safe_load_problem
+from elfes.engine.payload import UnusableCheckpointError
 from elfes.engine.sharded import SafeReader, sharded_weights, whole_sharded_checkpoint
 from elfes.launcher.job.failures import FailureReport
 from elfes.launcher.job.resume_point import resume_point
@@ -553,4 +554,109 @@ def test_metadata_of_a_shape_dcp_never_writes_is_refused_naming_it_not_retried(t
     with pytest.raises(CheckpointError, match="of a shape DCP never writes") as refused:
         SafeReader(tmp_path).read_metadata()
     assert str(tmp_path / ".metadata") in str(refused.value)
+    assert_not_retried(refused.value)
+
+
+class BuiltWith:
+    """Pickles as ``build(*arguments)``: one of the classes DCP's metadata is made of, given what DCP never passes."""
+
+    def __init__(self, build, *arguments) -> None:
+        self.build, self.arguments = build, arguments
+
+    def __reduce__(self):
+        return (self.build, self.arguments)
+
+
+@pytest.mark.parametrize("built", ["size", "path", "layout", "memory_format"])
+def test_metadata_building_its_classes_from_bad_arguments_is_refused_naming_the_file_not_retried(tmp_path, built):
+    """torch.Size("x"), PosixPath(1), _get_layout("x"), _MEM_FORMAT_ENCODING(99): classes the safe unpickler allows,
+    called with what DCP never writes, raise TypeError, KeyError or ValueError; every way in refuses the folder."""
+    from pathlib import PosixPath
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+    from torch.serialization import _get_layout
+
+    from elfes.engine.checkpoint import FORMAT, SHARDED_STATE_FILE, VERSION
+
+    build, argument, error = {"size": (torch.Size, "x", "TypeError"), "path": (PosixPath, 1, "TypeError"),
+                              "layout": (_get_layout, "x", "KeyError"),
+                              "memory_format": (_MEM_FORMAT_ENCODING, 99, "ValueError")}[built]
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(BuiltWith(build, argument)))
+    torch.save({"format": FORMAT, "version": VERSION}, tmp_path / SHARDED_STATE_FILE)
+    for read in (lambda folder: SafeReader(folder).read_metadata(), read_checkpoint):
+        with pytest.raises(UnusableCheckpointError, match="cannot be unpickled as DCP metadata") as refused:
+            read(tmp_path)
+        assert str(tmp_path / ".metadata") in str(refused.value) and f"({error}: " in str(refused.value)
+        assert str(refused.value).endswith("Resume from another checkpoint.")
+        assert_not_retried(refused.value)
+    assert "metadata cannot be read safely" in safe_load_problem(tmp_path)  # what the launcher asks before a resume
+
+
+def one_process_folder(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A sharded checkpoint folder written by DCP in this process (no process group): a model's two tensors in
+    ``__0_0.distcp``, DCP's ``.metadata`` and ``state.pt``; and the tensors."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from elfes.engine.checkpoint import FORMAT, SHARDED_STATE_FILE, VERSION
+
+    folder = tmp_path / CheckpointName(4, 20, sharded=True).filename
+    model = {"hidden.weight": torch.arange(6.0).reshape(2, 3), "hidden.bias": torch.tensor([0.5, -1.5])}
+    with warnings.catch_warnings():  # DCP warns when it runs in one process
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model}, storage_writer=FileSystemWriter(folder), no_dist=True)
+    torch.save({"format": FORMAT, "version": VERSION, "state": {"step": 4}}, folder / SHARDED_STATE_FILE)
+    return folder, model
+
+
+def test_a_sharded_folder_is_loaded_reading_and_checking_its_metadata_once(tmp_path, monkeypatch):
+    """Every read of `.metadata` stats every shard file (on N ranks, N x N at a resume): a load reads it once, through
+    the one reader it hands on (export_weights: its check of the folder, then the load)."""
+    from elfes.engine import dcp_reader
+
+    folder, model = one_process_folder(tmp_path)
+    checks: list[Path] = []
+    check_entries = dcp_reader._check_entries
+
+    def counted(where: Path, metadata: Any) -> None:
+        checks.append(where)
+        check_entries(where, metadata)
+
+    monkeypatch.setattr(dcp_reader, "_check_entries", counted)
+    assert_bitwise_equal(model, sharded_weights(folder, "raw"), "sharded_weights")
+    assert len(checks) == 1
+    whole = whole_sharded_checkpoint(folder)
+    assert_bitwise_equal(model, whole["model"], "whole_sharded_checkpoint")
+    assert whole["state"] == {"step": 4}
+    assert len(checks) == 2
+    export_weights(folder, tmp_path / "raw.pt")
+    assert_bitwise_equal(model, torch.load(tmp_path / "raw.pt", weights_only=True), "export_weights")
+    assert len(checks) == 4
+    reader = SafeReader(folder)
+    assert reader.read_metadata() is reader.read_metadata() and len(checks) == 5
+
+
+def test_a_refused_folder_is_refused_by_load_shards_as_itself_and_a_damaged_one_names_its_step(tmp_path):
+    """load_shards with a reader whose metadata is refused raises that refusal (DCP's own read would bury it under
+    'metadata is None'), the same at every ask, rank's own metadata included; a missing shard names the folder and
+    its step, as every other way in does."""
+    from elfes.engine.sharded import load_shards
+
+    folder, model = one_process_folder(tmp_path)
+    state = {"model": {name: torch.zeros_like(tensor) for name, tensor in model.items()}}
+    marker = tmp_path / "it-ran"
+    plant_bytes_entry(folder, "model.hidden.bias", marker, file="__1_0.distcp")
+    reader = SafeReader(folder)
+    for ask in (reader.read_metadata, lambda: reader.read_metadata(rank=0), lambda: load_shards(state, reader, no_dist=True)):
+        with pytest.raises(UnusableCheckpointError) as refused:
+            ask()
+        assert str(refused.value).startswith(f"{folder / '.metadata'} declares model.hidden.bias as no tensor (bytes entries)")
+        assert_not_retried(refused.value)
+    assert not marker.exists()
+
+    folder, model = one_process_folder(tmp_path / "damaged")
+    (folder / "__0_0.distcp").unlink()
+    with pytest.raises(UnusableCheckpointError) as refused:
+        load_shards(state, SafeReader(folder), no_dist=True)
+    assert str(refused.value).startswith(f"Checkpoint {folder} is truncated or corrupted (its shard __0_0.distcp is missing). "
+                                         "It held step 4 (after 20 batches).")
     assert_not_retried(refused.value)
