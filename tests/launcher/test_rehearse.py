@@ -107,7 +107,8 @@ def test_a_relaunched_attempt_is_followed_from_where_it_resumes_not_from_where_t
     follower = Follower(paths)
     assert follower.poll() == 8  # attempt 1 runs
     for change in (lambda s: run_state.mark_lost(s, cancelled=False),
-                   lambda s: run_state.record_submission(s, executor="local", kind="resume", max_requeues=3),
+                   lambda s: run_state.record_submission(s, executor="local", kind="resume", max_requeues=3,
+                                                         run_dir=str(paths.run_dir)),
                    lambda s: run_state.mark_pending(s, job_id="4194998"),
                    lambda s: run_state.begin_attempt(s, token="4194998:0", job_id="4194998", launch="resume",
                                                      hosts=["node-a"], world_size=2)):
