@@ -4,7 +4,9 @@ from the clock; bad input exits 2 and leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from launching import kill_local_run
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands.rehearsal.pipeline import KINDS, candidate_steps, plan_interruptions
@@ -482,6 +485,33 @@ def test_a_signal_to_rehearse_ends_its_scratch_job_keeps_its_folder_and_leaves_n
                     f"scratch runs are kept in {tmp_path / 'run.rehearsal'}")
     assert paths.state.is_file() and paths.events.is_file()  # kept for inspection
     assert wait_until(lambda: not any(local_processes(paths).values()), 60), local_processes(paths)
+
+
+def test_a_scratch_job_still_alive_past_the_wait_is_ended_before_its_folder_is_removed(tmp_path):
+    """A scratch run is removed (a retry's fresh start, the end of an exact rehearsal) once its job is gone; one
+    still alive after the wait is ended first, so nothing keeps writing into a folder that is gone."""
+    from elfes.launcher.commands.rehearsal.runs import remove_run_dir
+    from elfes.launcher.rundir.command_group import process_stat
+
+    spec = write_spec(tmp_path, None, command=["sleep", "600"], config={})
+    paths = RunPaths(tmp_path / "run")
+    assert elfes(["submit", str(spec), "--executor", "local"]) == 0
+    pids: list[int] = []
+
+    def alive() -> list[int]:
+        return [pid for pid in pids if (stat := process_stat(pid)) is not None and stat.live]
+
+    try:
+        assert wait_until(lambda: local_processes(paths)["command"], 300), "the job's command never started"
+        pids += [pid for found in local_processes(paths).values() for pid in found]
+        remove_run_dir(paths.run_dir, timeout_s=1.0)
+        assert not paths.run_dir.exists()
+        assert wait_until(lambda: not alive(), 60), f"still alive: {alive()} of {pids}"
+    finally:
+        for pid in alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        kill_local_run(paths.run_dir)
 
 
 def wait_until(condition, timeout_s: float) -> bool:
