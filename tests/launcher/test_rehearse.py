@@ -248,6 +248,7 @@ def test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_sam
     assert resized["samples_identical"] and resized["losses_within_tolerance"]
     assert resized["largest_difference"] <= resized["tolerance"] and resized["unmatched"] == []
     assert not any(t["name"].startswith(("/layout", "/ranks")) for t in report["differences"]["tensors"])
+    assert report["differences"]["entries_set_aside"] == ["/ranks", "/layout"]
     assert report["summary"].startswith(f"{report['verdict']} on 1 rank (the same samples in every update after "
                                         f"step {pause['saved_step']}, the losses within 0.001 (relative, at most ")
     state = json.loads((tmp_path / "run.rehearsal" / "interrupted" / "state.json").read_text())
@@ -274,6 +275,7 @@ def test_a_resize_of_a_job_with_dropout_drawn_per_rank_names_the_dropout(tmp_pat
     assert "the losses differ by up to" in report["summary"] and "the same samples in every update" in report["summary"]
     tensors = report["differences"]["tensors"]
     assert tensors and not any(t["name"].startswith(("/layout", "/ranks")) for t in tensors), tensors
+    assert report["differences"]["entries_set_aside"] == ["/ranks", "/layout"]
     [cause] = report["likely_causes"]
     assert cause.startswith("Dropout drawn per rank") and 'model_randomness="per_batch"' in cause, cause
 

@@ -52,7 +52,6 @@ from .compare import (
     judge_resized,
     read_records,
     unused_generators,
-    without_per_rank_entries,
 )
 from .interrupt import InterruptedRun
 from .plan import (
@@ -64,7 +63,7 @@ from .plan import (
     plan_interruptions,
     read_events_if_any,
 )
-from .report import VERDICTS, Interruption, Report, after_the_last_update
+from .report import VERDICTS, Interruption, Report, after_the_last_update, decide_verdict
 from .runs import RUN_NAMES, ScratchRuns, Show, remove_run_dir
 
 KINDS = ("requeue", "stop", "kill")
@@ -236,14 +235,12 @@ class Rehearsal:
             say("comparing the interrupted run with straight-1")
             resumed = compare_runs(self.folder / "interrupted", straight_1).without_generators(unused)
             if self.options.resize is not None:  # the entries that describe the ranks differ by design
-                resumed = without_per_rank_entries(resumed)
+                resumed = resumed.without_per_rank_entries()
                 resized = judge_resized(resumed, read_records(self.folder / "interrupted"), read_records(straight_1),
                                         ranks=self.options.resize, resumed_at=interruptions[0].saved_step)
         else:
             say("the straight runs differ: resume cannot be judged, so the interrupted run is skipped")
-        verdict = ("not reproducible" if not straight.identical else
-                   "exact" if resumed is not None and resumed.identical else
-                   "within rounding" if resized is not None and resized.within_rounding else "not resumable")
+        verdict = decide_verdict(straight, resumed, resized)
         notes += runs.environment_notes()
         report = Report(verdict, str(self.source), str(self.folder), self.options.seed, self.options.executor,
                         interruptions, straight, resumed, requested=[p.kind for p in self._plan(length, 0)],
