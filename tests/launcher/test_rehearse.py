@@ -288,6 +288,20 @@ def test_a_resize_to_no_other_world_size_exits_2_and_creates_nothing(tmp_path, c
     assert says in capsys.readouterr().err and not (tmp_path / "run.rehearsal").exists()
 
 
+def test_a_resize_to_more_ranks_than_the_executor_runs_exits_2_before_any_run(tmp_path, capsys):
+    """The continuation's spec is checked against the executor too, before the straight runs start."""
+    from elfes.launcher.submit.executors import LOCAL_RANKS_PER_CPU, usable_cpus
+
+    ranks = LOCAL_RANKS_PER_CPU * usable_cpus() + 1
+    spec = write_spec(tmp_path)
+    assert elfes(["rehearse", str(spec), "--executor", "local", "--resize", str(ranks)]) == 2
+    said = capsys.readouterr().err
+    assert f"--resize {ranks}: the continuation (resources.tasks_per_node={ranks}) cannot run" in said, said
+    assert f"resources.tasks_per_node = {ranks}: this machine has {usable_cpus()} CPU(s)" in said, said
+    assert said.rstrip().endswith("or rehearse another --resize"), said
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
+
+
 def sharded_run(run_dir: Path, weight: Any) -> Path:
     """A run directory whose final checkpoint is a folder of DCP shards holding ``weight`` as the model's ``w``."""
     import torch

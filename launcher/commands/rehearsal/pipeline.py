@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from elfes.files import write_text_atomically
 from elfes.records.tracking import TrackingSettings
 
@@ -39,7 +41,8 @@ from ...rundir.liveness import liveness
 from ...rundir.lookup import UsageError
 from ...rundir.paths import RunPaths
 from ...spec import JobSpec
-from ...spec.overrides import load_spec_with
+from ...spec.loading import validate_spec_data
+from ...spec.overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
 from ...spec.sweep import plan_sweep, wants_sweep
 from ...submit import executors
 from ...submit.handover import Interrupted
@@ -109,10 +112,15 @@ def prepare(spec_file: str | os.PathLike[str], options: RehearsalOptions) -> Reh
     if not options.with_trackers:  # scratch runs: the user's trackers hold real runs only
         spec = spec.model_copy(update={"tracking": TrackingSettings()})
     resume_sets = () if options.resize is None else _resize_sets(spec, options.resize)
-    if resume_sets and options.member is None:
-        load_spec_with(source, (*options.overrides, *resume_sets))  # the continuation's spec is valid too
+    continuation = _continuation(source, spec, resume_sets) if resume_sets else None
     executor = executors.choose_executor(options.executor)
     executors.check_executor(spec, executor)
+    if continuation is not None:
+        try:
+            executors.check_executor(continuation, executor)
+        except executors.ExecutorError as error:
+            raise executors.ExecutorError(f"--resize {options.resize}: the continuation ({' '.join(resume_sets)}) "
+                                          f"cannot run: {error}; or rehearse another --resize") from None
     _check_reusable(folder)
     return Rehearsal(source, spec, replace(options, executor=executor), folder, resume_sets)
 
@@ -129,6 +137,14 @@ def _resize_sets(spec: JobSpec, ranks: int) -> tuple[str, ...]:
     per_node = ranks // nodes
     gpus = (f"resources.gpus_per_node={per_node}",) if spec.resources.gpus_per_node else ()
     return (f"resources.tasks_per_node={per_node}", *gpus)
+
+
+def _continuation(source: Path, spec: JobSpec, resume_sets: tuple[str, ...]) -> JobSpec:
+    """The spec ``elfes resume --set`` (``resume_sets``) gives the interrupted run's continuation: the rehearsed
+    ``spec``, as its scratch run records it, changed; validated (SpecError naming the field)."""
+    overrides = parse_overrides(resume_sets)
+    return validate_spec_data(apply_overrides(yaml.safe_load(spec.to_yaml()), overrides),
+                              source=describe_source(source, overrides), base=source.absolute().parent)
 
 
 def _sweep_member(source: Path, options: RehearsalOptions) -> tuple[JobSpec, Path]:
