@@ -64,7 +64,6 @@ from .plan import (
     candidate_steps,
     measure_length,
     plan_interruptions,
-    read_events_if_any,
 )
 from .report import VERDICTS, Interruption, Report, after_the_last_update, decide_verdict
 from .runs import RUN_NAMES, ScratchRuns, Show, remove_run_dir
@@ -246,14 +245,16 @@ class Rehearsal:
         retried: list[dict[str, Any]] = []
         resumed: Comparison | None = None
         resized: Resized | None = None
+        records: list[dict[str, Any]] = []  # the interrupted run's
         if straight.identical:
             interruptions, retried = self._interrupt(runs, length, say)
             say("comparing the interrupted run with straight-1")
             resumed = compare_runs(self.folder / "interrupted", straight_1).without_generators(unused)
+            records = read_records(self.folder / "interrupted")
             if self.options.resize is not None:  # the entries that describe the ranks differ by design
                 resumed = resumed.without_per_rank_entries()
-                resized = judge_resized(resumed, read_records(self.folder / "interrupted"), read_records(straight_1),
-                                        ranks=self.options.resize, resumed_at=interruptions[0].saved_step)
+                resized = judge_resized(resumed, records, read_records(straight_1), ranks=self.options.resize,
+                                        resumed_at=interruptions[0].saved_step)
         else:
             say("the straight runs differ: resume cannot be judged, so the interrupted run is skipped")
         verdict = decide_verdict(straight, resumed, resized)
@@ -262,10 +263,9 @@ class Rehearsal:
                         interruptions, straight, resumed, requested=[p.kind for p in self._plan(length, 0)],
                         kinds=KINDS, retried=retried, notes=notes, runs=runs.runs, resized=resized)
         if verdict == "not resumable" and resized is not None:
-            report.likely_causes = resize_causes(resized, read_events_if_any(RunPaths(self.folder / "interrupted")))
+            report.likely_causes = resize_causes(resized, records)
         elif verdict == "not resumable" and resumed is not None:
-            report.likely_causes = likely_causes(self.spec, resumed, interruptions,
-                                                 read_events_if_any(RunPaths(self.folder / "interrupted")))
+            report.likely_causes = likely_causes(self.spec, resumed, interruptions, records)
         elif verdict == "not reproducible":
             report.advice = reproducibility_advice(self.spec, straight)
         return report
