@@ -44,7 +44,7 @@ def _finished_run(paths: RunPaths, job_id: str) -> None:
     paths.spec.write_text(f"name: bench\nentrypoint: m:f\nrun_dir: {paths.run_dir}\n")
     token = f"{job_id}:0/1"
     run_state.update_state(paths, lambda s: run_state.record_submission(s, executor="local", kind="submit",
-                                                                        max_requeues=3))
+                                                                        max_requeues=3, run_dir=str(paths.run_dir)))
     run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
     run_state.update_state(paths, lambda s: run_state.begin_attempt(s, token=token, job_id=job_id, launch="submit",
                                                                     hosts=["h"], world_size=1))
@@ -81,7 +81,7 @@ def _vanished_run(paths: RunPaths, job_id: str) -> None:
     paths.spec.write_text(_recorded_spec(paths))
     token = f"{job_id}:0/1"
     run_state.update_state(paths, lambda s: run_state.record_submission(s, executor="local", kind="submit",
-                                                                        max_requeues=3))
+                                                                        max_requeues=3, run_dir=str(paths.run_dir)))
     run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
     run_state.update_state(paths, lambda s: run_state.begin_attempt(s, token=token, job_id=job_id, launch="submit",
                                                                     hosts=["h"], world_size=1))

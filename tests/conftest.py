@@ -12,12 +12,12 @@ from scheduling import FilesAndSpreadTests, queue_order
 GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
 
-# -- how the xdist workers share the suite (pyproject.toml: -n 4 --dist loadfile; the rules in scheduling.py) ------
+# -- how the xdist workers share the suite (pyproject.toml: -n 4 --dist loadfile --no-loadscope-reorder, so that
+# the units are handed out in the collection's order, set below; the rules in scheduling.py) ---------------------
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> FilesAndSpreadTests | None:
     if config.getvalue("dist") != "loadfile":
         return None
-    config.option.loadscopereorder = False  # units are handed out in the collection's order, set below
     return FilesAndSpreadTests(config, log)
 
 

@@ -1,4 +1,5 @@
-"""How the xdist workers share the suite (pyproject.toml: ``-n 4 --dist loadfile``; hooks in conftest.py).
+"""How the xdist workers share the suite (pyproject.toml: ``-n 4 --dist loadfile --no-loadscope-reorder``; hooks
+in conftest.py).
 
 A worker takes a whole file: its tests share their module's fixtures, and a SLURM file the worker's cluster.
 Long files whose tests share nothing that costs (no module- or session-scoped fixture of their own that trains or

@@ -12,18 +12,20 @@ then ends what is left of their jobs.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from launching import kill_local_run
+
+from elfes.files import exclusive_lock
+from elfes.launcher.rundir import state as run_state
+from elfes.launcher.rundir.paths import RunPaths
 
 END_WAIT_S = 300.0  # at the session's end: how long a started run may still take to end before it is killed
 
@@ -35,17 +37,6 @@ def session_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created if missing) across processes."""
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class SharedRuns:
@@ -60,7 +51,7 @@ class SharedRuns:
     def get(self, inputs: dict[str, Any]) -> Path:
         key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
         record = self.folder / f"{key}.json"
-        with locked(self.folder / f"{key}.lock"):
+        with exclusive_lock(self.folder / f"{key}.lock"):
             if record.exists():
                 return Path(json.loads(record.read_text())["run_dir"])
             run_dir = self.start(self.folder, f"reference-{key}", inputs)
@@ -68,11 +59,17 @@ class SharedRuns:
             record.write_text(json.dumps({"run_dir": str(run_dir), "inputs": inputs}, default=str))
         return run_dir
 
-    def finish(self, ended: Callable[[Path], bool]) -> None:
-        """Wait (at most :data:`END_WAIT_S`) until each run this process started has ended, then kill what is
-        left of its job."""
+    def finish(self) -> None:
+        """Wait (at most :data:`END_WAIT_S`) until each run this process started has ended (its state.json says
+        so), then kill what is left of its job."""
         deadline = time.monotonic() + END_WAIT_S
         for run_dir in self.started:
             while not ended(run_dir) and time.monotonic() < deadline:
                 time.sleep(0.2)
             kill_local_run(run_dir)
+
+
+def ended(run_dir: Path) -> bool:
+    """Whether the run's state.json records its end."""
+    state = run_state.load_state(RunPaths(run_dir))
+    return state is not None and state.status in run_state.ENDED

@@ -8,8 +8,10 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from scheduling import EXPECTED_S, SPREAD_FILES, queue_order, work_unit
+from scheduling import EXPECTED_S, SPREAD_FILES, file_of, queue_order, work_unit
 from shared_runs import SharedRuns
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def _ask(folder: str, inputs: dict[str, Any], barrier: Any, answers: Any) -> None:
@@ -56,3 +58,17 @@ def test_the_units_are_queued_longest_first_a_file_kept_whole_in_its_order():
     queued = [collected[index][0] for index in queue_order(collected)]
     assert queued == [known, "tests/slurm/c.py::one", "tests/slurm/c.py::two", f"{spread}::unknown",
                       "tests/b.py::one", "tests/b.py::two", "tests/a.py::one"]
+
+
+def test_every_unit_of_the_expected_durations_names_a_file_and_a_test_that_exist():
+    """A renamed file or test would silently lose its place at the head of the queue."""
+    missing = []
+    for unit in EXPECTED_S:
+        file = REPOSITORY / file_of(unit)
+        if not file.is_file():
+            missing.append(f"{unit}: no file {file_of(unit)}")
+        elif "::" in unit:
+            name = unit.split("::", 1)[1].split("[", 1)[0]  # a parametrized id's function
+            if f"def {name}(" not in file.read_text(encoding="utf-8"):
+                missing.append(f"{unit}: no `def {name}(` in {file_of(unit)}")
+    assert not missing, "tests/scheduling.py EXPECTED_S names what is not there:\n" + "\n".join(missing)

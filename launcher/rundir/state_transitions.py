@@ -65,12 +65,13 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
 def record_submission(state: RunState | None, *, executor: str, kind: str, max_requeues: int,
                       job_id: str | None = None, host: str | None = None, pid: int | None = None,
                       submitit_folder: str | None = None, array_task: int | None = None,
-                      refuse_finished: str | None = None, run_dir: str = "RUN_DIR") -> RunState:
+                      refuse_finished: str | None = None, run_dir: str) -> RunState:
     """The submitter (``host``, ``pid``) hands the run to ``executor``: "submitted" ("pending" with ``job_id``).
     ``kind``: "submit", "resume", or "requeue" (a local job's rank 0 past submitit's start limit).
     Refused unless the run ended (:data:`ENDED`), or for "requeue" is requeued; a "submitted" run (a hand-over
     that never recorded its job) is settled first: :func:`mark_pending` or :func:`mark_submission_abandoned`.
-    With ``refuse_finished``, a finished run is refused with that message; ``run_dir`` names the run in a refusal."""
+    With ``refuse_finished``, a finished run is refused with that message; ``run_dir`` names the run in a refusal
+    (the command it suggests)."""
     _check(kind, LAUNCHES, "the submission kind")
     kind = Launch(kind)
     if max_requeues < 0:
@@ -89,11 +90,11 @@ def record_submission(state: RunState | None, *, executor: str, kind: str, max_r
     if state.status not in allowed:
         retried = _retried_failure(state) if kind == Launch.RESUME else None
         if retried is not None:
+            number, failure = retried
             raise NotNow(
-                f"the run is retrying itself from `last` after attempt {retried.number} failed"
-                + (f" ({retried.failure.cause})" if retried.failure is not None else "")
-                + f"; it needs no resume while it does: follow it with `elfes status {run_dir} --until ended`, and "
-                "resume it only once it has ended stopped, cancelled, failed or finished.")
+                f"the run is retrying itself from `last` after attempt {number} failed ({failure.cause}); it needs "
+                f"no resume while it does: follow it with `elfes status {run_dir} --until ended`, and resume it only "
+                "once it has ended stopped, cancelled, failed or finished.")
         raise NotNow(
             f"cannot record a {kind} while the run is {state.status}"
             + (f" (job {state.job_id})" if state.job_id else "")
@@ -105,11 +106,16 @@ def record_submission(state: RunState | None, *, executor: str, kind: str, max_r
                     submissions=(*state.submissions, submission), stopping_signal=None)
 
 
-def _retried_failure(state: RunState) -> Attempt | None:
-    """The failed attempt whose retry the run is waiting for (requeued) or running, if it is retrying one."""
+def _retried_failure(state: RunState) -> tuple[int, Failure] | None:
+    """The number and failure of the failed attempt whose retry the run is waiting for (requeued) or running, if it
+    is retrying one."""
     ended = [attempt for attempt in state.attempts if attempt.ended]
     retrying = state.status in (RunStatus.REQUEUED, RunStatus.PENDING, RunStatus.RUNNING, RunStatus.STOPPING)
-    return ended[-1] if retrying and ended and retries_failure(tuple(ended)) else None
+    if not (retrying and retries_failure(tuple(ended))):
+        return None
+    failure = ended[-1].failure
+    assert failure is not None  # retries_failure: the latest ended attempt failed
+    return ended[-1].number, failure
 
 
 def mark_submission_abandoned(state: RunState, *, error: str) -> RunState:

@@ -62,7 +62,7 @@ def make_run(folder: Path, *, name: str = "demo", outcome: str | None = "stopped
     write_text_atomically(paths.spec, spec.to_yaml())
     token = f"{job_id}:0"
     run_state.update_state(paths, lambda s: run_state.record_submission(
-        s, executor=executor, kind="submit", max_requeues=spec.requeue.max_requeues))
+        s, executor=executor, kind="submit", max_requeues=spec.requeue.max_requeues, run_dir=str(paths.run_dir)))
     run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=job_id))
     run_state.update_state(paths, lambda s: run_state.begin_attempt(
         s, token=token, job_id=job_id, launch="submit", hosts=["node-a"], world_size=2))

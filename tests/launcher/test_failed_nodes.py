@@ -87,7 +87,8 @@ def test_a_rank_that_saw_its_peer_vanish_waits_for_the_others_only_while_none_re
 
 # -- state.json -----------------------------------------------------------------------------------------------
 def _failed_run(failure: run_state.Failure) -> run_state.RunState:
-    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7")
+    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7",
+                                        run_dir="runs/failed")
     state = run_state.begin_attempt(state, token="7:0/1", job_id="7", launch="submit", hosts=("node1",), world_size=2)
     return run_state.end_attempt(state, token="7:0/1", outcome="failed", error="boom", failure=failure)
 

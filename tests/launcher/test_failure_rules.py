@@ -161,7 +161,8 @@ def _running(state: run_state.RunState | None, token: str, launch: str) -> run_s
 
 
 def test_a_retried_failure_requeues_the_run_and_counts_against_max_failures_not_max_requeues() -> None:
-    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7")
+    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7",
+                                        run_dir="runs/failing")
     state = _running(state, "7:0/1", "submit")
     retried = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
     state = run_state.end_attempt(state, token="7:0/1", outcome="failed", error="boom", failure=retried)
@@ -178,7 +179,8 @@ def test_a_retried_failure_requeues_the_run_and_counts_against_max_failures_not_
 
 
 def test_a_retry_that_cannot_be_carried_out_ends_the_run_failed_saying_why() -> None:
-    state = _running(run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7"),
+    state = _running(run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7",
+                                                 run_dir="runs/failing"),
                      "7:0/1", "submit")
     retried = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
     state = run_state.end_attempt(state, token="7:0/1", outcome="failed", error="boom", failure=retried)
@@ -188,7 +190,8 @@ def test_a_retry_that_cannot_be_carried_out_ends_the_run_failed_saying_why() -> 
 
 
 def test_a_damaged_failure_is_refused_naming_the_field() -> None:
-    state = _running(run_state.record_submission(None, executor="local", kind="submit", max_requeues=5, job_id="7"),
+    state = _running(run_state.record_submission(None, executor="local", kind="submit", max_requeues=5, job_id="7",
+                                                 run_dir="runs/failing"),
                      "7:0/1", "submit")
     data = json.loads(json.dumps(run_state.end_attempt(state, token="7:0/1", outcome="failed", failure=decide_failure(
         report(), previous=None, failures_used=0, max_failures=3)).to_json()))
@@ -203,7 +206,8 @@ def test_a_damaged_failure_is_refused_naming_the_field() -> None:
 # -- what status and the plot say -----------------------------------------------------------------------------
 def test_status_names_each_failures_cause_and_whether_it_was_retried(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path / "run")
-    state = _running(run_state.record_submission(None, executor="local", kind="submit", max_requeues=5, job_id="7"),
+    state = _running(run_state.record_submission(None, executor="local", kind="submit", max_requeues=5, job_id="7",
+                                                 run_dir="runs/failing"),
                      "7:0/1", "submit")
     first = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
     state = run_state.end_attempt(state, token="7:0/1", outcome="failed", failure=first,
@@ -246,7 +250,8 @@ def test_a_retry_that_leaves_no_node_out_says_so_in_status(tmp_path: Path) -> No
     """The node-exclusion fallback (the requeued job cannot be placed without the failed node) allows every host
     again and appends why to the failed attempt's error, which `elfes status` prints once the retry runs."""
     paths = RunPaths(tmp_path / "run")
-    state = _running(run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7"),
+    state = _running(run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=5, job_id="7",
+                                                 run_dir="runs/failing"),
                      "7:0/1", "submit")
     failure = decide_failure(report(), previous=None, failures_used=0, max_failures=3)
     state = run_state.end_attempt(state, token="7:0/1", outcome="failed", failure=failure,

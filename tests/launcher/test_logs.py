@@ -12,7 +12,7 @@ from elfes.launcher.rundir.paths import RunPaths
 def a_run_with_two_attempts(run_dir: Path) -> RunPaths:
     paths = RunPaths(run_dir)
     run_state.update_state(paths, lambda s: run_state.record_submission(s, executor="local", kind="submit",
-                                                                          max_requeues=3))
+                                                                          max_requeues=3, run_dir=str(paths.run_dir)))
     run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id="11"))
     for number, token in enumerate(("11:0/1", "11:1/1"), start=1):
         run_state.update_state(paths, lambda s, token=token, number=number: run_state.begin_attempt(

@@ -65,10 +65,10 @@ def test_a_resize_with_dropout_drawn_per_rank_names_the_dropout_and_judges_sampl
     verdict says both apart, the layout and ranks entries are set aside, and the one likely cause is the dropout
     drawn per rank, with model_randomness="per_batch" as the remedy."""
     from elfes.launcher.commands.rehearsal.causes import resize_causes
-    from elfes.launcher.commands.rehearsal.compare import judge_resized, without_per_rank_entries
+    from elfes.launcher.commands.rehearsal.compare import judge_resized
     from elfes.launcher.commands.rehearsal.report import resized_line
 
-    kept = without_per_rank_entries(RESIZED)
+    kept = RESIZED.without_per_rank_entries()
     assert [t.name for t in kept.tensors] == ["/model/0.weight"]
     ours = train_records({4: 0.6, 5: 0.52, 6: 0.45}, randomness="per_rank")
     resized = judge_resized(kept, ours, train_records({4: 0.6, 5: 0.5, 6: 0.44}), ranks=1, resumed_at=4)
@@ -93,3 +93,28 @@ def test_a_resize_with_dropout_drawn_per_rank_names_the_dropout_and_judges_sampl
     per_batch = judge_resized(kept, train_records({5: 0.52}, randomness="per_batch"), train_records({5: 0.5}),
                               ranks=1, resumed_at=4)
     assert resize_causes(per_batch, train_records({}, randomness="per_batch"))[0].startswith("Draws outside torch")
+
+
+def test_a_resize_leaves_out_the_per_rank_entries_saying_so_and_is_never_judged_exact():
+    """The report's differences name the entries a resize leaves out, and its verdict is within rounding or not
+    resumable from the resize's own measures, even where every compared bit agrees (docs/rehearse.md)."""
+    from elfes.launcher.commands.rehearsal.compare import judge_resized
+    from elfes.launcher.commands.rehearsal.report import decide_verdict
+
+    kept = RESIZED.without_per_rank_entries()
+    assert kept.entries_set_aside == ("/ranks", "/layout") and kept.set_aside == ()
+    assert kept.to_json()["entries_set_aside"] == ["/ranks", "/layout"]
+    assert RESIZED.to_json()["entries_set_aside"] == []
+    assert kept.without_per_rank_entries().entries_set_aside == ("/ranks", "/layout")
+
+    agreeing = Comparison(tensors=(), divergence=None, compared_files=("checkpoints/final",)).without_per_rank_entries()
+    losses = {4: 0.6, 5: 0.5}
+    within = judge_resized(agreeing, train_records(losses), train_records(losses), ranks=1, resumed_at=4)
+    assert agreeing.identical and within.within_rounding
+    assert decide_verdict(agreeing, agreeing, within) == "within rounding"
+    apart = judge_resized(agreeing, train_records({4: 0.6, 5: 0.52}), train_records(losses), ranks=1, resumed_at=4)
+    assert decide_verdict(agreeing, agreeing, apart) == "not resumable"
+    # Without a resize: exact where the interrupted run equals straight-1; the straight runs' difference first.
+    assert decide_verdict(agreeing, agreeing, None) == "exact"
+    assert decide_verdict(agreeing, LOSS_DIVERGES, None) == "not resumable"
+    assert decide_verdict(LOSS_DIVERGES, None, None) == "not reproducible"

@@ -4,7 +4,9 @@ from the clock; bad input exits 2 and leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from launching import kill_local_run
 
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands.rehearsal.pipeline import KINDS, candidate_steps, plan_interruptions
@@ -107,7 +110,8 @@ def test_a_relaunched_attempt_is_followed_from_where_it_resumes_not_from_where_t
     follower = Follower(paths)
     assert follower.poll() == 8  # attempt 1 runs
     for change in (lambda s: run_state.mark_lost(s, cancelled=False),
-                   lambda s: run_state.record_submission(s, executor="local", kind="resume", max_requeues=3),
+                   lambda s: run_state.record_submission(s, executor="local", kind="resume", max_requeues=3,
+                                                         run_dir=str(paths.run_dir)),
                    lambda s: run_state.mark_pending(s, job_id="4194998"),
                    lambda s: run_state.begin_attempt(s, token="4194998:0", job_id="4194998", launch="resume",
                                                      hosts=["node-a"], world_size=2)):
@@ -244,6 +248,7 @@ def test_a_pause_continued_on_another_world_size_is_within_rounding_with_the_sam
     assert resized["samples_identical"] and resized["losses_within_tolerance"]
     assert resized["largest_difference"] <= resized["tolerance"] and resized["unmatched"] == []
     assert not any(t["name"].startswith(("/layout", "/ranks")) for t in report["differences"]["tensors"])
+    assert report["differences"]["entries_set_aside"] == ["/ranks", "/layout"]
     assert report["summary"].startswith(f"{report['verdict']} on 1 rank (the same samples in every update after "
                                         f"step {pause['saved_step']}, the losses within 0.001 (relative, at most ")
     state = json.loads((tmp_path / "run.rehearsal" / "interrupted" / "state.json").read_text())
@@ -270,6 +275,7 @@ def test_a_resize_of_a_job_with_dropout_drawn_per_rank_names_the_dropout(tmp_pat
     assert "the losses differ by up to" in report["summary"] and "the same samples in every update" in report["summary"]
     tensors = report["differences"]["tensors"]
     assert tensors and not any(t["name"].startswith(("/layout", "/ranks")) for t in tensors), tensors
+    assert report["differences"]["entries_set_aside"] == ["/ranks", "/layout"]
     [cause] = report["likely_causes"]
     assert cause.startswith("Dropout drawn per rank") and 'model_randomness="per_batch"' in cause, cause
 
@@ -280,6 +286,20 @@ def test_a_resize_to_no_other_world_size_exits_2_and_creates_nothing(tmp_path, c
     spec = write_spec(tmp_path)
     assert elfes(["rehearse", str(spec), "--executor", "local", "--resize", str(ranks)]) == 2
     assert says in capsys.readouterr().err and not (tmp_path / "run.rehearsal").exists()
+
+
+def test_a_resize_to_more_ranks_than_the_executor_runs_exits_2_before_any_run(tmp_path, capsys):
+    """The continuation's spec is checked against the executor too, before the straight runs start."""
+    from elfes.launcher.submit.executors import LOCAL_RANKS_PER_CPU, usable_cpus
+
+    ranks = LOCAL_RANKS_PER_CPU * usable_cpus() + 1
+    spec = write_spec(tmp_path)
+    assert elfes(["rehearse", str(spec), "--executor", "local", "--resize", str(ranks)]) == 2
+    said = capsys.readouterr().err
+    assert f"--resize {ranks}: the continuation (resources.tasks_per_node={ranks}) cannot run" in said, said
+    assert f"resources.tasks_per_node = {ranks}: this machine has {usable_cpus()} CPU(s)" in said, said
+    assert said.rstrip().endswith("or rehearse another --resize"), said
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
 
 
 def sharded_run(run_dir: Path, weight: Any) -> Path:
@@ -481,6 +501,33 @@ def test_a_signal_to_rehearse_ends_its_scratch_job_keeps_its_folder_and_leaves_n
                     f"scratch runs are kept in {tmp_path / 'run.rehearsal'}")
     assert paths.state.is_file() and paths.events.is_file()  # kept for inspection
     assert wait_until(lambda: not any(local_processes(paths).values()), 60), local_processes(paths)
+
+
+def test_a_scratch_job_still_alive_past_the_wait_is_ended_before_its_folder_is_removed(tmp_path):
+    """A scratch run is removed (a retry's fresh start, the end of an exact rehearsal) once its job is gone; one
+    still alive after the wait is ended first, so nothing keeps writing into a folder that is gone."""
+    from elfes.launcher.commands.rehearsal.runs import remove_run_dir
+    from elfes.launcher.rundir.command_group import process_stat
+
+    spec = write_spec(tmp_path, None, command=["sleep", "600"], config={})
+    paths = RunPaths(tmp_path / "run")
+    assert elfes(["submit", str(spec), "--executor", "local"]) == 0
+    pids: list[int] = []
+
+    def alive() -> list[int]:
+        return [pid for pid in pids if (stat := process_stat(pid)) is not None and stat.live]
+
+    try:
+        assert wait_until(lambda: local_processes(paths)["command"], 300), "the job's command never started"
+        pids += [pid for found in local_processes(paths).values() for pid in found]
+        remove_run_dir(paths.run_dir, timeout_s=1.0)
+        assert not paths.run_dir.exists()
+        assert wait_until(lambda: not alive(), 60), f"still alive: {alive()} of {pids}"
+    finally:
+        for pid in alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        kill_local_run(paths.run_dir)
 
 
 def wait_until(condition, timeout_s: float) -> bool:

@@ -13,7 +13,7 @@ from elfes.launcher.rundir.paths import RunPaths
 
 
 def submitted(max_requeues: int = 2) -> S.RunState:
-    state = S.record_submission(None, executor="local", kind="submit", max_requeues=max_requeues)
+    state = S.record_submission(None, executor="local", kind="submit", max_requeues=max_requeues, run_dir="runs/a")
     return S.mark_pending(state, job_id="41")
 
 
@@ -96,13 +96,13 @@ def test_a_job_gone_without_an_outcome_ends_failed_or_cancelled():
 def test_impossible_transitions_are_refused_saying_what_to_do():
     running = begin(submitted(), "41:0")
     with pytest.raises(S.NotNow, match="cannot record a submit while the run is running .*elfes cancel"):
-        S.record_submission(running, executor="local", kind="submit", max_requeues=2)
+        S.record_submission(running, executor="local", kind="submit", max_requeues=2, run_dir="runs/a")
     with pytest.raises(S.NotNow, match="only a stopped, cancelled, failed or finished run can be resumed"):
-        S.record_submission(running, executor="local", kind="resume", max_requeues=2)
+        S.record_submission(running, executor="local", kind="resume", max_requeues=2, run_dir="runs/a")
     with pytest.raises(S.NotNow, match="only a requeued run is resubmitted"):
-        S.record_submission(running, executor="local", kind="requeue", max_requeues=2)
+        S.record_submission(running, executor="local", kind="requeue", max_requeues=2, run_dir="runs/a")
     with pytest.raises(S.NotNow, match="needs an existing run"):
-        S.record_submission(None, executor="local", kind="resume", max_requeues=2)
+        S.record_submission(None, executor="local", kind="resume", max_requeues=2, run_dir="runs/a")
     with pytest.raises(S.NotNow, match="outcome must be one of"):
         S.end_attempt(running, token="41:0", outcome="done")
     with pytest.raises(S.NotNow, match="no attempt with token '9:0'"):
@@ -110,14 +110,15 @@ def test_impossible_transitions_are_refused_saying_what_to_do():
     ended = S.end_attempt(running, token="41:0", outcome="stopped", signal="SIGTERM", step=4)
     with pytest.raises(S.NotNow, match="attempt 1 already ended \\(stopped\\)"):
         S.end_attempt(ended, token="41:0", outcome="finished")
-    resumed = S.record_submission(ended, executor="local", kind="resume", max_requeues=2)
+    resumed = S.record_submission(ended, executor="local", kind="resume", max_requeues=2, run_dir="runs/a")
     assert resumed.status == "submitted" and [s.kind for s in resumed.submissions] == ["submit", "resume"]
 
 
 def test_a_failed_attempt_carries_its_message_and_a_refused_submission_fails_the_run():
     state = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="failed", error="ValueError: bad lr")
     assert (state.status, state.error) == ("failed", "ValueError: bad lr")
-    refused = S.mark_submission_failed(S.record_submission(None, executor="slurm", kind="submit", max_requeues=1),
+    refused = S.mark_submission_failed(S.record_submission(None, executor="slurm", kind="submit", max_requeues=1,
+                                                           run_dir="runs/a"),
                                        error="sbatch: invalid partition")
     assert (refused.status, refused.error) == ("failed", "sbatch: invalid partition")
 
@@ -125,7 +126,8 @@ def test_a_failed_attempt_carries_its_message_and_a_refused_submission_fails_the
 def test_state_json_round_trips_and_a_damaged_file_is_reported_by_name(tmp_path: Path):
     paths = RunPaths(tmp_path / "run")
     assert S.load_state(paths) is None
-    state = S.update_state(paths, lambda s: S.record_submission(s, executor="local", kind="submit", max_requeues=3))
+    state = S.update_state(paths, lambda s: S.record_submission(s, executor="local", kind="submit", max_requeues=3,
+                                                                run_dir=str(paths.run_dir)))
     state = S.update_state(paths, lambda s: begin(S.mark_pending(s, job_id="7"), "7:0"))
     assert S.load_state(paths) == state
     raw = json.loads(paths.state.read_text())
@@ -138,7 +140,8 @@ def test_state_json_round_trips_and_a_damaged_file_is_reported_by_name(tmp_path:
 
 def test_concurrent_writers_lose_no_update(tmp_path: Path):
     paths = RunPaths(tmp_path)
-    S.update_state(paths, lambda s: S.record_submission(s, executor="local", kind="submit", max_requeues=0))
+    S.update_state(paths, lambda s: S.record_submission(s, executor="local", kind="submit", max_requeues=0,
+                                                        run_dir=str(paths.run_dir)))
 
     def writer(name: str) -> None:
         for index in range(15):
@@ -159,8 +162,10 @@ def test_a_submission_recorded_after_its_run_finished_meanwhile_is_refused_with_
     finished = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="finished", step=20)
     reason = "the run is finished; submitting it again would train nothing"
     with pytest.raises(S.NotNow, match=reason):
-        S.record_submission(finished, executor="local", kind="submit", max_requeues=2, refuse_finished=reason)
-    again = S.record_submission(finished, executor="local", kind="submit", max_requeues=2)  # a raised budget
+        S.record_submission(finished, executor="local", kind="submit", max_requeues=2, refuse_finished=reason,
+                            run_dir="runs/a")
+    again = S.record_submission(finished, executor="local", kind="submit", max_requeues=2,
+                                run_dir="runs/a")  # a raised budget
     assert again.status == "submitted" and len(again.submissions) == 2
 
 
@@ -177,4 +182,4 @@ def test_a_resume_of_a_run_retrying_a_failure_says_it_retries_from_last_and_poin
         assert "`elfes status runs/a --until ended`" in said
     stopped = S.end_attempt(begin(submitted(), "41:0"), token="41:0", outcome="requeued", signal="SIGUSR2", step=3)
     with pytest.raises(S.NotNow, match="cannot record a resume while the run is requeued"):  # a requeue, not a retry
-        S.record_submission(stopped, executor="local", kind="resume", max_requeues=2)
+        S.record_submission(stopped, executor="local", kind="resume", max_requeues=2, run_dir="runs/a")

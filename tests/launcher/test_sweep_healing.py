@@ -233,7 +233,8 @@ def test_a_scheduler_killed_mid_hand_over_leaves_no_member_holding_a_slot_for_go
     leftovers.append(paths)
     first = RunPaths(load_sweep(paths).members[0].run_dir)
     run_state.update_state(first, lambda s: run_state.record_submission(
-        s, executor="local", kind="submit", max_requeues=3, host=socket.gethostname(), pid=GONE_PID))
+        s, executor="local", kind="submit", max_requeues=3, host=socket.gethostname(), pid=GONE_PID,
+        run_dir=str(first.run_dir)))
     update_sweep(paths, lambda r: __import__("dataclasses").replace(
         r, scheduler={"pid": GONE_PID, "host": socket.gethostname(), "started_at": run_state.now()}))
 
@@ -260,7 +261,7 @@ def test_a_slurm_sweep_member_whose_hand_over_was_cut_short_is_called_stalled(tm
     first = RunPaths(load_sweep(paths).members[0].run_dir)
     run_state.update_state(first, lambda s: run_state.record_submission(
         s, executor="slurm", kind="submit", max_requeues=3, host=socket.gethostname(), pid=GONE_PID,
-        submitit_folder=str(paths.submitit), array_task=0))
+        submitit_folder=str(paths.submitit), array_task=0, run_dir=str(first.run_dir)))
 
     assert elfes(["status", str(paths.sweep_dir)]) == 0
     shown = capsys.readouterr().out
@@ -299,7 +300,7 @@ def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path
 
 
 def test_a_requeue_under_way_counts_before_the_relaunch() -> None:
-    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=3)
+    state = run_state.record_submission(None, executor="slurm", kind="submit", max_requeues=3, run_dir="runs/requeued")
     state = run_state.mark_pending(state, job_id="7_1")
     state = run_state.begin_attempt(state, token="7_1:0/1", job_id="7_1", launch="submit", hosts=["h"], world_size=1)
     state = run_state.end_attempt(state, token="7_1:0/1", outcome="requeued", signal="SIGUSR2", step=3)

@@ -135,7 +135,7 @@ def _member(sweep_dir: Path, index: int, name: str, *, outcome: str | None, best
     if outcome is not None:
         token = f"{4194990 + index}:0/1"
         run_state.update_state(paths, lambda s: run_state.record_submission(
-            s, executor="local", kind="submit", max_requeues=3))
+            s, executor="local", kind="submit", max_requeues=3, run_dir=str(paths.run_dir)))
         run_state.update_state(paths, lambda s: run_state.mark_pending(s, job_id=str(4194990 + index)))
         run_state.update_state(paths, lambda s: run_state.begin_attempt(
             s, token=token, job_id=str(4194990 + index), launch="submit", hosts=["h"], world_size=1))

@@ -93,7 +93,7 @@ def test_a_cancelled_then_resumed_run_is_labelled_cancel_not_sigterm(tmp_path):
     paths.run_dir.mkdir()
     for token, launch, outcome in (("1:0", "submit", "cancelled"), ("2:0", "resume", "finished")):
         update_state(paths, lambda s, launch=launch: record_submission(s, executor="local", kind=launch,
-                                                                       max_requeues=3))
+                                                                       max_requeues=3, run_dir=str(paths.run_dir)))
         update_state(paths, lambda s, token=token, launch=launch: begin_attempt(s, token=token, job_id=token[0],
                                                                                 launch=launch, hosts=["h"],
                                                                                 world_size=1))

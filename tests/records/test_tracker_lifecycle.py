@@ -63,7 +63,8 @@ class Run:
         (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
         self.spec = load_spec(tmp_path / "job.yaml", check_files=False)
         self.paths = RunPaths(tmp_path / "run")
-        self.state = run_state.record_submission(None, executor="local", kind="submit", max_requeues=5)
+        self.state = run_state.record_submission(None, executor="local", kind="submit", max_requeues=5,
+                                                 run_dir=str(self.paths.run_dir))
         self.state = run_state.mark_pending(self.state, job_id="42")
 
     def attempt(self, number: int, events: list[dict], *, ends: str, **end: object) -> list[str]:

@@ -268,7 +268,8 @@ def test_a_cancel_while_a_failure_is_requeued_ends_the_run_cancelled_in_state_js
     job_id = slurm.run("sbatch", "--parsable", "--hold", "-p", "low", "--wrap", "sleep 300",
                        f"--output={tmp_path / 'held.out'}").stdout.strip()
     token = f"{job_id}:0"
-    for change in (lambda s: run_state.record_submission(s, executor="slurm", kind="submit", max_requeues=3),
+    for change in (lambda s: run_state.record_submission(s, executor="slurm", kind="submit", max_requeues=3,
+                                                         run_dir=str(paths.run_dir)),
                    lambda s: run_state.mark_pending(s, job_id=job_id),
                    lambda s: run_state.begin_attempt(s, token=token, job_id=job_id, launch="submit",
                                                      hosts=["node"], world_size=1),

@@ -73,6 +73,7 @@ class Comparison:
     compared_files: tuple[str, ...]
     metrics_compared: bool = True  # False where neither run keeps records (no RunLogger): tensors only
     set_aside: tuple[str, ...] = ()  # generators (GENERATORS keys) whose differences do not count
+    entries_set_aside: tuple[str, ...] = ()  # checkpoint entries left out (PER_RANK_ENTRIES after a resize)
 
     @property
     def identical(self) -> bool:
@@ -83,12 +84,19 @@ class Comparison:
         kept = tuple(t for t in self.tensors if generator_of(t.name) not in generators)
         return replace(self, tensors=kept, set_aside=tuple(sorted(set(self.set_aside) | set(generators))))
 
+    def without_per_rank_entries(self) -> Comparison:
+        """This comparison with the entries that describe the ranks (:data:`PER_RANK_ENTRIES`) left out: after a
+        resize they differ by design."""
+        kept = tuple(t for t in self.tensors if not t.name.startswith(PER_RANK_ENTRIES))
+        left_out = tuple(dict.fromkeys((*self.entries_set_aside, *PER_RANK_ENTRIES)))
+        return replace(self, tensors=kept, entries_set_aside=left_out)
+
     def to_json(self) -> dict[str, Any]:
         return {"identical": self.identical, "tensors": [t.to_json() for t in self.tensors],
                 "first_diverging_step": self.divergence.step if self.divergence else None,
                 "divergence": self.divergence.to_json() if self.divergence else None,
                 "compared_files": list(self.compared_files), "metrics_compared": self.metrics_compared,
-                "generators_set_aside": list(self.set_aside)}
+                "generators_set_aside": list(self.set_aside), "entries_set_aside": list(self.entries_set_aside)}
 
 
 def compare_runs(ours: Path, theirs: Path, *, ours_name: str = "the interrupted run",
@@ -360,12 +368,11 @@ class Resized:
 
 def judge_resized(comparison: Comparison, ours: list[dict[str, Any]], theirs: list[dict[str, Any]], *, ranks: int,
                   resumed_at: int | None) -> Resized:
-    """Judge ``comparison`` (the continued run against the uninterrupted one) and both runs' records as a
-    continuation on ``ranks`` ranks from step ``resumed_at``: per-rank entries set aside, every other
-    difference measured relative to the uninterrupted run's values."""
-    kept = [t for t in comparison.tensors if not t.name.startswith(PER_RANK_ENTRIES)]
-    measured = [t for t in kept if t.max_relative_diff is not None]
-    unmatched = tuple(t for t in kept if t not in measured)
+    """Judge ``comparison`` (the continued run against the uninterrupted one, its per-rank entries left out:
+    :meth:`Comparison.without_per_rank_entries`) and both runs' records as a continuation on ``ranks`` ranks from
+    step ``resumed_at``: every difference measured relative to the uninterrupted run's values."""
+    measured = [t for t in comparison.tensors if t.max_relative_diff is not None]
+    unmatched = tuple(t for t in comparison.tensors if t not in measured)
     largest = max(measured, key=lambda t: t.max_relative_diff or 0.0, default=None)
     a, b = logged_metrics(ours), logged_metrics(theirs)
     start = resumed_at or 0
@@ -380,9 +387,3 @@ def judge_resized(comparison: Comparison, ours: list[dict[str, Any]], theirs: li
     return Resized(ranks, resumed_at, loss_difference,
                    largest.max_relative_diff if largest and largest.max_relative_diff else 0.0,
                    f"{largest.file} {largest.name}" if largest else "", unmatched, samples_differ_at)
-
-
-def without_per_rank_entries(comparison: Comparison) -> Comparison:
-    """``comparison`` with the entries that describe the ranks (:data:`PER_RANK_ENTRIES`) set aside: after a
-    resize they differ by design."""
-    return replace(comparison, tensors=tuple(t for t in comparison.tensors if not t.name.startswith(PER_RANK_ENTRIES)))

@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from elfes.files import write_text_atomically
 from elfes.records.tracking import TrackingSettings
 
@@ -39,7 +41,8 @@ from ...rundir.liveness import liveness
 from ...rundir.lookup import UsageError
 from ...rundir.paths import RunPaths
 from ...spec import JobSpec
-from ...spec.overrides import load_spec_with
+from ...spec.loading import validate_spec_data
+from ...spec.overrides import apply_overrides, describe_source, load_spec_with, parse_overrides
 from ...spec.sweep import plan_sweep, wants_sweep
 from ...submit import executors
 from ...submit.handover import Interrupted
@@ -52,7 +55,6 @@ from .compare import (
     judge_resized,
     read_records,
     unused_generators,
-    without_per_rank_entries,
 )
 from .interrupt import InterruptedRun
 from .plan import (
@@ -62,9 +64,8 @@ from .plan import (
     candidate_steps,
     measure_length,
     plan_interruptions,
-    read_events_if_any,
 )
-from .report import VERDICTS, Interruption, Report, after_the_last_update
+from .report import VERDICTS, Interruption, Report, after_the_last_update, decide_verdict
 from .runs import RUN_NAMES, ScratchRuns, Show, remove_run_dir
 
 KINDS = ("requeue", "stop", "kill")
@@ -110,10 +111,15 @@ def prepare(spec_file: str | os.PathLike[str], options: RehearsalOptions) -> Reh
     if not options.with_trackers:  # scratch runs: the user's trackers hold real runs only
         spec = spec.model_copy(update={"tracking": TrackingSettings()})
     resume_sets = () if options.resize is None else _resize_sets(spec, options.resize)
-    if resume_sets and options.member is None:
-        load_spec_with(source, (*options.overrides, *resume_sets))  # the continuation's spec is valid too
+    continuation = _continuation(source, spec, resume_sets) if resume_sets else None
     executor = executors.choose_executor(options.executor)
     executors.check_executor(spec, executor)
+    if continuation is not None:
+        try:
+            executors.check_executor(continuation, executor)
+        except executors.ExecutorError as error:
+            raise executors.ExecutorError(f"--resize {options.resize}: the continuation ({' '.join(resume_sets)}) "
+                                          f"cannot run: {error}; or rehearse another --resize") from None
     _check_reusable(folder)
     return Rehearsal(source, spec, replace(options, executor=executor), folder, resume_sets)
 
@@ -130,6 +136,14 @@ def _resize_sets(spec: JobSpec, ranks: int) -> tuple[str, ...]:
     per_node = ranks // nodes
     gpus = (f"resources.gpus_per_node={per_node}",) if spec.resources.gpus_per_node else ()
     return (f"resources.tasks_per_node={per_node}", *gpus)
+
+
+def _continuation(source: Path, spec: JobSpec, resume_sets: tuple[str, ...]) -> JobSpec:
+    """The spec ``elfes resume --set`` (``resume_sets``) gives the interrupted run's continuation: the rehearsed
+    ``spec``, as its scratch run records it, changed; validated (SpecError naming the field)."""
+    overrides = parse_overrides(resume_sets)
+    return validate_spec_data(apply_overrides(yaml.safe_load(spec.to_yaml()), overrides),
+                              source=describe_source(source, overrides), base=source.absolute().parent)
 
 
 def _sweep_member(source: Path, options: RehearsalOptions) -> tuple[JobSpec, Path]:
@@ -231,28 +245,27 @@ class Rehearsal:
         retried: list[dict[str, Any]] = []
         resumed: Comparison | None = None
         resized: Resized | None = None
+        records: list[dict[str, Any]] = []  # the interrupted run's
         if straight.identical:
             interruptions, retried = self._interrupt(runs, length, say)
             say("comparing the interrupted run with straight-1")
             resumed = compare_runs(self.folder / "interrupted", straight_1).without_generators(unused)
+            records = read_records(self.folder / "interrupted")
             if self.options.resize is not None:  # the entries that describe the ranks differ by design
-                resumed = without_per_rank_entries(resumed)
-                resized = judge_resized(resumed, read_records(self.folder / "interrupted"), read_records(straight_1),
-                                        ranks=self.options.resize, resumed_at=interruptions[0].saved_step)
+                resumed = resumed.without_per_rank_entries()
+                resized = judge_resized(resumed, records, read_records(straight_1), ranks=self.options.resize,
+                                        resumed_at=interruptions[0].saved_step)
         else:
             say("the straight runs differ: resume cannot be judged, so the interrupted run is skipped")
-        verdict = ("not reproducible" if not straight.identical else
-                   "exact" if resumed is not None and resumed.identical else
-                   "within rounding" if resized is not None and resized.within_rounding else "not resumable")
+        verdict = decide_verdict(straight, resumed, resized)
         notes += runs.environment_notes()
         report = Report(verdict, str(self.source), str(self.folder), self.options.seed, self.options.executor,
                         interruptions, straight, resumed, requested=[p.kind for p in self._plan(length, 0)],
                         kinds=KINDS, retried=retried, notes=notes, runs=runs.runs, resized=resized)
         if verdict == "not resumable" and resized is not None:
-            report.likely_causes = resize_causes(resized, read_events_if_any(RunPaths(self.folder / "interrupted")))
+            report.likely_causes = resize_causes(resized, records)
         elif verdict == "not resumable" and resumed is not None:
-            report.likely_causes = likely_causes(self.spec, resumed, interruptions,
-                                                 read_events_if_any(RunPaths(self.folder / "interrupted")))
+            report.likely_causes = likely_causes(self.spec, resumed, interruptions, records)
         elif verdict == "not reproducible":
             report.advice = reproducibility_advice(self.spec, straight)
         return report

@@ -12,6 +12,17 @@ from .compare import RESIZE_TOLERANCE, Comparison, Resized
 VERDICTS = ("exact", "within rounding", "not resumable", "not reproducible")
 
 
+def decide_verdict(straight: Comparison, resumed: Comparison | None, resized: Resized | None) -> str:
+    """One of :data:`VERDICTS`: "not reproducible" where the straight runs differ; after a resize "within rounding"
+    or "not resumable" from ``resized`` alone (its sums are reduced in another order, so it is never judged
+    exact); else "exact" where the interrupted run (``resumed``) equals straight-1, "not resumable" where not."""
+    if not straight.identical:
+        return "not reproducible"
+    if resized is not None:
+        return "within rounding" if resized.within_rounding else "not resumable"
+    return "exact" if resumed is not None and resumed.identical else "not resumable"
+
+
 @dataclass
 class Interruption:
     """One interruption as it happened: what was sent, at which step, and what the run saved."""

@@ -21,7 +21,7 @@ from elfes.contract import Pointer
 from elfes.files import write_text_atomically
 
 from ...rundir import state as run_state
-from ...rundir.liveness import effective_state, liveness, local_processes, recorded_tasks
+from ...rundir.liveness import LivenessProbe, effective_state, liveness, local_processes, recorded_tasks
 from ...rundir.paths import RunPaths
 from ...rundir.provenance import Provenance, changes_between
 from ...rundir.state import RunStatus
@@ -32,7 +32,7 @@ from ..submission import submit
 from .plan import RehearsalFailed, RunLength, checkpoint_files, pointer_step, timestamp
 
 RUN_NAMES = ("straight-1", "interrupted", "straight-2")
-GONE_TIMEOUT_S = 60.0  # how long a finished scratch job's processes get to exit before its folder is removed
+GONE_TIMEOUT_S = 60.0  # how long a finished scratch job's processes get to exit before the job is ended
 # show(run name, step, total or None): called on every look at a run; the caller decides what to draw.
 Show = Callable[[str, int, "int | None"], None]
 
@@ -190,10 +190,7 @@ class ScratchRuns:
             state = run_state.load_state(paths) if paths.state.is_file() else None
             if state is None or not liveness(paths, state).alive:
                 continue
-            if state.executor == "slurm":
-                slurm(cancel(str(state.job_id)))
-            else:
-                kill_local_job(paths)
+            end_job(paths, state)
             ended.append(name)
         return ended
 
@@ -206,23 +203,45 @@ def failure(paths: RunPaths, state: run_state.RunState) -> str:
 
 # -- processes ------------------------------------------------------------------------------------------------
 def remove_run_dir(run_dir: Path, timeout_s: float = GONE_TIMEOUT_S) -> None:
-    """Wait (at most ``timeout_s``) until no process of the run's job is alive, then remove its directory; raises
-    RehearsalFailed, naming it, where something is still writing into it after that."""
+    """Remove scratch run ``run_dir`` once no process of its job is alive: wait for that at most ``timeout_s``, then
+    end the job (a rehearsal's own scratch job, as :meth:`ScratchRuns.end_live_runs` does) and wait for its end
+    as long again. Raises RehearsalFailed, naming the folder, where it cannot be removed."""
     paths = RunPaths(run_dir)
+    # A scratch job that recorded its end leaves SLURM's queue within seconds: asked every 5 s, not every 30.
+    probe = LivenessProbe(paths, slurm_every_s=5.0)
+    state = wait_gone(paths, probe, timeout_s)
+    if state is not None:
+        end_job(paths, state)
+        state = wait_gone(paths, probe, timeout_s)
+    if not run_dir.exists():
+        return  # never created (a run an earlier rehearsal did not reach)
+    try:
+        shutil.rmtree(run_dir)
+    except OSError as error:
+        alive = f"; its {state.executor} job {state.job_id} was ended but is still alive" if state is not None else ""
+        raise RehearsalFailed(f"{run_dir} could not be removed: {error}{alive}; remove the folder once nothing "
+                              "writes into it, and rehearse again") from None
+
+
+def wait_gone(paths: RunPaths, probe: LivenessProbe, timeout_s: float) -> run_state.RunState | None:
+    """Wait (at most ``timeout_s``) until no process of the run's job is alive; the run's state where one still
+    is, else None."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = run_state.load_state(paths) if paths.state.is_file() else None
-        if state is None or not liveness(paths, state).alive or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    for _ in range(5):  # a process the wait gave up on may add a file while the tree is removed
-        shutil.rmtree(run_dir, ignore_errors=True)
-        if not run_dir.exists():
-            return
-        time.sleep(0.5)
-    raise RehearsalFailed(f"{run_dir} could not be removed: a process of its job still writes into it; end it "
-                          f"(`elfes cancel {run_dir}`) and remove the folder")
+        if state is None or not probe(state).alive:
+            return None
+        if time.monotonic() > deadline:
+            return state
+        time.sleep(0.1)  # reading state.json; the probe asks /proc or SLURM at its own pace
 
+
+def end_job(paths: RunPaths, state: run_state.RunState) -> None:
+    """End the run's job now: scancel on SLURM, SIGKILL to every process of a local job."""
+    if state.executor == "slurm":
+        slurm(cancel(str(state.job_id)))
+    else:
+        kill_local_job(paths)
 
 
 def signal_tasks(paths: RunPaths, signum: int) -> None:
