@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from torch.utils.data import BatchSampler, SequentialSampler
 
-from elfes.engine.data.fetch import PositionedBatches, batch_seed, epoch_seed, fetch_seed
+from elfes.engine.data.fetch import PositionedBatch, PositionedBatches, batch_seed, batch_seeds, epoch_seed, fetch_seed
 
 # Seeds that runs recorded before the epoch's part was mixed once per epoch drew their batches under:
 # a change here would change every augmented batch of a resumed run.
@@ -31,3 +33,23 @@ def test_the_sampler_tags_each_batch_with_the_seed_of_its_place_also_after_a_res
     batches.start_epoch(99, 3)
     batches.continue_at(3)
     assert [batch.seed for batch in batches] == [fetch_seed(99, 3, index) for index in range(3, 8)]
+
+
+@pytest.mark.parametrize("data_seed", [0, 1234567890123, 2**62 - 1, -5, 2**64 - 1])
+@pytest.mark.parametrize("first", [0, 17, 2**40])
+def test_seeds_mixed_together_are_the_seeds_mixed_one_by_one(data_seed: int, first: int) -> None:
+    for epoch in (0, 3, 2**40):
+        seeds = epoch_seed(data_seed, epoch)
+        assert batch_seeds(seeds, first, 300) == [batch_seed(seeds, first + offset) for offset in range(300)]
+
+
+def test_the_sampler_tags_batches_past_a_block_of_mixed_seeds() -> None:
+    rest = PositionedBatches(BatchSampler(SequentialSampler(range(600)), batch_size=1, drop_last=False))
+    rest.start_epoch(7, 1)
+    rest.continue_at(100)  # a sampler resumed from its state yields the epoch's batches from index 100 on
+    assert [batch.seed for batch in rest] == [fetch_seed(7, 1, index) for index in range(100, 700)]
+
+
+def test_a_positioned_batch_reaches_a_worker_with_its_seed() -> None:
+    batch = pickle.loads(pickle.dumps(PositionedBatch.of([3, 1, 2], 2**63 + 5)))
+    assert type(batch) is PositionedBatch and batch == [3, 1, 2] and batch.seed == 2**63 + 5
