@@ -117,7 +117,8 @@ def without_credentials(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def spec_params(spec: Mapping[str, Any]) -> dict[str, str]:
     """A job spec (its JSON form) as flat parameters ``spec.<field>``: every field but ``env`` (never sent),
-    without those whose name or text looks like a credential.
+    without those whose name or text looks like a credential (:func:`sendable_params`: one rule for what is
+    written and what is sent).
 
     Example:
         >>> spec_params({"name": "a", "resources": {"nodes": 1}, "env": {"OMP_NUM_THREADS": "1"}})
@@ -132,8 +133,8 @@ def spec_params(spec: Mapping[str, Any]) -> dict[str, str]:
             return
         params[prefix] = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
-    add("spec", without_credentials({key: value for key, value in spec.items() if key != "env"}))
-    return params
+    add("spec", {key: value for key, value in spec.items() if key != "env"})
+    return sendable_params(params)
 
 
 def sendable_params(params: Mapping[str, str]) -> dict[str, str]:

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from elfes.records.credentials import credential_name, credential_text, spec_params, without_credentials
+from elfes.records.credentials import (
+    credential_name,
+    credential_text,
+    sendable_params,
+    spec_params,
+    without_credentials,
+)
 
 
 @pytest.mark.parametrize("name", [
@@ -85,3 +91,11 @@ def test_a_lifecycle_written_before_the_rule_is_sent_without_env_nor_credentials
     lifecycle = read_lifecycle(tmp_path)
     assert lifecycle is not None
     assert lifecycle.params == {"spec.name": "a", "spec.config.author": "Ada"}
+
+
+def test_a_dotted_key_under_a_credential_name_is_left_out_as_the_sender_would() -> None:
+    """What ``tracking/lifecycle.json`` records is what ``elfes sync`` may send: one rule for both."""
+    spec = {"name": "a", "config": {"api_key.id": "x", "lr.api_key": "y", "search": {"key.path": "z"}, "width": 8}}
+    params = spec_params(spec)
+    assert params == {"spec.name": "a", "spec.config.width": "8"}
+    assert sendable_params(params) == params
