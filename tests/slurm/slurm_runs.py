@@ -139,6 +139,17 @@ def accounted(cluster: SlurmCluster, job_id: str) -> str:
     return lines[0] if lines else ""
 
 
+# sacct's states of a job that has not ended (yet, or again: a requeued job is PENDING, then RUNNING).
+UNENDED_STATES = frozenset({"", "PENDING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                            "SUSPENDED", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT"})
+
+
+def final_accounted(cluster: SlurmCluster, job_id: str) -> str:
+    """sacct's state of the job once it has ended ("COMPLETED", "TIMEOUT", ...); "" while it has not."""
+    state = accounted(cluster, job_id)
+    return "" if state in UNENDED_STATES else state
+
+
 def preempt_with_a_high_job(cluster: SlurmCluster, folder: Path) -> str:
     """Submit a one-CPU job to `high`, which needs a CPU that the `low` job holds; returns its id."""
     return cluster.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", "--cpus-per-task=1", "--mem=100M",

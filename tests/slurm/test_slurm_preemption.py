@@ -39,6 +39,7 @@ from slurm_runs import (
     elfes,
     ended_at,
     events,
+    final_accounted,
     outcomes,
     preempt_with_a_high_job,
     queue,
@@ -234,8 +235,11 @@ def test_time_limit_requeues_before_the_limit_and_a_cancelled_job_stays_cancelle
     assert 0 <= first.step < PLANNED_STEPS and state.attempts[-1].step == PLANNED_STEPS
     signalled = [e for e in events(timed) if e["event"] in ("stop_signal", "stop_requested")][0]
     assert signalled["signal"] == "SIGUSR2"
-    wait_for(lambda: accounted(slurm, state.job_id) == "COMPLETED", timeout_s=60,
-             what=f"sacct: job {state.job_id} COMPLETED (not TIMEOUT)")
+    # The accounting database learns of the job's end after the run's state.json does (the batch script's exit,
+    # the epilogue, slurmdbd's queue): wait for a final state, then read which.
+    final = wait_for(lambda: final_accounted(slurm, state.job_id), timeout_s=slurm.kill_wait_s + 180, interval_s=1.0,
+                     what=f"sacct to record the end of job {state.job_id}")
+    assert final == "COMPLETED", f"sacct: job {state.job_id} ended {final}, not COMPLETED"
     assert_bitwise_equal_to(timed, expected, 1)
 
     state = wait_ended(cancelled, "finished")
