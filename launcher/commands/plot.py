@@ -20,8 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from elfes.contract import START_EVENTS
 from elfes.records import EventsFileWarning, iter_events
-from elfes.records.timeline import START_EVENTS, Timeline, TimelineBuilder, select_metrics
+from elfes.records.timeline import Timeline, TimelineBuilder, select_metrics
 
 from ..rundir import state as run_state
 from ..rundir.lookup import UsageError
