@@ -8,6 +8,8 @@
 - Why a checkpoint was written (:class:`SaveReason`, the ``reason`` of a ``checkpoint`` record).
 - Run records (:class:`EventKind`): the ``event`` of each line of ``events.jsonl``, the words the engine writes
   and every reader compares with (elfes/records/schema.py gives each kind its fields).
+- Run-directory names: what the engine writes there (``events.jsonl``, ``timings.json``, ``tracking/``,
+  ``tensorboard/``), one definition each for the engine and the launcher's ``RunPaths``.
 
 The launcher imports this module on login nodes, so it imports nothing heavy; the engine's live objects the
 launcher holds (``Heartbeat``, ``StopRequest``) it types under ``typing.TYPE_CHECKING`` only.
@@ -130,6 +132,22 @@ EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 START_EVENTS: tuple[EventKind, ...] = (EventKind.STARTED, EventKind.RESUMED)  # each start of the training loop
 END_EVENTS: tuple[EventKind, ...] = (EventKind.FINISHED, EventKind.STOPPED, EventKind.FAILED)  # how a start ended
 STOP_EVENTS: tuple[EventKind, ...] = (EventKind.STOP_SIGNAL, EventKind.STOP_REQUESTED)  # a stop on its way
+
+
+# -- run directory ------------------------------------------------------------------------------------------
+# What the engine writes in a run directory, by name: the engine's modules and the launcher's RunPaths
+# (launcher/rundir/paths.py) build their paths from these, and no other module spells them.
+
+EVENTS_FILE_NAME = "events.jsonl"  # the run records (elfes.records)
+TIMINGS_FILE_NAME = "timings.json"  # their running totals of each start's phase times (elfes.records.timings)
+TRACKING_DIR_NAME = "tracking"  # the experiment trackers' mirror (elfes.records.tracking)
+LIFECYCLE_FILE_NAME = "lifecycle.json"  # in the tracking folder: what the trackers say of the run
+TENSORBOARD_DIR_NAME = "tensorboard"  # the TensorBoard mirror (elfes.records.tensorboard)
+
+
+def tracker_state_file_name(tracker: str) -> str:
+    """The file in the tracking folder that holds one tracker's mirror state (``mlflow.json``)."""
+    return f"{tracker}.json"
 
 
 # -- heartbeat ------------------------------------------------------------------------------------------------

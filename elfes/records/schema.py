@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-from elfes.contract import EventKind
+from elfes.contract import EVENTS_FILE_NAME, EventKind
 
-EVENTS_FILE_NAME = "events.jsonl"
 
 STATE_FIELDS: tuple[str, ...] = (
     "epoch",

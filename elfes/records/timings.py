@@ -35,12 +35,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elfes.contract import END_EVENTS, START_EVENTS, EventKind
+from elfes.contract import END_EVENTS, START_EVENTS, TIMINGS_FILE_NAME, EventKind
 from elfes.files import temporary_name
 
 from .reader import events_of_bytes, iter_events
 
-TIMINGS_FILE_NAME = "timings.json"
 TIMINGS_VERSION = 1
 _TOTALS = ("train_s", "evaluation_s", "checkpoint_s", "wall_s")
 # The events whose fields the totals sum: the totals are published after each (the others only move the last

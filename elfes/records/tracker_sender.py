@@ -22,12 +22,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from elfes.contract import EventKind, WarningKind
+from elfes.contract import START_EVENTS, EventKind, WarningKind
 from elfes.files import exclusive_lock, write_text_atomically
 
 from .credentials import without_credentials
 from .schema import events_path
-from .timeline import START_EVENTS, event_scalars
+from .timeline import event_scalars
 from .tracker_lifecycle import Lifecycle, read_lifecycle
 from .tracking import Tracker, tracker_state_path, tracking_dir
 
