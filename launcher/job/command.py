@@ -115,7 +115,7 @@ def run_command(
         records_finished=ending is not None and ending[0] == EventKind.FINISHED,
         kill_wait_s=kill_wait_s if forwarding.killed_a_stop else None)
     if note:
-        _say(f"warning: {note}")
+        _say(note)
     return CommandEnd(reason, ending[1] if ending is not None else None, note)
 
 
