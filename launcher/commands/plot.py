@@ -150,8 +150,8 @@ def failure_label(attempt: run_state.Attempt | None) -> str | None:
     failure = attempt.failure if attempt is not None else None
     if failure is None:
         return None
-    cause = "hang" if failure.category == "hang" else failure.cause.partition(":")[0]
-    if failure.category == "lost":
+    cause = "hang" if failure.category == run_state.FailureCategory.HANG else failure.cause.partition(":")[0]
+    if failure.category == run_state.FailureCategory.LOST:
         cause = "rank lost"
     return f"{cause}, {'retried' if failure.retried else 'not retried'}"
 
