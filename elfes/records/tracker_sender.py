@@ -268,7 +268,7 @@ def save_mirror_state(run_dir: Path, state: MirrorState) -> None:
 
 def send_lifecycle_once(sink: Sink, run_dir: Path, lifecycle: Lifecycle) -> None:
     """Open the run's tracker run (created if no mirror ever did), send ``lifecycle`` and close it, unless the
-    tracker has it already. The launcher, at a run's end (launcher/job/tracker_lifecycle.py), under the sender
+    tracker has it already. The launcher, at a run's end (launcher/job/tracker_publishing.py), under the sender
     lock like every sender; raises what the tracker raises."""
     with sender_lock(run_dir, sink.name):
         sender = Sender(sink, run_dir, log=None)

@@ -36,7 +36,7 @@ from .outcome import Decision, decide
 from .provenance import collect, rank_place
 from .resume_point import resume_point
 from .signals import SignalFlags
-from .tracker_lifecycle import publish_lifecycle, tracker_group
+from .tracker_publishing import publish_lifecycle, tracker_group
 from .watchdog import HangWatchdog, end_stuck_peers
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ from .failures import (
     write_report,
 )
 from .requeue import LOCAL_MAX_STARTS, end_failed_slurm_job, exclude_from_slurm_job, requeue_slurm_job, resubmit_local
-from .tracker_lifecycle import publish_lifecycle
+from .tracker_publishing import publish_lifecycle
 
 # How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
 # that stay silent are the lost ones, whose hosts a SLURM run leaves out of its later attempts.
