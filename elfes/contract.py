@@ -111,7 +111,8 @@ class WarningKind(StrEnum):
 class EventKind(StrEnum):
     """What a run record says happened: the ``event`` of a line of ``events.jsonl``. The engine writes these
     words and no other; readers compare an event's ``"event"`` with the members, which equal their words, so
-    the file is plain JSON either way. A new kind is a member here and its fields in elfes/records/schema.py."""
+    the file is plain JSON either way. A new kind is a member here, its fields in elfes/records/schema.py and
+    its line in elfes/records/plain.py (docs/where-things-live.md)."""
 
     STARTED = "started"  # a run began from scratch
     RESUMED = "resumed"  # a run continued from a checkpoint
@@ -128,7 +129,6 @@ class EventKind(StrEnum):
     FAILED = "failed"  # an exception ended the run
 
 
-EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 START_EVENTS: tuple[EventKind, ...] = (EventKind.STARTED, EventKind.RESUMED)  # each start of the training loop
 END_EVENTS: tuple[EventKind, ...] = (EventKind.FINISHED, EventKind.STOPPED, EventKind.FAILED)  # how a start ended
 STOP_EVENTS: tuple[EventKind, ...] = (EventKind.STOP_SIGNAL, EventKind.STOP_REQUESTED)  # a stop on its way
