@@ -170,7 +170,8 @@ def _wait_sweeps(args: argparse.Namespace, sweeps: list[str]) -> int:
 def _sweep_wait_code(until: Any, waited: Any) -> int:
     """A sweep's exit code for ``status --wait``: reached, OK (at the end: failed if a member failed, stopped
     if one stopped, was cancelled or not started); short of it, a damaged run directory when a member
-    cannot be read, not-now when the time ran out or the sweep stalled, else failed or stopped as above (not-now when every member ended well)."""
+    cannot be read, not-now when the time ran out or the sweep stalled, else failed or stopped as above
+    (not-now when every member ended well)."""
     from ..rundir.state import RunStatus
     from ..rundir.sweep_status import NOT_STARTED
     from .exit_codes import EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_DAMAGED, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
