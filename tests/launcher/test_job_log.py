@@ -60,7 +60,9 @@ def levels_said_again(tree: ast.Module) -> list[tuple[int, str]]:
 
 
 def test_no_launcher_line_says_its_level_again():
-    """`log.warning(f"elfes: warning: ...")` printed `WARNING elfes: warning: ...`."""
+    """`log.warning(f"elfes: warning: ...")` printed `WARNING elfes: warning: ...`. (The engine's loggers,
+    elfes.records.*, get no format from job_logging: Python's last resort prints their message alone, so theirs
+    says `elfes: warning:` once.)"""
     said = [f"{file.relative_to(LAUNCHER.parent)}:{line}: {text!r}" for file in sorted(LAUNCHER.rglob("*.py"))
             for line, text in levels_said_again(ast.parse(file.read_text(encoding="utf-8")))]
     assert said == [], "the level is job_logging's; say the message alone:\n" + "\n".join(said)
