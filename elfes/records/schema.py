@@ -17,7 +17,6 @@ from typing import Any
 
 from elfes.contract import EVENTS_FILE_NAME, EventKind
 
-
 STATE_FIELDS: tuple[str, ...] = (
     "epoch",
     "next_batch",
