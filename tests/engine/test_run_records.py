@@ -52,9 +52,16 @@ def pause_then_resume(run_dir: Path, console: Console) -> int:
     return 3
 
 
-def test_events_of_a_paused_and_resumed_run(tmp_path):
-    pause_then_resume(tmp_path, Console(file=io.StringIO(), force_terminal=False))
-    events = read_events(tmp_path)
+@pytest.fixture(scope="module")
+def paused_and_resumed(tmp_path_factory) -> Path:
+    """The run directory of SPEC paused once and resumed (one run for the tests that only read its records)."""
+    run_dir = tmp_path_factory.mktemp("paused-and-resumed")
+    pause_then_resume(run_dir, Console(file=io.StringIO(), force_terminal=False))
+    return run_dir
+
+
+def test_events_of_a_paused_and_resumed_run(paused_and_resumed):
+    events = read_events(paused_and_resumed)
     names = [event["event"] for event in events]
 
     # The story, in order: start, train, evaluate, checkpoint, pause, resume, ..., finish.
@@ -162,12 +169,11 @@ def test_only_the_main_process_writes_or_prints(tmp_path):
     assert output.getvalue() == ""
 
 
-def test_every_kind_a_run_writes_is_a_member_and_its_lines_are_plain_json(tmp_path):
+def test_every_kind_a_run_writes_is_a_member_and_its_lines_are_plain_json(paused_and_resumed):
     """The engine writes each kind through elfes.contract.EventKind (tests/records/test_event_kinds.py holds the
     sources to it): every line of a real run's events.jsonl reads back through the enum, and is the line its
     kind's word gives, so nothing of the enum reaches the file."""
-    pause_then_resume(tmp_path, Console(file=io.StringIO(), force_terminal=False))
-    lines = events_path(tmp_path).read_bytes().splitlines()
+    lines = events_path(paused_and_resumed).read_bytes().splitlines()
     kinds = [EventKind(json.loads(line)["event"]) for line in lines]  # ValueError for a kind that is no member
     assert {EventKind.STARTED, EventKind.TRAIN, EventKind.EVALUATION, EventKind.CHECKPOINT, EventKind.STOP_REQUESTED,
             EventKind.STOPPED, EventKind.RESUMED, EventKind.FINISHED} <= set(kinds)
