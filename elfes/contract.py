@@ -6,6 +6,10 @@
 - Stop reasons: a stop on a terminating signal (:data:`TERMINATING_SIGNALS`) is final; one of
   :data:`FINISHING_REASONS` (the monitor stopped improving) ends the run finished, not stopped.
 - Why a checkpoint was written (:class:`SaveReason`, the ``reason`` of a ``checkpoint`` record).
+- Run records (:class:`EventKind`): the ``event`` of each line of ``events.jsonl``, the words the engine writes
+  and every reader compares with (elfes/records/schema.py gives each kind its fields).
+- Run-directory names: what the engine writes there (``events.jsonl``, ``timings.json``, ``tracking/``,
+  ``tensorboard/``), one definition each for the engine and the launcher's ``RunPaths``.
 
 The launcher imports this module on login nodes, so it imports nothing heavy; the engine's live objects the
 launcher holds (``Heartbeat``, ``StopRequest``) it types under ``typing.TYPE_CHECKING`` only.
@@ -16,6 +20,8 @@ CheckpointName(step=16, batches=64, sharded=False)
 'step-00000016-batches-0000000064.dcp'
 >>> f"{Pointer.LAST}", Phase.ENDED == "ended"
 ('last', True)
+>>> EventKind("stopped") in END_EVENTS, {"event": "train"}["event"] == EventKind.TRAIN
+(True, True)
 """
 
 from __future__ import annotations
@@ -97,6 +103,51 @@ class WarningKind(StrEnum):
     STREAM_REPLAY = "stream_replay"  # a resume read and discarded a stream's consumed batches
     TRACKER_BEHIND = "tracker_behind"  # an experiment tracker (MLflow, W&B) did not take the records sent to it
     WORLD_SIZE_CHANGED = "world_size_changed"  # a run continued on another world size: equal to float rounding
+
+
+# -- run records ----------------------------------------------------------------------------------------------
+
+
+class EventKind(StrEnum):
+    """What a run record says happened: the ``event`` of a line of ``events.jsonl``. The engine writes these
+    words and no other; readers compare an event's ``"event"`` with the members, which equal their words, so
+    the file is plain JSON either way. A new kind is a member here, its fields in elfes/records/schema.py and
+    its line in elfes/records/plain.py (docs/where-things-live.md)."""
+
+    STARTED = "started"  # a run began from scratch
+    RESUMED = "resumed"  # a run continued from a checkpoint
+    TRAIN = "train"  # progress at the logging interval
+    SKIPPED = "skipped"  # a window's optimizer update was skipped
+    EVALUATION = "evaluation"  # an evaluation finished
+    CHECKPOINT = "checkpoint"  # a checkpoint was published
+    EXPORT = "export"  # model weights were exported
+    STOP_SIGNAL = "stop_signal"  # the loop noticed a stop request
+    STOP_REQUESTED = "stop_requested"  # all ranks agreed to stop at this boundary
+    WARNING = "warning"  # what the run cannot do exactly or cheaply (its ``kind``: :class:`WarningKind`)
+    FINISHED = "finished"  # the run reached its budget or stopped early on the monitor
+    STOPPED = "stopped"  # the run paused on a stop request after saving ``last``
+    FAILED = "failed"  # an exception ended the run
+
+
+START_EVENTS: tuple[EventKind, ...] = (EventKind.STARTED, EventKind.RESUMED)  # each start of the training loop
+END_EVENTS: tuple[EventKind, ...] = (EventKind.FINISHED, EventKind.STOPPED, EventKind.FAILED)  # how a start ended
+STOP_EVENTS: tuple[EventKind, ...] = (EventKind.STOP_SIGNAL, EventKind.STOP_REQUESTED)  # a stop on its way
+
+
+# -- run directory ------------------------------------------------------------------------------------------
+# What the engine writes in a run directory, by name: the engine's modules and the launcher's RunPaths
+# (launcher/rundir/paths.py) build their paths from these, and no other module spells them.
+
+EVENTS_FILE_NAME = "events.jsonl"  # the run records (elfes.records)
+TIMINGS_FILE_NAME = "timings.json"  # their running totals of each start's phase times (elfes.records.timings)
+TRACKING_DIR_NAME = "tracking"  # the experiment trackers' mirror (elfes.records.tracking)
+LIFECYCLE_FILE_NAME = "lifecycle.json"  # in the tracking folder: what the trackers say of the run
+TENSORBOARD_DIR_NAME = "tensorboard"  # the TensorBoard mirror (elfes.records.tensorboard)
+
+
+def tracker_state_file_name(tracker: str) -> str:
+    """The file in the tracking folder that holds one tracker's mirror state (``mlflow.json``)."""
+    return f"{tracker}.json"
 
 
 # -- heartbeat ------------------------------------------------------------------------------------------------

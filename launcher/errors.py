@@ -20,6 +20,7 @@ EXIT_RUN_FAILED = 4
 EXIT_RUN_STOPPED = 5
 EXIT_NOT_RESUMABLE = 6
 EXIT_NOT_REPRODUCIBLE = 7
+EXIT_RUN_DAMAGED = 8
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
@@ -44,6 +45,7 @@ class NotNow(ElfesError, ValueError):
 
 class RunDamaged(ElfesError, ValueError):
     """A record of a run or sweep (``state.json``, ``code.json``, ``sweep.json``) that cannot be read, parsed or
-    validated: the file, what is wrong, a safe repair."""
+    validated: the file, what is wrong, a safe repair. Its own exit code: waiting does not mend it, and a script
+    that retries on "not now" must not retry it."""
 
-    exit_code = EXIT_NOT_NOW
+    exit_code = EXIT_RUN_DAMAGED

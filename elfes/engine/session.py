@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from elfes.contract import EARLY_STOPPING, Phase, Pointer, SaveReason, WarningKind
+from elfes.contract import EARLY_STOPPING, EventKind, Phase, Pointer, SaveReason, WarningKind
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError
 
@@ -162,7 +162,7 @@ class TrainingSession:
         """Log ``stop_signal`` once, as soon as a stop request is seen (between microbatches, or at the pause)."""
         if self.stop.reason is not None and not self._stop_announced:
             self._stop_announced = True
-            self.log("stop_signal", signal=self.stop.signal, reason=self.stop.reason, **self._where())
+            self.log(EventKind.STOP_SIGNAL, signal=self.stop.signal, reason=self.stop.reason, **self._where())
 
     def advance(self, result: WindowResult, seconds: float) -> bool:
         """Move the data position past the window and record it; returns whether the epoch ended."""
@@ -176,7 +176,7 @@ class TrainingSession:
         if result.stepped:
             state.step += 1
         else:
-            self.log("skipped", reason=result.skip_reason, **self._where())
+            self.log(EventKind.SKIPPED, reason=result.skip_reason, **self._where())
         per_epoch = self.budget.batches_per_epoch
         epoch_ended = result.stream_ended or (per_epoch is not None and state.next_batch >= per_epoch)
         if epoch_ended:
@@ -231,12 +231,12 @@ class TrainingSession:
         reason, signal_name = decisive_reason(every_rank_value((self.stop.reason, self.stop.signal), self.accelerator))
         self.stop.request(reason)
         self.state.stop_reason = reason
-        self.log("stop_requested", reason=reason, signal=signal_name, **self._where())
+        self.log(EventKind.STOP_REQUESTED, reason=reason, signal=signal_name, **self._where())
         if evaluate:
             self.progress.deferred_boundary = {"evaluate": True, "checkpoint": checkpoint}
         if self.directory is not None:
             self.save(reason=SaveReason.STOP)
-        self.log("stopped", reason=reason, signal=signal_name, state=self.state.state_dict(), **self.clock.totals())
+        self.log(EventKind.STOPPED, reason=reason, signal=signal_name, state=self.state.state_dict(), **self.clock.totals())
         return self.state
 
     def finish(self) -> TrainState:
@@ -251,12 +251,12 @@ class TrainingSession:
             _, improved = self._evaluate_and_monitor(checkpoint_due=False)
         if self.directory is not None:
             self.save(reason=SaveReason.FINAL, best=bool(improved), final=True)
-        self.log("finished", state=self.state.state_dict(), **self.clock.totals())
+        self.log(EventKind.FINISHED, state=self.state.state_dict(), **self.clock.totals())
         return self.state
 
     def log_failure(self, error: BaseException) -> None:
         message = str(error) or repr(error)
-        self.log("failed", exception=type(error).__name__, message=message, **self._where())
+        self.log(EventKind.FAILED, exception=type(error).__name__, message=message, **self._where())
 
     # Evaluation and the monitor ----------------------------------------------------------------
 
@@ -281,7 +281,7 @@ class TrainingSession:
                 raise ValueError(missing_metric_message(results, monitor))
             improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler, self.checkpointer.sharded)
         self.log(
-            "evaluation",
+            EventKind.EVALUATION,
             **self._where(),
             weights=weights,
             metrics=results,
@@ -336,7 +336,7 @@ class TrainingSession:
             _, size = publication()
             self.accelerator.wait_for_everyone()
             blocked = time.perf_counter() - started
-            self.log("checkpoint", **record, bytes=size, duration_s=time.perf_counter() - writing, blocked_s=blocked)
+            self.log(EventKind.CHECKPOINT, **record, bytes=size, duration_s=time.perf_counter() - writing, blocked_s=blocked)
         self.clock.checkpoint_s += blocked
         self.stop.heartbeat.beat(Phase.BOUNDARY)
 
@@ -348,7 +348,7 @@ class TrainingSession:
         started = time.perf_counter()
         record, _, size, duration = self.writer.collect()
         waited = time.perf_counter() - started
-        self.log("checkpoint", **record, bytes=size, duration_s=duration)
+        self.log(EventKind.CHECKPOINT, **record, bytes=size, duration_s=duration)
         return waited
 
     def _already_published(self, name: CheckpointName) -> bool:
@@ -368,9 +368,9 @@ class TrainingSession:
         ``warning`` event, which ``elfes status`` shows until the run starts again."""
         if self.accelerator.is_main_process:
             warnings.warn(message, stacklevel=2)
-        self.log("warning", kind=kind, message=message, **self._where())
+        self.log(EventKind.WARNING, kind=kind, message=message, **self._where())
 
-    def log(self, event: str, **fields: Any) -> None:
+    def log(self, event: EventKind, **fields: Any) -> None:
         if self.logger is not None:
             self.logger.log({"event": event, **fields})
 
@@ -388,13 +388,13 @@ class TrainingSession:
         metrics = self.loss.finish(interval.metrics.compute(self.accelerator))
         metrics.update(interval.summary(self.optimizer.param_groups))
         metrics["last_update_samples"] = float(result.samples)
-        self.log("train", **self._where(), planned_steps=self.budget.planned_steps, samples=self.state.samples, metrics=metrics)
+        self.log(EventKind.TRAIN, **self._where(), planned_steps=self.budget.planned_steps, samples=self.state.samples, metrics=metrics)
         interval.reset()
 
     def _log_start(self, metadata: Mapping[str, Any], resumed_from: str | None, past_budget: bool) -> None:
         fields = describe_run(self.setup, self.config, self.budget, self.optimizer, metadata, run_id=self.progress.run_id)
         fields.update(epoch=epoch_number(self.state), state=self.state.state_dict())
         if resumed_from is None and self.state.batches == 0:
-            self.log("started", **fields)
+            self.log(EventKind.STARTED, **fields)
         else:
-            self.log("resumed", resumed_from=resumed_from, past_budget=past_budget, **fields)
+            self.log(EventKind.RESUMED, resumed_from=resumed_from, past_budget=past_budget, **fields)

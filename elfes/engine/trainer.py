@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
-from elfes.contract import Phase
+from elfes.contract import EventKind, Phase
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError, ConfigurationTypeError
 
@@ -296,7 +296,7 @@ class Trainer:
             save_state_dict(state, Path(path))
         self.accelerator.wait_for_everyone()
         if self.logger is not None:
-            self.logger.log({"event": "export", "weights": weights, "path": str(path)})
+            self.logger.log({"event": EventKind.EXPORT, "weights": weights, "path": str(path)})
 
     # ----------------------------------------------------------------------------------------
     # Checks

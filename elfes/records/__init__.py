@@ -1,8 +1,8 @@
 """Run records: the event schema, the event log writer, a torch-free reader and summary.
 
 A training run leaves one JSON object per line in ``<run_dir>/events.jsonl``.
-The engine emits events as plain dicts ``{"event": name, **fields}`` through
-:class:`RunLogger`, which validates them against :data:`EVENT_FIELDS`, stamps
+The engine emits events as plain dicts ``{"event": kind, **fields}`` (``kind`` an
+:class:`~elfes.contract.EventKind`, or its word) through :class:`RunLogger`, which validates them against :data:`EVENT_FIELDS`, stamps
 them with a UTC ``time``, appends them to the file and shows them on a console.
 Login-node tools read the file back with :func:`read_events` and :func:`summarize`.
 
@@ -18,12 +18,13 @@ Example:
     >>> print(format_summary(summarize(read_events(run_dir))))     # doctest: +SKIP
 """
 
+from elfes.contract import EVENTS_FILE_NAME
+
 from .reader import EventsFileWarning, iter_events, read_events
 from .schema import (
     BUDGET_FIELDS,
     EVENT_DESCRIPTIONS,
     EVENT_FIELDS,
-    EVENTS_FILE_NAME,
     STATE_FIELDS,
     epoch_number,
     event_reference,

@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+from elfes.contract import END_EVENTS, START_EVENTS, EventKind
+
 from .plain import PlainLines, format_number, format_rate
 
 
@@ -42,10 +44,10 @@ class ConsoleDisplay:
             return
         name = event["event"]
         line = self._lines.line(now, self._with_short_paths(event))
-        if name in ("started", "resumed"):
+        if name in START_EVENTS:
             self._start_bar(event)
         self._move_bar(event)
-        if name in _RUN_ENDS:
+        if name in END_EVENTS:  # the run no longer trains in this process: the bar stops where they say
             self.close()
         self.console.out(line, highlight=False)  # above the bar, which is redrawn below it
 
@@ -103,19 +105,15 @@ class ConsoleDisplay:
         if step is None:
             return
         fields: dict[str, Any] = {"completed": step, "epoch": self._lines.epoch_label(event)}
-        if name == "train":
+        if name == EventKind.TRAIN:
             metrics = event["metrics"]
             fields.update(
                 total=event["planned_steps"],
                 metrics=f"loss {format_number(metrics.get('loss'))} "
                 f"{format_rate(metrics.get('samples_per_second'))} samples/s",
             )
-        elif name == "finished":
+        elif name == EventKind.FINISHED:
             # A finished run is complete, also when it ended early on the monitor or was already past its budget.
             fields["total"] = step
         self._progress.update(self._task, **fields)
         self._progress.refresh()
-
-
-# Events after which the run no longer trains in this process: the bar stops where they say.
-_RUN_ENDS = ("finished", "stopped", "failed")

@@ -6,9 +6,11 @@ metric names or paths.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
+
+from elfes.contract import START_EVENTS, EventKind
 
 from .schema import epoch_number
 
@@ -78,7 +80,7 @@ def _render_run_start(event: Mapping[str, Any], epoch: str) -> str:
         f"device={event['device']}",
         f"grad_accum={event['gradient_accumulation_steps']}",
     ]
-    if event["event"] == "resumed":
+    if event["event"] == EventKind.RESUMED:
         parts.append(f"from={event['resumed_from']}")
         if is_past_budget(event):
             parts.append(
@@ -97,7 +99,7 @@ def is_past_budget(event: Mapping[str, Any]) -> bool:
         >>> is_past_budget({"event": "resumed", "state": {"step": 320}, "budget": {"planned_steps": 160}})
         True
     """
-    if event.get("event") != "resumed":
+    if event.get("event") != EventKind.RESUMED:
         return False
     if "past_budget" in event:
         return bool(event["past_budget"])
@@ -181,7 +183,7 @@ def _render_warning(event: Mapping[str, Any], epoch: str) -> str:
 def _render_run_end(event: Mapping[str, Any], epoch: str) -> str:
     state = event["state"]
     parts = [event["event"]]
-    if event["event"] == "stopped":
+    if event["event"] == EventKind.STOPPED:
         parts.append(f"reason={event['reason']}")
     parts += [f"epoch={epoch}", f"step={state['step']}", f"samples={state['samples']}"]
     if state["best_metric"] is not None:
@@ -195,20 +197,20 @@ def _render_run_end(event: Mapping[str, Any], epoch: str) -> str:
     return " ".join(parts)
 
 
-_RENDERERS = {
-    "started": _render_run_start,
-    "resumed": _render_run_start,
-    "train": _render_train,
-    "skipped": _render_skipped,
-    "evaluation": _render_evaluation,
-    "checkpoint": _render_checkpoint,
-    "export": _render_export,
-    "stop_signal": _render_stop_signal,
-    "stop_requested": _render_stop_requested,
-    "finished": _render_run_end,
-    "stopped": _render_run_end,
-    "failed": _render_failed,
-    "warning": _render_warning,
+_RENDERERS: dict[EventKind, Callable[[Mapping[str, Any], str], str]] = {
+    EventKind.STARTED: _render_run_start,
+    EventKind.RESUMED: _render_run_start,
+    EventKind.TRAIN: _render_train,
+    EventKind.SKIPPED: _render_skipped,
+    EventKind.EVALUATION: _render_evaluation,
+    EventKind.CHECKPOINT: _render_checkpoint,
+    EventKind.EXPORT: _render_export,
+    EventKind.STOP_SIGNAL: _render_stop_signal,
+    EventKind.STOP_REQUESTED: _render_stop_requested,
+    EventKind.FINISHED: _render_run_end,
+    EventKind.STOPPED: _render_run_end,
+    EventKind.FAILED: _render_failed,
+    EventKind.WARNING: _render_warning,
 }
 
 # Log files must stay plain text, whatever strings users put in metric names or paths.
@@ -252,7 +254,7 @@ class PlainLines:
 
     def line(self, stamp: datetime, event: Mapping[str, Any]) -> str:
         """The line of a validated event; a started or resumed event sets the epoch budget first."""
-        if event["event"] in ("started", "resumed"):
+        if event["event"] in START_EVENTS:
             self.epochs = event["budget"].get("epochs")
         text = f"{stamp:%Y-%m-%dT%H:%M:%SZ} {_RENDERERS[event['event']](event, self.epoch_label(event))}"
         return text.translate(_CONTROL_CHARACTERS)

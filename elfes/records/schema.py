@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-EVENTS_FILE_NAME = "events.jsonl"
+from elfes.contract import EVENTS_FILE_NAME, EventKind
 
 STATE_FIELDS: tuple[str, ...] = (
     "epoch",
@@ -68,8 +68,8 @@ _RUN_FIELDS = (
 )
 _TOTALS_FIELDS = ("state", "train_s", "evaluation_s", "checkpoint_s", "wall_s")
 
-EVENT_SPECS: dict[str, EventSpec] = {
-    "started": EventSpec(
+EVENT_SPECS: dict[EventKind, EventSpec] = {
+    EventKind.STARTED: EventSpec(
         "A run began from scratch. Records the world size, precision (no/fp16/bf16), device, gradient "
         "accumulation, the TrainConfig fields (config), the step budget, the optimizer class and parameter "
         "groups (name, lr, weight_decay, num_parameters), the EMA decay or null, the objective term weights "
@@ -79,7 +79,7 @@ EVENT_SPECS: dict[str, EventSpec] = {
         _RUN_FIELDS,
         optional=("per_rank_data",),
     ),
-    "resumed": EventSpec(
+    EventKind.RESUMED: EventSpec(
         "A run continued from a checkpoint (resumed_from). Same fields as started; state is the restored "
         "training state. past_budget is true when the restored step is already beyond budget.planned_steps "
         "(a run resumed with fewer epochs or a smaller max_steps): there is nothing left to train; where it "
@@ -87,24 +87,24 @@ EVENT_SPECS: dict[str, EventSpec] = {
         (*_RUN_FIELDS, "resumed_from"),
         optional=("past_budget", "per_rank_data"),
     ),
-    "train": EventSpec(
+    EventKind.TRAIN: EventSpec(
         "Training progress at the logging interval: metrics holds loss, lr/<group> (the parameter group's "
         "name, such as lr/decay and lr/no_decay, or lr/<index> for a group without one), grad_norm, "
         "last_update_samples, samples_per_second and the user's metrics.",
         ("epoch", "step", "planned_steps", "samples", "metrics"),
     ),
-    "skipped": EventSpec(
+    EventKind.SKIPPED: EventSpec(
         "A window's optimizer update was skipped while its data still counted as consumed (reason: "
         "amp_overflow or unlabelled_window).",
         ("epoch", "step", "reason"),
     ),
-    "evaluation": EventSpec(
+    EventKind.EVALUATION: EventSpec(
         "An evaluation finished: metrics maps loader name to metric name to value, computed with the raw or "
         "ema weights; monitor, improved, best_metric and best_step describe model selection (null when "
         "nothing is monitored).",
         ("epoch", "step", "weights", "metrics", "duration_s", "monitor", "improved", "best_metric", "best_step"),
     ),
-    "checkpoint": EventSpec(
+    EventKind.CHECKPOINT: EventSpec(
         "A checkpoint was published at path (reason: interval, best, stop or final); best and final say which "
         "pointers now name it (last always does), bytes is its size and duration_s the time to write it. "
         "blocked_s is the time the training loop stood still for it at its boundary, waited_s of which it "
@@ -116,23 +116,23 @@ EVENT_SPECS: dict[str, EventSpec] = {
         ("path", "epoch", "step", "next_batch", "reason", "best", "final", "bytes", "duration_s"),
         optional=("blocked_s", "waited_s", "asynchronous"),
     ),
-    "export": EventSpec(
+    EventKind.EXPORT: EventSpec(
         "Model weights (raw or ema) were exported to path.",
         ("weights", "path"),
     ),
-    "stop_signal": EventSpec(
+    EventKind.STOP_SIGNAL: EventSpec(
         "The training loop noticed a stop request before the current window ends (signal is its name such as "
         "SIGTERM, or null when stop.request(reason) was called from code); training goes on to the end of the "
         "window, where all ranks agree (stop_requested) and last is saved. Consoles print it at once: "
         "`stop requested (SIGTERM): saving at the end of this window`.",
         ("signal", "reason", "epoch", "step"),
     ),
-    "stop_requested": EventSpec(
+    EventKind.STOP_REQUESTED: EventSpec(
         "All ranks agreed to stop at this window boundary (reason; signal is the signal name such as "
         "SIGTERM, or null); last is saved next.",
         ("reason", "signal", "epoch", "step"),
     ),
-    "warning": EventSpec(
+    EventKind.WARNING: EventSpec(
         "Something the run does not do exactly, or does at a cost, said when it is found (message; kind: "
         "inexact_stream, a stream whose state_dict leaves out part of its place, such as a Hugging Face "
         "stream shuffled with a buffer, warned at every start; stream_replay, a resume that read and "
@@ -143,27 +143,28 @@ EVENT_SPECS: dict[str, EventSpec] = {
         "recorded since the run's latest start.",
         ("kind", "message", "epoch", "step"),
     ),
-    "finished": EventSpec(
+    EventKind.FINISHED: EventSpec(
         "The run reached its budget or stopped early on the monitor (state.stop_reason early_stopping). "
         "Records the final state and the seconds spent training, evaluating, checkpointing and in total "
         "(wall_s) since this start.",
         _TOTALS_FIELDS,
     ),
-    "stopped": EventSpec(
+    EventKind.STOPPED: EventSpec(
         "The run paused on a stop request (reason) after saving last; resume from it. Same fields as "
         "finished.",
         (*_TOTALS_FIELDS, "reason"),
     ),
-    "failed": EventSpec(
+    EventKind.FAILED: EventSpec(
         "An exception ended the run at epoch and step (exception is its type name, message its text); the "
         "engine re-raises it after recording it. summarize reports the run as failed; fix the cause and "
         "resume from last.",
         ("exception", "message", "epoch", "step"),
     ),
 }
-"""Event name -> :class:`EventSpec`: the single definition of the schema."""
+"""Event kind -> :class:`EventSpec`: the single definition of the schema, one entry per :class:`~elfes.contract.EventKind`
+(a test holds the two equal)."""
 
-EVENT_FIELDS: dict[str, tuple[str, ...]] = {name: spec.fields for name, spec in EVENT_SPECS.items()}
+EVENT_FIELDS: dict[EventKind, tuple[str, ...]] = {name: spec.fields for name, spec in EVENT_SPECS.items()}
 """Event name -> required fields beyond ``event`` and ``time``. Extra fields are allowed.
 
 Example:
@@ -171,7 +172,7 @@ Example:
     ('weights', 'path')
 """
 
-EVENT_DESCRIPTIONS: dict[str, str] = {name: spec.description for name, spec in EVENT_SPECS.items()}
+EVENT_DESCRIPTIONS: dict[EventKind, str] = {name: spec.description for name, spec in EVENT_SPECS.items()}
 """Event name -> one-paragraph description, for generated documentation."""
 
 FIELD_NOTES: dict[str, str] = {
@@ -221,7 +222,7 @@ def events_path(run_dir: Path) -> Path:
     return Path(run_dir) / EVENTS_FILE_NAME
 
 
-def validate_event(event: Mapping[str, Any]) -> str:
+def validate_event(event: Mapping[str, Any]) -> EventKind:
     """Check an event against the schema and return its name; ``ValueError`` says what to add or remove.
 
     Example:
@@ -257,7 +258,7 @@ def validate_event(event: Mapping[str, Any]) -> str:
                 f"event {name!r} field {field!r} is missing key(s) {', '.join(map(repr, missing))}; add them "
                 f"(schema: elfes.records.{field.upper()}_FIELDS)"
             )
-    return name
+    return EventKind(name)
 
 
 def _jsonable(value: Any, where: str) -> Any:

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from elfes.contract import START_EVENTS, STOP_EVENTS, EventKind
+
 from .plain import event_epoch, format_number, format_seconds
 
 
@@ -26,7 +28,7 @@ class RunSummary:
     are summed over finished/stopped events.
     """
 
-    status: Literal["running", "finished", "stopped", "failed"]
+    status: Literal["running", EventKind.FINISHED, EventKind.STOPPED, EventKind.FAILED]
     step: int | None
     planned_steps: int | None
     epoch: int | None
@@ -68,7 +70,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
             "no events to summarise; the events file is empty or holds only torn "
             "lines, so wait for the run to log its first event"
         )
-    status: Literal["running", "finished", "stopped", "failed"] = "running"
+    status: Literal["running", EventKind.FINISHED, EventKind.STOPPED, EventKind.FAILED] = "running"
     failure = pending_stop = None
     progress: dict[str, Any] = dict.fromkeys((*_PROGRESS_KEYS, "epoch"))
     planned_steps = epochs = monitor = last_checkpoint = None
@@ -96,31 +98,31 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
         elif "planned_steps" in event:
             planned_steps = event["planned_steps"]
 
-        if name in ("started", "resumed"):
+        if name in START_EVENTS:
             status = "running"
             failure = pending_stop = None
             warned = []
             starts += 1
-            if name == "resumed":
+            if name == EventKind.RESUMED:
                 resumes += 1
-        elif name in ("finished", "stopped"):
+        elif name in (EventKind.FINISHED, EventKind.STOPPED):
             status = name
             for key in totals:
                 totals[key] += event.get(key) or 0.0
-            if name == "stopped":
+            if name == EventKind.STOPPED:
                 stops.append(str(event.get("reason")))
             pending_stop = None
-        elif name == "failed":
-            status = "failed"
+        elif name == EventKind.FAILED:
+            status = EventKind.FAILED
             failure = f"{event.get('exception')}: {event.get('message')}"
-        elif name in ("stop_signal", "stop_requested") and pending_stop is None:
+        elif name in STOP_EVENTS and pending_stop is None:
             pending_stop = str(event.get("signal") or event.get("reason"))
-        elif name == "evaluation":
+        elif name == EventKind.EVALUATION:
             monitor = event.get("monitor")
-        elif name == "checkpoint":
+        elif name == EventKind.CHECKPOINT:
             checkpoints += 1
             last_checkpoint = event.get("path")
-        elif name == "warning":
+        elif name == EventKind.WARNING:
             warned.append(str(event.get("message")))
 
     return RunSummary(

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from elfes.records.timeline import START_EVENTS, event_scalars
+from elfes.contract import START_EVENTS, TENSORBOARD_DIR_NAME
+from elfes.records.timeline import event_scalars
 
-TENSORBOARD_DIR_NAME = "tensorboard"
 MISSING_MESSAGE = (
     "RunLogger(tensorboard=True) writes through torch.utils.tensorboard, which needs the tensorboard "
     "package, and it is not installed; install it with: pip install 'elfes[tensorboard]' (or pip install "

@@ -31,14 +31,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-START_EVENTS = ("started", "resumed")
-END_EVENTS = ("finished", "stopped", "failed")
+from elfes.contract import END_EVENTS, START_EVENTS, EventKind
+
 TRAIN_PREFIX = "train/"
 EVAL_PREFIX = "eval/"
 DEFAULT_METRIC = "train/loss"
 
 MarkerKind = Literal["start", "resume", "requeue", "stop", "killed", "failed"]
-AttemptEnd = Literal["finished", "stopped", "failed", "killed", "running"]
+# How an attempt ended: the kind of its end event, or killed (another attempt followed it) or running.
+AttemptEnd = Literal[EventKind.FINISHED, EventKind.STOPPED, EventKind.FAILED, "killed", "running"]
 
 
 @dataclass(frozen=True)
@@ -167,11 +168,11 @@ def event_scalars(event: Mapping[str, Any]) -> dict[str, float]:
         return {}
     kind = event.get("event")
     scalars: dict[str, float] = {}
-    if kind == "train":
+    if kind == EventKind.TRAIN:
         for name, value in metrics.items():
             if _is_number(value):
                 scalars[TRAIN_PREFIX + str(name)] = float(value)
-    elif kind == "evaluation":
+    elif kind == EventKind.EVALUATION:
         for loader, values in metrics.items():
             if isinstance(values, Mapping):
                 for name, value in values.items():
@@ -220,7 +221,7 @@ class _AttemptParts:
                 self.low_step = step
         if kind in END_EVENTS:
             self.end_event = event
-        elif kind == "stop_requested":
+        elif kind == EventKind.STOP_REQUESTED:
             self.stop_requested = event
 
 
@@ -251,7 +252,7 @@ class TimelineBuilder:
             parts.add(event, kind, _event_step(event))
             return
         parts.add(event, kind, step)
-        if kind != "train" and kind != "evaluation":
+        if kind != EventKind.TRAIN and kind != EventKind.EVALUATION:
             return
         for name, value in event_scalars(event).items():
             found = parts.points.get(name)
@@ -319,7 +320,7 @@ class TimelineBuilder:
 def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str | None,
              followed: bool, failure_label: str | None = None) -> Attempt:
     first = parts.first
-    kind = "start" if first.get("event") == "started" else ("requeue" if launch == "requeue" else "resume")
+    kind = "start" if first.get("event") == EventKind.STARTED else ("requeue" if launch == "requeue" else "resume")
     start_step = _state_step(first) if first.get("event") in START_EVENTS else None
     if start_step is None:
         start_step = parts.low_step if parts.low_step is not None else 0
@@ -329,19 +330,19 @@ def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str
     if end_event is not None:
         end = end_event["event"]
         end_step = _event_step(end_event)
-        if end == "stopped":
+        if end == EventKind.STOPPED:
             requested = parts.stop_requested or {}
             stop_signal = str(requested.get("signal") or end_event.get("reason") or "stop requested")
-        elif end == "failed":
+        elif end == EventKind.FAILED:
             failure = str(end_event.get("exception") or "exception")
-    if failure_label is not None and end in ("failed", "killed", "running"):
+    if failure_label is not None and end in (EventKind.FAILED, "killed", "running"):
         # The launcher's account of the failure: the cause (another rank's, or a hang that left no end
         # record) and whether it was retried, instead of what this rank's records say.
-        end, failure = "failed", failure_label
+        end, failure = EventKind.FAILED, failure_label
     last_step = parts.high_step if parts.high_step is not None else start_step
     return Attempt(number=number, launch=kind, start_step=start_step, end=end, end_step=end_step,
                    last_step=last_step, stop_signal=stop_signal, failure=failure,
-                   cancelled=end == "stopped" and outcome == "cancelled", world_size=first.get("world_size"))
+                   cancelled=end == EventKind.STOPPED and outcome == "cancelled", world_size=first.get("world_size"))
 
 
 def _markers(attempt: Attempt, previous_world_size: int | None) -> list[Marker]:
@@ -350,12 +351,12 @@ def _markers(attempt: Attempt, previous_world_size: int | None) -> list[Marker]:
     if previous_world_size is not None and ranks is not None and ranks != previous_world_size:
         label = f"{attempt.launch} on {ranks} rank{'s' if ranks != 1 else ''}"
     markers = [Marker(attempt.start_step, attempt.launch, attempt.number, label)]
-    if attempt.end == "stopped":
+    if attempt.end == EventKind.STOPPED:
         stop = "cancel" if attempt.cancelled else "stop"
         markers.append(Marker(attempt.end_step, "stop", attempt.number, f"{stop} ({attempt.stop_signal})"))
     elif attempt.end == "killed":
         markers.append(Marker(attempt.last_step, "killed", attempt.number, "killed"))
-    elif attempt.end == "failed":
+    elif attempt.end == EventKind.FAILED:
         markers.append(Marker(attempt.end_step or attempt.last_step, "failed", attempt.number,
                               f"failed ({attempt.failure})"))
     return markers

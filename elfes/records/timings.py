@@ -35,18 +35,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elfes.contract import END_EVENTS, START_EVENTS, TIMINGS_FILE_NAME, EventKind
 from elfes.files import temporary_name
 
 from .reader import events_of_bytes, iter_events
 
-TIMINGS_FILE_NAME = "timings.json"
 TIMINGS_VERSION = 1
-_START_EVENTS = ("started", "resumed")
-_END_EVENTS = ("finished", "stopped", "failed")
 _TOTALS = ("train_s", "evaluation_s", "checkpoint_s", "wall_s")
 # The events whose fields the totals sum: the totals are published after each (the others only move the last
 # record's time and step, which a reader takes from the events after the published offset).
-PUBLISHED_AFTER = (*_START_EVENTS, *_END_EVENTS, "evaluation", "checkpoint")
+PUBLISHED_AFTER = (*START_EVENTS, *END_EVENTS, EventKind.EVALUATION, EventKind.CHECKPOINT)
 
 
 def timings_path(run_dir: Path) -> Path:
@@ -88,7 +86,7 @@ class RunTimings:
         if not isinstance(time, str):
             return
         step = _step(event)
-        if kind in _START_EVENTS:
+        if kind in START_EVENTS:
             start = step if step is not None else 0
             self.attempts.append(AttemptTimes(start_time=time, start_step=start, last_time=time, last_step=start))
             return
@@ -98,14 +96,14 @@ class RunTimings:
         attempt.last_time = time
         if step is not None and step > attempt.last_step:
             attempt.last_step = step
-        if kind == "evaluation":
+        if kind == EventKind.EVALUATION:
             attempt.evaluation_s += _seconds(event.get("duration_s"))
-        elif kind == "checkpoint":
+        elif kind == EventKind.CHECKPOINT:
             blocked = event.get("blocked_s")
             attempt.checkpoint_s += _seconds(blocked if blocked is not None else event.get("duration_s"))
-        elif kind in _END_EVENTS:
+        elif kind in END_EVENTS:
             attempt.end, attempt.end_time = kind, time
-            if kind != "failed":
+            if kind != EventKind.FAILED:
                 attempt.totals = {key: _seconds(event.get(key)) for key in _TOTALS}
 
     def state_dict(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ The launcher decides all of it (``state.json``); elfes only carries it to the tr
 the attempts before, the spec, the attempt's provenance) and when one ends. The mirror of a running attempt
 sends what is new with its first send (elfes/records/tracker_mirror.py); at an end that ends the run
 (FINISHED, FAILED, KILLED) no mirror runs any more, so the launcher sends it itself
-(:func:`elfes.records.tracker_sender.send_lifecycle_once`, from launcher/job/tracker_lifecycle.py). An attempt whose end leaves the run going on (requeued, a failure retried) is told
+(:func:`elfes.records.tracker_sender.send_lifecycle_once`, from launcher/job/tracker_publishing.py). An attempt whose end leaves the run going on (requeued, a failure retried) is told
 by the next attempt's mirror: no tracker call delays a preemption's short grace time.
 
 What each tracker gets (:meth:`Lifecycle.tags`: one dictionary, tags in MLflow, the run summary in W&B):

@@ -22,12 +22,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from elfes.contract import WarningKind
+from elfes.contract import START_EVENTS, EventKind, WarningKind
 from elfes.files import exclusive_lock, write_text_atomically
 
 from .credentials import without_credentials
 from .schema import events_path
-from .timeline import START_EVENTS, event_scalars
+from .timeline import event_scalars
 from .tracker_lifecycle import Lifecycle, read_lifecycle
 from .tracking import Tracker, tracker_state_path, tracking_dir
 
@@ -196,7 +196,7 @@ class Sender:
         if first and self._log is not None:
             epoch, step = self._place
             name, what = self.sink.name, cause or "cannot send the run's records"
-            self._log({"event": "warning", "kind": WarningKind.TRACKER_BEHIND.value, "epoch": epoch, "step": step,
+            self._log({"event": EventKind.WARNING, "kind": WarningKind.TRACKER_BEHIND.value, "epoch": epoch, "step": step,
                        "message": f"the {name} mirror {what} ({self.state.error}); "
                        f"training goes on, the records wait in events.jsonl and are sent once {name} takes them "
                        "again, by this attempt, the next one or `elfes sync RUN_DIR` (elfes status shows the mirror "
@@ -244,7 +244,7 @@ class Sender:
             if not self.state.config_sent and batch.config is None and isinstance(event.get("config"), dict):
                 batch.config = without_credentials(event["config"])
             return
-        if kind == "finished":
+        if kind == EventKind.FINISHED:
             batch.finished = True
             return
         if not isinstance(step, int):
@@ -268,7 +268,7 @@ def save_mirror_state(run_dir: Path, state: MirrorState) -> None:
 
 def send_lifecycle_once(sink: Sink, run_dir: Path, lifecycle: Lifecycle) -> None:
     """Open the run's tracker run (created if no mirror ever did), send ``lifecycle`` and close it, unless the
-    tracker has it already. The launcher, at a run's end (launcher/job/tracker_lifecycle.py), under the sender
+    tracker has it already. The launcher, at a run's end (launcher/job/tracker_publishing.py), under the sender
     lock like every sender; raises what the tracker raises."""
     with sender_lock(run_dir, sink.name):
         sender = Sender(sink, run_dir, log=None)

@@ -26,14 +26,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationInfo, field_validator
 
+from elfes.contract import LIFECYCLE_FILE_NAME, TRACKING_DIR_NAME, tracker_state_file_name
+
 from .credentials import credential_in_uri
 
-TRACKING_DIR_NAME = "tracking"
 TRACKING_VARIABLE = "ELFES_TRACKING"
 GROUP_VARIABLE = "ELFES_TRACKING_GROUP"
 Tracker = Literal["mlflow", "wandb"]
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
-LIFECYCLE_FILE_NAME = "lifecycle.json"
 
 
 class _Settings(BaseModel):
@@ -129,7 +129,7 @@ def tracking_dir(run_dir: Path) -> Path:
 
 def tracker_state_path(run_dir: Path, tracker: Tracker) -> Path:
     """The state file of one tracker's mirror (``RUN_DIR/tracking/mlflow.json``)."""
-    return tracking_dir(run_dir) / f"{tracker}.json"
+    return tracking_dir(run_dir) / tracker_state_file_name(tracker)
 
 
 def lifecycle_path(run_dir: Path) -> Path:

@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from elfes.contract import EventKind
+
 from .schema import event_json_line, events_path, validate_event
 from .timings import TimingsWriter
 
@@ -126,7 +128,7 @@ class RunLogger:
                 self._timings.add(event, now.isoformat(), self._size)
             if self._tensorboard is not None:
                 self._tensorboard.write(event)
-            self._stopping |= name == "stopped"
+            self._stopping |= name == EventKind.STOPPED
             for tracker in self._trackers:
                 tracker.notify()
             self._display.show(event, now)

@@ -9,12 +9,13 @@ from ..errors import (  # the codes live with the errors that carry them
     EXIT_NOT_REPRODUCIBLE,
     EXIT_NOT_RESUMABLE,
     EXIT_OK,
+    EXIT_RUN_DAMAGED,
     EXIT_RUN_FAILED,
     EXIT_RUN_STOPPED,
 )
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_CODES", "EXIT_INTERRUPTED", "EXIT_NOT_NOW", "EXIT_NOT_REPRODUCIBLE",
-           "EXIT_NOT_RESUMABLE", "EXIT_OK", "EXIT_RUN_FAILED", "EXIT_RUN_STOPPED"]
+           "EXIT_NOT_RESUMABLE", "EXIT_OK", "EXIT_RUN_DAMAGED", "EXIT_RUN_FAILED", "EXIT_RUN_STOPPED"]
 
 EXIT_CODES = f"""\
 exit codes:
@@ -29,6 +30,8 @@ exit codes:
   {EXIT_RUN_STOPPED}    --follow: the run ended stopped or cancelled (`elfes resume` continues it)
   {EXIT_NOT_RESUMABLE}    rehearse: not resumable (the straight runs agree, the interrupted one differs)
   {EXIT_NOT_REPRODUCIBLE}    rehearse: not reproducible (the two straight runs differ)
+  {EXIT_RUN_DAMAGED}    a damaged run directory: a record elfes wrote (state.json, code.json, sweep.json) cannot
+       be read; the message names the file and the repair (other runs are still shown)
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C); a submission was completed or undone first; --follow: the job
        keeps running
 """

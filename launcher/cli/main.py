@@ -23,6 +23,7 @@ from .exit_codes import (
     EXIT_INTERRUPTED,
     EXIT_NOT_NOW,
     EXIT_OK,
+    EXIT_RUN_DAMAGED,
     EXIT_RUN_FAILED,
     EXIT_RUN_STOPPED,
 )
@@ -157,10 +158,10 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def _status_exit_code(results: Any) -> int:
-    """3 when a run's state.json cannot be read (every run is still shown), else 0."""
+    """8 (a damaged run directory) when a run's state.json cannot be read (every run is still shown), else 0."""
     from ..commands.status import UNREADABLE
 
-    return EXIT_NOT_NOW if any(result.status == UNREADABLE for result in results) else EXIT_OK
+    return EXIT_RUN_DAMAGED if any(result.status == UNREADABLE for result in results) else EXIT_OK
 
 
 def _wait(args: argparse.Namespace) -> int:

@@ -91,11 +91,11 @@ def resume(args: argparse.Namespace) -> int:
         print_line(f"note: {note}")
     print_line(f"follow it: elfes status {shell_quoted(result.sweep_dir)}")
     from ..rundir.sweep_status import UNREADABLE
-    from .exit_codes import EXIT_NOT_NOW
+    from .exit_codes import EXIT_RUN_DAMAGED
 
     # A member whose state.json cannot be read is left alone, and that is a problem to see to.
     unreadable = any(why.startswith(f"{UNREADABLE}:") for why in result.skipped.values())
-    return _refusals(result) or (EXIT_NOT_NOW if unreadable else 0)
+    return _refusals(result) or (EXIT_RUN_DAMAGED if unreadable else 0)
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -169,11 +169,12 @@ def _wait_sweeps(args: argparse.Namespace, sweeps: list[str]) -> int:
 
 def _sweep_wait_code(until: Any, waited: Any) -> int:
     """A sweep's exit code for ``status --wait``: reached, OK (at the end: failed if a member failed, stopped
-    if one stopped, was cancelled or not started); short of it, not-now when the time ran out, the sweep
-    stalled or a member cannot be read, else failed or stopped as above (not-now when every member ended well)."""
+    if one stopped, was cancelled or not started); short of it, a damaged run directory when a member
+    cannot be read, not-now when the time ran out or the sweep stalled, else failed or stopped as above
+    (not-now when every member ended well)."""
     from ..rundir.state import RunStatus
     from ..rundir.sweep_status import NOT_STARTED
-    from .exit_codes import EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
+    from .exit_codes import EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_DAMAGED, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
 
     counts = waited.counts
     ended_code = (EXIT_RUN_FAILED if counts.get(RunStatus.FAILED) else
@@ -182,17 +183,19 @@ def _sweep_wait_code(until: Any, waited: Any) -> int:
                   else EXIT_OK)
     if waited.reached:
         return ended_code if until.kind == "ended" else EXIT_OK
-    return EXIT_NOT_NOW if (waited.timed_out or waited.stalled or waited.unreadable) else (
+    if waited.unreadable:
+        return EXIT_RUN_DAMAGED
+    return EXIT_NOT_NOW if (waited.timed_out or waited.stalled) else (
         EXIT_RUN_FAILED if counts.get(RunStatus.FAILED) else EXIT_NOT_NOW if ended_code == EXIT_OK else ended_code)
 
 
 def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], int]) -> int:
     """``elfes status`` of folders among which some are sweeps: a table per sweep, then the runs' table
-    (``run_status``, the CLI's own); ``--json``: one object per folder (a list for several). Exit 3 when a
+    (``run_status``, the CLI's own); ``--json``: one object per folder (a list for several). Exit 8 when a
     member's ``state.json`` cannot be read; with ``--wait``/``--until``, how the wait went first."""
     from ..commands import status as status_report
     from ..rundir.sweep_status import UNREADABLE, sweep_status
-    from .exit_codes import EXIT_NOT_NOW, EXIT_OK
+    from .exit_codes import EXIT_OK, EXIT_RUN_DAMAGED
 
     sweeps = [folder for folder in args.run_dirs if is_sweep_dir(folder)]
     runs = [folder for folder in args.run_dirs if not is_sweep_dir(folder)]
@@ -200,7 +203,7 @@ def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], 
     if args.wait or args.until is not None or args.timeout_s is not None:
         waited = _wait_sweeps(args, sweeps)
     results = {folder: sweep_status(folder) for folder in sweeps}
-    code = waited or (EXIT_NOT_NOW if any(result.counts.get(UNREADABLE) for result in results.values()) else EXIT_OK)
+    code = waited or (EXIT_RUN_DAMAGED if any(result.counts.get(UNREADABLE) for result in results.values()) else EXIT_OK)
     if args.json:
         found = {folder: result.to_json() for folder, result in results.items()}
         reports = status_report.status(runs)
@@ -208,7 +211,7 @@ def status(args: argparse.Namespace, run_status: Callable[[argparse.Namespace], 
         data = [found[folder] for folder in args.run_dirs]
         print_line(json.dumps(data[0] if len(data) == 1 else data, indent=2))
         unreadable = any(report.status == status_report.UNREADABLE for report in reports)
-        return code or (EXIT_NOT_NOW if unreadable else EXIT_OK)
+        return code or (EXIT_RUN_DAMAGED if unreadable else EXIT_OK)
     console = table_console()
     for folder in sweeps:
         _sweep_table(console, results[folder])

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from elfes.contract import STOP_EVENTS, EventKind
+
 from ..rundir.lookup import UsageError
 from ..rundir.paths import RunPaths
 from ..slurm import TEST_JOB_TIMEOUT_S, SlurmError, cancel_by_name, scontrol_test_job, submitted_job_id
@@ -149,9 +151,9 @@ def save_times(paths: RunPaths) -> SaveTimes | None:
             event = json.loads(line)
         except ValueError:
             continue  # a line torn by a kill
-        if event.get("event") in ("stop_signal", "stop_requested") and requested is None:
+        if event.get("event") in STOP_EVENTS and requested is None:
             requested = _time(event)  # noticed mid-window (stop_signal), or at the boundary
-        elif event.get("event") == "checkpoint":
+        elif event.get("event") == EventKind.CHECKPOINT:
             # A stop saves synchronously; a background write's time is not what a stop needs.
             blocked = event.get("blocked_s", event.get("duration_s"))
             if event.get("asynchronous") is not True and isinstance(blocked, (int, float)):

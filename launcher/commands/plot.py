@@ -20,8 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from elfes.contract import START_EVENTS
 from elfes.records import EventsFileWarning, iter_events
-from elfes.records.timeline import START_EVENTS, Timeline, TimelineBuilder, select_metrics
+from elfes.records.timeline import Timeline, TimelineBuilder, select_metrics
 
 from ..rundir import state as run_state
 from ..rundir.lookup import UsageError
@@ -149,8 +150,8 @@ def failure_label(attempt: run_state.Attempt | None) -> str | None:
     failure = attempt.failure if attempt is not None else None
     if failure is None:
         return None
-    cause = "hang" if failure.category == "hang" else failure.cause.partition(":")[0]
-    if failure.category == "lost":
+    cause = "hang" if failure.category == run_state.FailureCategory.HANG else failure.cause.partition(":")[0]
+    if failure.category == run_state.FailureCategory.LOST:
         cause = "rank lost"
     return f"{cause}, {'retried' if failure.retried else 'not retried'}"
 

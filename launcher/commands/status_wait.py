@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from elfes.contract import START_EVENTS
+
 from ..rundir import state as run_state
 from ..rundir.lookup import UsageError
 from ..rundir.state import RunStatus
@@ -81,7 +83,7 @@ class _Progress:
             step = event.get("step", state.get("step") if isinstance(state, Mapping) else None)
             if isinstance(step, int):
                 self.step = step
-            if event.get("event") in ("started", "resumed"):
+            if event.get("event") in START_EVENTS:
                 self.started_at = _time(event.get("time"))
 
 

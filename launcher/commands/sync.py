@@ -13,7 +13,7 @@ from pathlib import Path
 from elfes.records.tracker_sender import one_line
 from elfes.records.tracker_sync import Synced, TrackerBusy, sync_tracker
 
-from ..job.tracker_lifecycle import tracker_group, tracker_sinks
+from ..job.tracker_publishing import tracker_group, tracker_sinks
 from ..rundir.lookup import recorded_spec, run_paths
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import is_sweep_dir, load_sweep, member_paths

@@ -33,7 +33,7 @@ from .requeue import (
     resubmit_local,
     wait_for_slurm_to_end_the_job,
 )
-from .tracker_lifecycle import publish_lifecycle
+from .tracker_publishing import publish_lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from .outcome import Decision, decide
 from .provenance import collect, rank_place
 from .resume_point import resume_point
 from .signals import SignalFlags
-from .tracker_lifecycle import publish_lifecycle, tracker_group
+from .tracker_publishing import publish_lifecycle, tracker_group
 from .watchdog import HangWatchdog, end_stuck_peers
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class AttemptRunner:
         release_process_group()
         # The trainer made every rank agree on one stop reason and returns it in its TrainState.
         if not hasattr(result, "stop_reason"):
-            log.warning(f"elfes: warning: {spec.entrypoint} returned {type(result).__name__}, not the TrainState of "
+            log.warning(f"elfes: {spec.entrypoint} returned {type(result).__name__}, not the TrainState of "
                         "trainer.train(...); the outcome follows this rank's own stop request, which other ranks may "
                         "not share. Return the TrainState.")
         return RunEnd(getattr(result, "stop_reason", stop.reason), getattr(result, "step", None))
@@ -225,7 +225,7 @@ class AttemptRunner:
         try:
             state = run_state.update_recorded_state(context.paths, record)
         except (OSError, run_state.RunDamaged, run_state.NotNow) as error:
-            log.warning(f"elfes: warning: the provenance of attempt {context.attempt_number} was not recorded on rank "
+            log.warning(f"elfes: the provenance of attempt {context.attempt_number} was not recorded on rank "
                         f"{start.rank}: {error}")
             return
         log.info(f"elfes: attempt {context.attempt_number} runs rank {start.rank} on {place.describe()}")
@@ -236,7 +236,7 @@ class AttemptRunner:
             log.info(f"elfes: attempt {context.attempt_number} runs on {provenance.describe()}")
             changes = changes_at(state, context.attempt_number) + changes
         for change in changes:
-            log.warning(f"elfes: warning: {change}")
+            log.warning(f"elfes: {change}")
 
     @contextlib.contextmanager
     def _marking_stopping(self, probe: Callable[[], str | None]) -> Iterator[None]:

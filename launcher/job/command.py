@@ -34,7 +34,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from elfes.contract import TERMINATING_SIGNALS
+from elfes.contract import TERMINATING_SIGNALS, EventKind
 
 from ..rundir.command_group import (
     CommandGroup,
@@ -112,10 +112,10 @@ def run_command(
     reason, note = command_stop_reason(
         forwarding.exit_code(), stop_signal_names=[signum.name for signum in flags.signals],
         delivered=forwarding.delivered, held=[signum.name for signum in forwarding.pending],
-        records_finished=ending is not None and ending[0] == "finished",
+        records_finished=ending is not None and ending[0] == EventKind.FINISHED,
         kill_wait_s=kill_wait_s if forwarding.killed_a_stop else None)
     if note:
-        _say(f"warning: {note}")
+        _say(note)
     return CommandEnd(reason, ending[1] if ending is not None else None, note)
 
 
@@ -280,7 +280,7 @@ def ending_from_events(paths: RunPaths, since: str) -> tuple[str, int | None] | 
             event = json.loads(line)
         except ValueError:
             continue  # a line torn by a kill
-        if event.get("event") in ("stopped", "finished") and str(event.get("time", "")) >= since:
+        if event.get("event") in (EventKind.STOPPED, EventKind.FINISHED) and str(event.get("time", "")) >= since:
             return event["event"], (event.get("state") or {}).get("step")
     return None
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from ..rundir import state as run_state
 from ..rundir.command_group import process_stat
 from ..rundir.paths import RunPaths
-from ..rundir.state import Attempt, Failure
+from ..rundir.state import Attempt, Failure, FailureCategory
 from ..rundir.task_files import task_exit_status
 from ..slurm import partition_nodes
 from ..spec import JobSpec
@@ -45,7 +45,7 @@ from .failures import (
     write_report,
 )
 from .requeue import LOCAL_MAX_STARTS, end_failed_slurm_job, exclude_from_slurm_job, requeue_slurm_job, resubmit_local
-from .tracker_lifecycle import publish_lifecycle
+from .tracker_publishing import publish_lifecycle
 
 # How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
 # that stay silent are the lost ones, whose hosts a SLURM run leaves out of its later attempts.
@@ -101,7 +101,7 @@ class FailurePath:
             report = dataclasses.replace(report, final="interrupted on purpose (a second SIGINT), not a failure")
         spec = context.spec
         if spec is not None and spec.command and isinstance(error, RuntimeError) and not report.peer_lost:
-            report = dataclasses.replace(report, category="exit")
+            report = dataclasses.replace(report, category=FailureCategory.EXIT)
         return report
 
     def handle(self, report: FailureReport) -> HandledFailure:
@@ -206,7 +206,7 @@ def publish_failure(paths: RunPaths, attempt: int, report: FailureReport, *, wor
         write_report(paths, attempt, report)
     except OSError as error:
         log.warning(f"elfes: the failure report could not be written ({error})")
-    if report.category == "lost" and world_size > 1:
+    if report.category == FailureCategory.LOST and world_size > 1:
         await_first_hand(paths, attempt, world_size, LOST_PEER_GRACE_S)
 
 

@@ -38,7 +38,7 @@ from elfes.refusals import ConfigurationError
 
 from ..rundir.json_fields import FieldError, read_record
 from ..rundir.paths import RunPaths
-from ..rundir.state import Attempt, Failure, Outcome
+from ..rundir.state import Attempt, Failure, FailureCategory, Outcome
 
 # Why a refusal of the run's own settings is not retried (elfes/refusals.py: the engine's, by type).
 CONFIGURATION_REFUSED = ("the engine refused the run's configuration, which a retry would refuse again: fix it, then "
@@ -62,7 +62,7 @@ class FailureReport:
 
     rank: int
     host: str
-    category: str  # one of state.FAILURE_CATEGORIES
+    category: FailureCategory
     cause: str  # "RuntimeError: boom", or what the watchdog or the command's exit says
     at: float  # time.time() when the rank reported
     step: int | None = None  # the step it failed at (the update being computed), if known
@@ -78,7 +78,8 @@ class FailureReport:
         cause = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         peer_lost = bool(_PEER_LOST.search(f"{type(error).__name__}: {error}"))
         final = CONFIGURATION_REFUSED if isinstance(error, ConfigurationError) else None
-        return cls(rank=rank, host=host, category="lost" if peer_lost else "exception", cause=_one_line(cause), at=at,
+        category = FailureCategory.LOST if peer_lost else FailureCategory.EXCEPTION
+        return cls(rank=rank, host=host, category=category, cause=_one_line(cause), at=at,
                    step=step, updated=updated, peer_lost=peer_lost, final=final)
 
     @classmethod
@@ -89,7 +90,7 @@ class FailureReport:
         code = error.code if isinstance(error.code, int) else 1
         said = f": {_one_line(str(error.code))}" if error.code is not None and not isinstance(error.code, int) else ""
         at_step = f" at step {step}" if step is not None else ""
-        return cls(rank=rank, host=host, category="exit", cause=f"rank {rank} exited with code {code} (SystemExit"
+        return cls(rank=rank, host=host, category=FailureCategory.EXIT, cause=f"rank {rank} exited with code {code} (SystemExit"
                    f"{said}){at_step}", at=at, step=step, updated=updated)
 
 
@@ -168,7 +169,7 @@ def failed_nodes(cause: FailureReport, reports: list[FailureReport], *, hosts: t
     reported: the one that stalled the others is not known)."""
     if len(set(hosts)) == 1:
         return (hosts[0],)
-    if cause.category in ("exception", "exit") and not cause.peer_lost:
+    if cause.category in (FailureCategory.EXCEPTION, FailureCategory.EXIT) and not cause.peer_lost:
         return (cause.host,)
     reported = {report.rank for report in reports}
     return tuple(dict.fromkeys(host for rank, host in sorted(ranks.items()) if rank not in reported))
@@ -202,7 +203,7 @@ def the_rank_that_failed(cause: FailureReport, reports: list[FailureReport], *, 
     if returncode is not None and returncode < 0:
         return dataclasses.replace(lost, cause=f"rank {rank} was killed by {signal_name(-returncode)}{at_step}")
     if returncode is not None:
-        return dataclasses.replace(lost, category="exit", cause=f"rank {rank} exited with code {returncode}{at_step}")
+        return dataclasses.replace(lost, category=FailureCategory.EXIT, cause=f"rank {rank} exited with code {returncode}{at_step}")
     how = ("its process ended without reporting an error: killed by a signal, e.g. SIGKILL or the out-of-memory "
            "killer" if gone(rank) else "it ended without reporting an error: killed, or its node failed")
     return dataclasses.replace(lost, cause=f"rank {rank} was lost: {how}")
@@ -221,7 +222,7 @@ def describe(report: FailureReport) -> str:
     where = [f"rank {report.rank} on {report.host}"]
     if report.step is not None:
         where.append(f"step {report.step}")
-    prefix = "a peer rank was lost: " if report.category == "lost" and report.peer_lost else ""
+    prefix = "a peer rank was lost: " if report.category == FailureCategory.LOST and report.peer_lost else ""
     return f"{prefix}{report.cause} ({', '.join(where)})"
 
 

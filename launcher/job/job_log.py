@@ -4,8 +4,9 @@ Every module of the launcher logs to a logger of its own (``logging.getLogger(__
 entered once by the runtime in the job process (launcher/job/runtime.py), gives the ``elfes.launcher`` loggers
 one handler: INFO lines go to standard output and WARNING and above to standard error, the streams that the
 rank's ``logs/attempt-<A>/rank-<R>.out|err`` receive, each line as
-``2026-12-05 14:03:07,512 INFO elfes: attempt 2 ...``. The root logger, and so the logging of the
-user's code, is left alone. Torch-free.
+``2026-12-05 14:03:07,512 INFO elfes: attempt 2 ...``: the level is the format's, so a message never says it
+(``log.warning("elfes: warning: ...")`` would print it twice; tests/launcher/test_job_log.py finds one). The root
+logger, and so the logging of the user's code, is left alone. Torch-free.
 """
 
 from __future__ import annotations

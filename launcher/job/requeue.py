@@ -56,7 +56,7 @@ def exclude_from_slurm_job(job_id: str, hosts: tuple[str, ...]) -> None:
                   "`elfes resume RUN_DIR --include-nodes` allows them again)")
             return
         said = completed.said or f"exit code {completed.code}"
-    log.warning(f"elfes: warning: `{completed.command}` failed ({said}); the requeued job may start on those nodes "
+    log.warning(f"elfes: `{completed.command}` failed ({said}); the requeued job may start on those nodes "
                 "again")
 
 
@@ -83,7 +83,7 @@ def end_failed_slurm_job(job_id: str) -> None:
     SLURM ends them all now (SIGTERM, SIGKILL KillWait later) and the job is not requeued."""
     completed = cancel(job_id, in_job=True)
     if completed.error is not None:
-        log.warning(f"elfes: warning: `scancel {job_id}` could not run ({completed.error}); the job's other tasks run on "
+        log.warning(f"elfes: `scancel {job_id}` could not run ({completed.error}); the job's other tasks run on "
               "until they fail or reach the time limit: `scancel` it")
         return
     said = completed.said

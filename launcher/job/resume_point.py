@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from elfes.contract import EventKind
+
 from ..rundir.paths import RunPaths
 
 
@@ -87,7 +89,7 @@ def _recorded_run_id(paths: RunPaths) -> str | None:
             events = read_events(paths.run_dir)
         except (FileNotFoundError, ValueError):
             return None
-    started = next((event for event in reversed(events) if event.get("event") == "started"), None)
+    started = next((event for event in reversed(events) if event.get("event") == EventKind.STARTED), None)
     run_id = started.get("run_id") if started is not None else None
     return run_id if isinstance(run_id, str) else None
 

@@ -48,6 +48,7 @@ from elfes.contract import Phase
 
 from ..rundir.liveness import recorded_tasks
 from ..rundir.paths import RunPaths
+from ..rundir.state import FailureCategory
 from .failures import FailureReport, read_reports, withdraw_report, write_report
 
 if TYPE_CHECKING:  # torch-free at run time: the heartbeat comes from the job's StopRequest
@@ -118,7 +119,7 @@ class HangWatchdog:
     def _stalls(self) -> list[FailureReport]:
         """The other ranks' standing reports of a stall of their own (not of a peer's report)."""
         return [report for report in read_reports(self.paths, self.attempt)
-                if report.category == "hang" and not report.peer_lost and report.rank != self.rank]
+                if report.category == FailureCategory.HANG and not report.peer_lost and report.rank != self.rank]
 
     def _watch(self) -> None:
         answered: set[tuple[int, float]] = set()  # peers' reports this rank fired on already
@@ -138,7 +139,7 @@ class HangWatchdog:
     def _report(self, *, peer_lost: bool) -> FailureReport:
         heartbeat = self.heartbeat
         return FailureReport(
-            rank=self.rank, host=self.host, category="hang",
+            rank=self.rank, host=self.host, category=FailureCategory.HANG,
             cause=f"hang: no update boundary within {self.setting()} s",
             at=time.time(), step=heartbeat.failing_step(), updated=heartbeat.updates > 0, peer_lost=peer_lost)
 

@@ -12,8 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from elfes.contract import START_EVENTS, EventKind
 from elfes.records import EventsFileWarning, iter_events
-from elfes.records.timeline import START_EVENTS
 
 from .paths import RunPaths
 
@@ -36,7 +36,7 @@ def last_checkpoint_layout(paths: RunPaths) -> tuple[str, dict[str, Any]] | None
             kind = event.get("event")
             if kind in START_EVENTS:
                 start = event
-            elif kind == "checkpoint" and start is not None and Path(str(event.get("path", ""))).name == name:
+            elif kind == EventKind.CHECKPOINT and start is not None and Path(str(event.get("path", ""))).name == name:
                 layout = _layout(start)
     return (name, layout) if layout is not None else None
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..errors import EXIT_NOT_NOW, ElfesError
+from ..errors import EXIT_RUN_DAMAGED, ElfesError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -29,7 +29,7 @@ class FieldError(ElfesError, ValueError):
     """A field that does not fit its dataclass; the message names it (``attempts[1].step``). A file elfes wrote
     that holds one is damaged."""
 
-    exit_code = EXIT_NOT_NOW
+    exit_code = EXIT_RUN_DAMAGED
 
 
 def _describe(value: Any) -> str:

@@ -2,7 +2,8 @@
 
 Every process that reads or writes a run directory (the submitter, the job's ranks, ``elfes status``)
 builds a :class:`RunPaths` and asks it for names; no other module spells a file name of the run
-directory. Like submitit's ``JobPaths``, it is a pure value: building one touches nothing on disk.
+directory. The names the engine writes (events, timings, trackers, TensorBoard) are elfes.contract's, which the
+engine builds its own paths from. Like submitit's ``JobPaths``, it is a pure value: building one touches nothing on disk.
 
 ```
 RUN_DIR/
@@ -49,7 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from elfes.contract import Pointer
+from elfes.contract import (
+    EVENTS_FILE_NAME,
+    TENSORBOARD_DIR_NAME,
+    TIMINGS_FILE_NAME,
+    TRACKING_DIR_NAME,
+    Pointer,
+    tracker_state_file_name,
+)
 
 Stream = Literal["out", "err"]
 
@@ -111,14 +119,14 @@ class RunPaths:
     # -- what the job writes ---------------------------------------------------------------------
     @property
     def events(self) -> Path:
-        """The engine's run records (``elfes.records.EVENTS_FILE_NAME``)."""
-        return self.run_dir / "events.jsonl"
+        """The engine's run records (``elfes.contract.EVENTS_FILE_NAME``)."""
+        return self.run_dir / EVENTS_FILE_NAME
 
     @property
     def timings(self) -> Path:
-        """The running totals of the run records' phase times (``elfes.records.timings.TIMINGS_FILE_NAME``), written
+        """The running totals of the run records' phase times (``elfes.contract.TIMINGS_FILE_NAME``), written
         atomically by the RunLogger beside :attr:`events`; ``elfes status`` reads the goodput from it."""
-        return self.run_dir / "timings.json"
+        return self.run_dir / TIMINGS_FILE_NAME
 
     @property
     def checkpoints(self) -> Path:
@@ -140,18 +148,18 @@ class RunPaths:
 
     @property
     def tracking(self) -> Path:
-        """The experiment trackers' mirror (the spec's ``tracking:``; ``elfes.records.tracking.TRACKING_DIR_NAME``):
+        """The experiment trackers' mirror (the spec's ``tracking:``; ``elfes.contract.TRACKING_DIR_NAME``):
         ``<tracker>.json``, each mirror's state, and ``wandb/``, the W&B SDK's folder."""
-        return self.run_dir / "tracking"
+        return self.run_dir / TRACKING_DIR_NAME
 
     def tracker_state(self, tracker: str) -> Path:
         """What the ``tracker`` mirror has sent and whether it is behind (``elfes status`` reads it)."""
-        return self.tracking / f"{tracker}.json"
+        return self.tracking / tracker_state_file_name(tracker)
     @property
     def tensorboard(self) -> Path:
         """The engine's TensorBoard mirror (``RunLogger(tensorboard=True)`` or ``ELFES_TENSORBOARD=1``;
-        ``elfes.records.tensorboard.TENSORBOARD_DIR_NAME``): ``tensorboard --logdir`` it."""
-        return self.run_dir / "tensorboard"
+        ``elfes.contract.TENSORBOARD_DIR_NAME``): ``tensorboard --logdir`` it."""
+        return self.run_dir / TENSORBOARD_DIR_NAME
 
     @property
     def plot(self) -> Path:

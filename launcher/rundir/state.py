@@ -42,6 +42,7 @@ from .state_records import (
     Attempt,
     ExcludedNode,
     Failure,
+    FailureCategory,
     Launch,
     Outcome,
     RunState,
@@ -77,7 +78,7 @@ from .state_transitions import (
 
 __all__ = [
     "ENDED", "FAILURE_CATEGORIES", "FORMAT_VERSION", "LAUNCHES", "OUTCOMES", "STATUSES", "Attempt", "ExcludedNode",
-    "Failure", "Launch", "NotNow", "Outcome", "RunDamaged", "RunState", "RunStatus", "Submission", "attempt_number",
+    "Failure", "FailureCategory", "Launch", "NotNow", "Outcome", "RunDamaged", "RunState", "RunStatus", "Submission", "attempt_number",
     "begin_attempt", "cancel_between_attempts", "end_attempt", "exclude_nodes", "failures_used_by", "include_nodes",
     "include_nodes_after", "latest_submission_kind", "lift_exclusions", "load_state", "mark_lost", "mark_pending",
     "mark_stopping", "mark_submission_abandoned", "mark_submission_failed", "now", "previous_attempt",

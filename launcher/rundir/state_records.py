@@ -79,9 +79,20 @@ class Launch(StrEnum):
 
 
 LAUNCHES: tuple[Launch, ...] = tuple(Launch)
-FAILURE_CATEGORIES: tuple[str, ...] = ("exception", "exit", "lost", "hang")
+
+
+class FailureCategory(StrEnum):
+    """What kind of failure ended an attempt (``Failure.category``, a rank's ``FailureReport.category``)."""
+
+    EXCEPTION = "exception"  # user code raised
+    EXIT = "exit"  # a nonzero exit: a command's, or a rank's sys.exit
+    LOST = "lost"  # a rank's peer vanished: killed, or its node failed
+    HANG = "hang"  # no update boundary for requeue.hang_timeout_s
+
+
+FAILURE_CATEGORIES: tuple[FailureCategory, ...] = tuple(FailureCategory)
 # Fields checked against their words on reading (the enum fields check themselves).
-_FIELD_CHOICES = {"executor": ("local", "slurm"), "category": FAILURE_CATEGORIES}
+_FIELD_CHOICES = {"executor": ("local", "slurm")}
 
 
 def now() -> str:
@@ -111,17 +122,15 @@ class Submission:
 class Failure:
     """Why an attempt failed and whether it was retried (launcher/job/failures.py decides).
 
-    ``category``: "exception" (user code raised), "exit" (a command's nonzero exit), "lost" (a rank's
-    peer vanished: killed, or its node failed), "hang" (no update boundary for
-    ``requeue.hang_timeout_s``). ``cause``: the error as the failing rank saw it (``"RuntimeError:
-    boom"``); ``rank``/``host``: where; ``step``: the step it failed at (the update being computed), if
+    ``category``: what kind of failure (:class:`FailureCategory`); ``cause``: the error as the failing rank saw it
+    (``"RuntimeError: boom"``); ``rank``/``host``: where; ``step``: the step it failed at (the update being computed), if
     known; ``updated``: whether the attempt reached an update boundary before it failed;
     ``retried``: requeued from ``last`` (else the run ended failed); ``reason``: why it was not retried;
     ``nodes``: the hosts where a rank died or hung (:func:`launcher.job.failures.failed_nodes`; empty when
     that cannot be told), which a SLURM run excludes from its later attempts (:class:`ExcludedNode`).
     """
 
-    category: str  # one of FAILURE_CATEGORIES
+    category: FailureCategory
     cause: str
     retried: bool
     rank: int | None = None

@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
+from ..rundir.paths import RunPaths, SweepPaths
+
 # Names of credential files and folders, matched like snapshot.exclude (a folder's files are all left out).
 SECRET_PATTERNS = (
     ".env", ".env.*", "*.env", ".envrc", ".netrc", "_netrc", ".git-credentials", ".pgpass", ".pypirc", ".npmrc",
@@ -88,7 +90,8 @@ def elfes_output(relative: str) -> bool:
 def is_output_folder(folder: Path) -> bool:
     """A run directory (its recorded spec and state), a sweep folder, a virtual environment, or a tracker's store
     (:func:`is_tracker_store`): never copied."""
-    return (((folder / "job.yaml").is_file() and (folder / "state.json").is_file()) or (folder / "sweep.json").is_file()
+    run = RunPaths(folder)
+    return ((run.spec.is_file() and run.state.is_file()) or SweepPaths(folder).record.is_file()
             or (folder / "pyvenv.cfg").is_file() or is_tracker_store(folder))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from rich.console import Console
 from workloads import RunSpec, build, fresh_accelerate, mse_step
 
+from elfes.contract import EventKind
 from elfes.engine import RunLogger, StopRequest
 from elfes.records import (
     EVENT_FIELDS,
@@ -50,9 +52,16 @@ def pause_then_resume(run_dir: Path, console: Console) -> int:
     return 3
 
 
-def test_events_of_a_paused_and_resumed_run(tmp_path):
-    pause_then_resume(tmp_path, Console(file=io.StringIO(), force_terminal=False))
-    events = read_events(tmp_path)
+@pytest.fixture(scope="module")
+def paused_and_resumed(tmp_path_factory) -> Path:
+    """The run directory of SPEC paused once and resumed (one run for the tests that only read its records)."""
+    run_dir = tmp_path_factory.mktemp("paused-and-resumed")
+    pause_then_resume(run_dir, Console(file=io.StringIO(), force_terminal=False))
+    return run_dir
+
+
+def test_events_of_a_paused_and_resumed_run(paused_and_resumed):
+    events = read_events(paused_and_resumed)
     names = [event["event"] for event in events]
 
     # The story, in order: start, train, evaluate, checkpoint, pause, resume, ..., finish.
@@ -158,3 +167,16 @@ def test_only_the_main_process_writes_or_prints(tmp_path):
         run.trainer.train(run.config)
     assert not events_path(tmp_path).exists()
     assert output.getvalue() == ""
+
+
+def test_every_kind_a_run_writes_is_a_member_and_its_lines_are_plain_json(paused_and_resumed):
+    """The engine writes each kind through elfes.contract.EventKind (tests/records/test_event_kinds.py holds the
+    sources to it): every line of a real run's events.jsonl reads back through the enum, and is the line its
+    kind's word gives, so nothing of the enum reaches the file."""
+    lines = events_path(paused_and_resumed).read_bytes().splitlines()
+    kinds = [EventKind(json.loads(line)["event"]) for line in lines]  # ValueError for a kind that is no member
+    assert {EventKind.STARTED, EventKind.TRAIN, EventKind.EVALUATION, EventKind.CHECKPOINT, EventKind.STOP_REQUESTED,
+            EventKind.STOPPED, EventKind.RESUMED, EventKind.FINISHED} <= set(kinds)
+    for line, kind in zip(lines, kinds):
+        assert line.startswith(b'{"event": "' + kind.value.encode() + b'", "time": "'), line
+        assert json.dumps({**json.loads(line), "event": kind}).encode() == line

@@ -308,7 +308,7 @@ def test_an_exit_zero_after_a_stop_is_the_stops_outcome(
     assert (first.outcome, first.signal) == (outcome, signal_name)
     assert f"the command exited 0 after {signal_name}" in first.error
     assert f"exits 128 + the signal's number ({128 + signal.Signals[signal_name]} for {signal_name})" in first.error
-    assert "warning: the command exited 0" in run_log(run_dir)
+    assert "WARNING elfes: the command exited 0" in run_log(run_dir)  # the level once
     assert (run_dir / "count.txt").read_text() == "300"
 
 

@@ -21,6 +21,7 @@ from elfes.launcher.job.failures import (
     failure_error,
     read_reports,
     the_rank_that_failed,
+    write_report,
 )
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
@@ -201,6 +202,27 @@ def test_a_damaged_failure_is_refused_naming_the_field() -> None:
     data["attempts"][0]["failure"].update(retried=True, category="oops")
     with pytest.raises(ValueError, match=r"attempts\[0\].failure.category is 'oops'.*not one of exception, exit"):
         run_state.RunState.from_json(data)
+
+
+def test_a_failure_category_is_an_enum_member_in_memory_and_its_word_in_state_json(tmp_path: Path) -> None:
+    """The category travels as run_state.FailureCategory, from the rank's report to state.json and back; the files
+    hold its word, as before it was an enum."""
+    FailureCategory = run_state.FailureCategory
+    assert run_state.FAILURE_CATEGORIES == tuple(FailureCategory) == ("exception", "exit", "lost", "hang")
+    cause = report()
+    assert type(cause.category) is FailureCategory and cause.category is FailureCategory.EXCEPTION
+    paths = RunPaths(tmp_path / "run")
+    write_report(paths, 1, dataclasses.replace(cause, category=FailureCategory.HANG))
+    assert '"category": "hang"' in paths.failure_report(1, cause.rank).read_text()
+    assert read_reports(paths, 1)[0].category is FailureCategory.HANG
+    state = _running(run_state.record_submission(None, executor="local", kind="submit", max_requeues=5, job_id="7",
+                                                 run_dir="runs/failing"),
+                     "7:0/1", "submit")
+    state = run_state.end_attempt(state, token="7:0/1", outcome="failed", failure=decide_failure(
+        cause, previous=None, failures_used=0, max_failures=3))
+    text = json.dumps(state.to_json())
+    assert '"category": "exception"' in text
+    assert run_state.RunState.from_json(json.loads(text)).attempts[0].failure.category is FailureCategory.EXCEPTION
 
 
 # -- what status and the plot say -----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from local_runs import (
 from run_comparison import assert_runs_bitwise_equal
 from run_fixtures import make_run
 
+from elfes.launcher.cli.exit_codes import EXIT_RUN_DAMAGED
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
 
@@ -254,15 +255,15 @@ def test_a_damaged_state_json_is_named_with_the_repair_and_other_runs_still_show
     before = damaged.state.read_bytes()
 
     code, shown = run_cli("status", str(damaged.run_dir))
-    assert code == 3 and "Traceback" not in shown
+    assert code == EXIT_RUN_DAMAGED == 8 and "Traceback" not in shown
     assert f"{damaged.state} cannot be read: " in shown and named in shown
     assert f"mv {damaged.state} {damaged.state}.damaged" in shown and "Keep the run directory" in shown
     code, shown = run_cli("status", str(good[0].run_dir), str(damaged.run_dir), str(good[1].run_dir), "--json")
     listed = json.loads(shown)
-    assert code == 3 and [run["status"] for run in listed] == ["stopped", "unreadable", "stopped"]
+    assert code == EXIT_RUN_DAMAGED and [run["status"] for run in listed] == ["stopped", "unreadable", "stopped"]
     assert named in listed[1]["error"] and listed[1]["step"] == 4  # the run records still tell
     code, shown = run_cli("resume", str(damaged.run_dir))
-    assert code == 3 and named in shown and "Traceback" not in shown
+    assert code == EXIT_RUN_DAMAGED and named in shown and "Traceback" not in shown
     code, shown = run_cli("logs", str(damaged.run_dir))
     assert code == 0 and "hello from rank 0" in shown and named in shown
     assert damaged.state.read_bytes() == before  # nothing rewritten

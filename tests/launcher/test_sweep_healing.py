@@ -136,7 +136,7 @@ def test_a_damaged_member_record_is_shown_unreadable_and_the_scheduler_goes_on_p
     damaged, good = (RunPaths(member.run_dir) for member in record.members)
     damaged.state.write_text('{"status": 5}')
 
-    assert elfes(["status", str(paths.sweep_dir)]) == 3
+    assert elfes(["status", str(paths.sweep_dir)]) == 8  # a damaged run directory
     shown = capsys.readouterr().out
     assert "unreadable: " in shown and "status is 5 (an integer), not a string" in shown
     data = json.loads(_json_status(paths, capsys))
@@ -151,11 +151,11 @@ def test_a_damaged_member_record_is_shown_unreadable_and_the_scheduler_goes_on_p
     assert not after.queue and list(after.problems) == [record.members[0].name]
     assert "RunDamaged" in after.problems[record.members[0].name]
     assert run_state.load_state(good).submissions  # the good one was handed over
-    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", "1"]) == 3
+    assert elfes(["status", str(paths.sweep_dir), "--until", "ended", "--timeout-s", "1"]) == 8
     assert "unreadable" in capsys.readouterr().err
 
-    # `elfes resume SWEEP_DIR` leaves the damaged member alone and says so (exit 3).
-    assert elfes(["resume", str(paths.sweep_dir)]) == 3
+    # `elfes resume SWEEP_DIR` leaves the damaged member alone and says so (exit 8).
+    assert elfes(["resume", str(paths.sweep_dir)]) == 8
     said = capsys.readouterr().out
     assert f"left alone: {record.members[0].name} (unreadable: " in said
 
@@ -293,7 +293,7 @@ def test_a_sweep_json_of_the_wrong_shape_is_refused_by_every_verb(tmp_path: Path
         text = json.dumps(content)
     paths.record.write_text(text)
     for verb in (["status"], ["status", "--json"], ["resume"], ["cancel"], ["plot"]):
-        assert elfes([verb[0], str(paths.sweep_dir), *verb[1:]]) == 3, verb
+        assert elfes([verb[0], str(paths.sweep_dir), *verb[1:]]) == 8, verb  # a damaged run directory
         error = capsys.readouterr().err
         assert f"{paths.record} cannot be read" in error and "restore it" in error, (verb, error)
         assert "Traceback" not in error
@@ -312,7 +312,7 @@ def test_a_requeue_under_way_counts_before_the_relaunch() -> None:
 def test_a_member_whose_state_json_is_a_dangling_link_is_unreadable_and_the_advice_resumes_the_sweep(
     tmp_path: Path, capsys, leftovers: list[SweepPaths]
 ) -> None:
-    """A dangling symbolic link is no run that never started: `unreadable: <why>` (exit 3), with the repair of a
+    """A dangling symbolic link is no run that never started: `unreadable: <why>` (exit 8), with the repair of a
     sweep member (`elfes resume SWEEP_DIR`, not `elfes submit MEMBER/job.yaml`), and the repair works."""
     spec = command_sweep(tmp_path)
     assert elfes(["submit", str(spec), "--executor", "local"]) == 0
@@ -324,13 +324,13 @@ def test_a_member_whose_state_json_is_a_dangling_link_is_unreadable_and_the_advi
     damaged.state.symlink_to(tmp_path / "gone.json")
     capsys.readouterr()
 
-    assert elfes(["status", str(paths.sweep_dir)]) == 3
+    assert elfes(["status", str(paths.sweep_dir)]) == 8
     shown = capsys.readouterr().out
     assert f"unreadable: {damaged.state} cannot be read: it is a symbolic link to {tmp_path / 'gone.json'}" in shown
     (member,) = [m for m in json.loads(_json_status(paths, capsys))["members"] if m["run_dir"] == str(damaged.run_dir)]
     assert member["status"] == "unreadable"
     assert f"elfes resume {paths.sweep_dir}" in member["error"] and "elfes submit" not in member["error"]
-    assert elfes(["status", str(damaged.run_dir)]) == 3  # the member alone, as any run
+    assert elfes(["status", str(damaged.run_dir)]) == 8  # the member alone, as any run
     assert "symbolic link" in capsys.readouterr().out
 
     damaged.state.rename(f"{damaged.state}.damaged")  # the advice, followed

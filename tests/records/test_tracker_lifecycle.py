@@ -1,6 +1,6 @@
 """The tracker run's lifecycle against the real libraries (an MLflow SQLite store, W&B offline read back from its
 transaction logs), driven as the job drives it: ``state.json`` changed by the launcher's own transitions, the
-lifecycle published at each attempt's begin and end (launcher/job/tracker_lifecycle.py), the attempts' records
+lifecycle published at each attempt's begin and end (launcher/job/tracker_publishing.py), the attempts' records
 mirrored by RunLogger. A requeued attempt leaves the run RUNNING and its end is tagged by the next attempt; a
 cancel ends it KILLED, a failure not retried FAILED; the spec goes as parameters without credentials, the
 provenance as tags. Real jobs: tests/launcher/test_tracker_lifecycle_jobs.py and
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from synthetic_events import plain_console, run_end, started, train
 
-from elfes.launcher.job.tracker_lifecycle import lifecycle_of, publish_lifecycle
+from elfes.launcher.job.tracker_publishing import lifecycle_of, publish_lifecycle
 from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
 from elfes.launcher.rundir.provenance import CodeProvenance, Provenance
@@ -210,7 +210,7 @@ def test_no_env_value_nor_credential_looking_config_reaches_mlflow_wandb_or_life
 def test_a_spec_parameter_that_mlflow_refuses_keeps_out_neither_the_others_nor_the_status(tmp_path, store):
     from mlflow.tracking import MlflowClient
 
-    from elfes.launcher.job.tracker_lifecycle import send_lifecycle
+    from elfes.launcher.job.tracker_publishing import send_lifecycle
     from elfes.records.tracker_lifecycle import Lifecycle, write_lifecycle
 
     run = Run(tmp_path, store, "refused")

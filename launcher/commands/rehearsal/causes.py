@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from elfes.contract import WarningKind
+from elfes.contract import START_EVENTS, EventKind, WarningKind
 
 from ...spec import JobSpec
 from .compare import RESIZE_TOLERANCE, Comparison, Resized
@@ -61,7 +61,7 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
     if parts:
         causes.append("Differing at the end: " + "; ".join(f"{part} ({_PARTS.get(part, 'saved by the job')})"
                                                          for part in parts) + ".")
-    loss_first = divergence is not None and divergence.event == "train"
+    loss_first = divergence is not None and divergence.event == EventKind.TRAIN
     workers = _workers(spec)
     data = (f"A stateful object without state_dict: {_job(spec)} reads its batches through a sampler, dataset or "
             "stream with state of its own (a counter, an iterator position, a buffer) but no state_dict() and "
@@ -86,7 +86,7 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
                  "and its resume make the same position read other samples (a stream without state is read again "
                  "from its epoch's start). Keep the training files unchanged while a run uses them: write new "
                  "files instead of changing old ones.")
-    warned = any(event.get("event") == "warning" and event.get("kind") == WarningKind.INEXACT_STREAM for event in events)
+    warned = any(event.get("event") == EventKind.WARNING and event.get("kind") == WarningKind.INEXACT_STREAM for event in events)
     shuffle_buffer = (
         "A stream shuffled in a buffer: " + ("the interrupted run warned that its training stream is shuffled with "
                                              "shuffle(buffer_size=...)" if warned else "a Hugging Face stream shuffled "
@@ -113,7 +113,7 @@ def likely_causes(spec: JobSpec, comparison: Comparison, interruptions: Sequence
 
 def model_randomness(events: list[dict[str, Any]]) -> str | None:
     """``TrainConfig.model_randomness`` of the run's latest start, as its records say (None without records)."""
-    starts = [event for event in events if event.get("event") in ("started", "resumed")]
+    starts = [event for event in events if event.get("event") in START_EVENTS]
     found = (starts[-1].get("config") or {}).get("model_randomness") if starts else None
     return found if isinstance(found, str) else None
 

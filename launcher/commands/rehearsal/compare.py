@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from elfes.contract import EventKind
 from elfes.records import read_events
 
 from ...rundir.paths import RunPaths
@@ -129,7 +130,7 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _has_metrics(events: list[dict[str, Any]]) -> bool:
-    return any(event.get("event") in ("train", "evaluation") for event in events)
+    return any(event.get("event") in (EventKind.TRAIN, EventKind.EVALUATION) for event in events)
 
 
 def compared_files(run_dir: Path) -> list[str]:
@@ -139,7 +140,7 @@ def compared_files(run_dir: Path) -> list[str]:
     root = Path(run_dir).resolve()
     files = [str(paths.final.relative_to(run_dir))]
     for event in read_records(run_dir):
-        if event.get("event") != "export":
+        if event.get("event") != EventKind.EXPORT:
             continue
         try:
             relative = str(Path(str(event.get("path", ""))).resolve().relative_to(root))
@@ -294,13 +295,13 @@ def logged_metrics(events: list[dict[str, Any]]) -> dict[tuple[int, str], dict[s
     logged: dict[tuple[int, str], dict[str, Any]] = {}
     for event in events:
         kind = event.get("event")
-        if kind == "train":
+        if kind == EventKind.TRAIN:
             metrics = {k: v for k, v in (event.get("metrics") or {}).items() if k not in TIMING_METRICS}
-            logged[(int(event["step"]), "train")] = metrics
-        elif kind == "evaluation":
+            logged[(int(event["step"]), EventKind.TRAIN)] = metrics
+        elif kind == EventKind.EVALUATION:
             flat = {f"{loader}/{name}": value for loader, values in (event.get("metrics") or {}).items()
                     for name, value in (values or {}).items()}
-            logged[(int(event["step"]), f"evaluation/{event.get('weights')}")] = flat
+            logged[(int(event["step"]), f"{EventKind.EVALUATION}/{event.get('weights')}")] = flat
     return logged
 
 
@@ -376,10 +377,10 @@ def judge_resized(comparison: Comparison, ours: list[dict[str, Any]], theirs: li
     largest = max(measured, key=lambda t: t.max_relative_diff or 0.0, default=None)
     a, b = logged_metrics(ours), logged_metrics(theirs)
     start = resumed_at or 0
-    steps = sorted(step for step, event in a.keys() | b.keys() if event == "train" and step > start)
+    steps = sorted(step for step, event in a.keys() | b.keys() if event == EventKind.TRAIN and step > start)
     samples_differ_at, loss_difference = None, 0.0
     for step in steps:
-        left, right = a.get((step, "train"), {}), b.get((step, "train"), {})
+        left, right = a.get((step, EventKind.TRAIN), {}), b.get((step, EventKind.TRAIN), {})
         if left.get("last_update_samples") != right.get("last_update_samples") or "loss" not in left or "loss" not in right:
             samples_differ_at = samples_differ_at or step
             continue

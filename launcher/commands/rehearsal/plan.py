@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from elfes.contract import CheckpointName, Pointer, SaveReason
+from elfes.contract import CheckpointName, EventKind, Pointer, SaveReason
 
 from ...errors import EXIT_RUN_FAILED, ElfesError
 from ...rundir import state as run_state
@@ -79,7 +79,7 @@ def measure_length(run_dir: Path) -> RunLength:
     state = run_state.load_state(paths)
     attempt = state.last_attempt if state is not None else None
     events = read_events_if_any(paths)
-    train = [(int(e["step"]), timestamp(e["time"])) for e in events if e.get("event") == "train"]
+    train = [(int(e["step"]), timestamp(e["time"])) for e in events if e.get("event") == EventKind.TRAIN]
     files = checkpoint_files(paths)
     final = next((step for step in (attempt.step if attempt else None,
                                     max((s for s, _ in files), default=None),
@@ -100,7 +100,7 @@ def measure_length(run_dir: Path) -> RunLength:
         update_time = 0.05
     first = files[0] if files else None
     startup = (first[1] - started - first[0] * update_time) if first and started is not None else 0.0
-    written = [int(e["step"]) for e in events if e.get("event") == "checkpoint" and e.get("reason") in (SaveReason.INTERVAL, SaveReason.BEST)]
+    written = [int(e["step"]) for e in events if e.get("event") == EventKind.CHECKPOINT and e.get("reason") in (SaveReason.INTERVAL, SaveReason.BEST)]
     if not events:
         written = [step for step, _ in files if step < final]
     return RunLength(final, max(0.0, update_time), max(0.0, startup), tuple(written), records=bool(train))

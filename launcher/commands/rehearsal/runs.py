@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from elfes.contract import Pointer
+from elfes.contract import START_EVENTS, EventKind, Pointer
 from elfes.files import write_text_atomically
 
 from ...rundir import state as run_state
@@ -57,8 +57,8 @@ class Follower:
     def poll(self) -> int:
         records = False
         for event in self.tail.read():
-            records = records or event.get("event") == "train"
-            if event.get("event") in ("started", "resumed"):
+            records = records or event.get("event") == EventKind.TRAIN
+            if event.get("event") in START_EVENTS:
                 self.logged = int(event["state"]["step"])  # a new attempt: a kill replays from its checkpoint
                 self.began = timestamp(event["time"]) if isinstance(event.get("time"), str) else self.began
                 planned = (event.get("budget") or {}).get("planned_steps")

@@ -91,7 +91,7 @@ def publish_lifecycle(paths: RunPaths, spec: JobSpec | None, state: RunState | N
         lifecycle = lifecycle_of(state, spec)
         write_lifecycle(paths.run_dir, lifecycle)
     except Exception as error:
-        log.warning(f"elfes: warning: the trackers' lifecycle was not written ({type(error).__name__}: {error})")
+        log.warning(f"elfes: the trackers' lifecycle was not written ({type(error).__name__}: {error})")
         return []
     if not (send and lifecycle.terminal):
         return []
@@ -149,5 +149,5 @@ def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | No
              f"own records (state.json, elfes status) are complete, and `elfes sync {run_dir}` sends it"
              for name, problem in sorted(problems.items())]
     for line in lines:
-        log.warning(f"elfes: warning: {line}")
+        log.warning(f"elfes: {line}")
     return lines
