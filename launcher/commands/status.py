@@ -211,7 +211,8 @@ def tracker_notes(paths: RunPaths, *, ended: bool = False) -> list[str]:
                    f"next attempt, or {sync} once no attempt runs")
             notes.append(f"the {tracker} mirror is behind since {mirror.behind_since} ({mirror.error}): {waiting} bytes "
                          f"of events.jsonl wait to be sent; {who}")
-        elif lifecycle is not None and lifecycle.terminal and mirror.lifecycle_sent != lifecycle.digest():
+        elif (tracker in trackers and lifecycle is not None and lifecycle.terminal
+              and mirror.lifecycle_sent != lifecycle.digest()):  # the launcher sends the end to the spec's trackers
             notes.append(f"the {tracker} run does not say yet that the run ended {lifecycle.status} ({tracker} did not "
                          f"take it at the run's end); {sync} sends it")
     return notes
