@@ -84,7 +84,7 @@ class TensorBoardSink:
         return str(self.folder)  # no file yet: the first start or row opens one (a lifecycle alone opens none)
 
     def send(self, batch: Batch) -> None:
-        starts = sorted(batch.starts)
+        starts = list(batch.starts)  # in file order
         for index, row in enumerate(batch.metrics):
             while starts and starts[0][0] <= index:
                 self._open(purge_step=_purge_step(starts.pop(0)[1]))

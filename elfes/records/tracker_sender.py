@@ -9,7 +9,8 @@ below it. After a kill the next attempt redoes the steps past the last checkpoin
 again; ELFES resumes bitwise, so they hold the values already sent, and they are skipped. The state is
 rewritten atomically after every send; a kill between a send and that write sends the same rows again, with
 the same timestamps (each event's ``time``): MLflow's SQL stores keep one copy of a metric whose key, step,
-value and timestamp are equal.
+value and timestamp are equal. A tracker that can hide values (TensorBoard: ``Sink.replaces_redone_steps``) gets
+every row instead, with each attempt's start among them, and hides what a start redoes.
 """
 
 from __future__ import annotations

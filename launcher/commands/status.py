@@ -225,7 +225,8 @@ def _spec_trackers(paths: RunPaths) -> tuple[str, ...]:
     except ValueError:
         return ()
     tracking = data.get("tracking") if data is not None else None
-    return tuple(name for name, settings in tracking.items() if settings) if isinstance(tracking, dict) else ()
+    # `tensorboard: {}` is a tracker turned on: only null is off.
+    return tuple(name for name, settings in tracking.items() if settings is not None) if isinstance(tracking, dict) else ()
 
 
 def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:

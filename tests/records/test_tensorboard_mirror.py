@@ -20,6 +20,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def patient_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mirror writes from its thread: a close waits for it as long as a loaded test machine needs (its first
+    import of torch.utils.tensorboard), also at a stop, whose wait is otherwise the flush's 20 s."""
+    monkeypatch.setenv("ELFES_TRACKER_FLUSH_TIMEOUT_S", "300")
+
+
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     accumulator.Reload()
@@ -36,7 +43,8 @@ def test_a_killed_attempts_steps_are_replaced_by_their_redo_and_no_step_is_writt
     log_attempt(tmp_path, [started(), train(1, loss=1.0), train(2, loss=0.9), checkpoint(2),
                            run_end(2, reason="SIGTERM")], trackers={"tensorboard": {}})
     # The second attempt resumes at 2 and is killed after step 4: nothing ends it, nothing saves past 2.
-    log_attempt(tmp_path, [started(2, resumed_from="last"), train(3, loss=0.7), train(4, loss=0.6)], trackers={"tensorboard": {}})
+    log_attempt(tmp_path, [started(2, resumed_from="last"), train(3, loss=0.7), train(4, loss=0.6)],
+                trackers={"tensorboard": {}})
     log_attempt(tmp_path, [started(2, resumed_from="last"), train(3, loss=0.8), train(4, loss=0.75),
                            evaluation(4, 0.5, improved=True, best=0.5, best_step=4), train(5, loss=0.5)],
                 trackers={"tensorboard": {}})

@@ -8,6 +8,7 @@ lifetime is one object whose count of open runs returns to 0, and the service is
 from __future__ import annotations
 
 import ast
+import json
 import os
 import socket
 from pathlib import Path
@@ -217,10 +218,10 @@ def test_a_mirror_killed_mid_attempt_leaves_its_rows_to_the_next_attempt_which_w
     first, second, third = attempts()
     log(tmp_path, first + second[:2], trackers={"tensorboard": {}})
     path = tracker_state_path(tmp_path, "tensorboard")
-    state = read_mirror_state(tmp_path, "tensorboard")
     lines = (tmp_path / "events.jsonl").read_bytes().splitlines(keepends=True)
-    offset = sum(len(line) for line in lines[:3])  # as if it had recorded only the start and step 1
-    path.write_text(path.read_text().replace(f'"offset": {state.offset}', f'"offset": {offset}'))
+    assert [json.loads(line)["event"] for line in lines[:2]] == ["started", "train"]
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "offset": len(lines[0]) + len(lines[1])}))  # recorded up to step 1 only
     log(tmp_path, second[2:], trackers={"tensorboard": {}})  # the rest of attempt 2, by a new mirror
     log(tmp_path, third, trackers={"tensorboard": {}})
     loss = scalars(tmp_path, "train/loss")
