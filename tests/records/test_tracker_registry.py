@@ -11,6 +11,7 @@ import ast
 import json
 import os
 import socket
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,10 @@ def test_a_registered_tracker_is_built_from_trackers_and_from_the_specs_tracking
     assert wandb_offline_ends(wandb_dir(tmp_path / "spec"), read_mirror_state(tmp_path / "spec", "wandb").run_id) == [
         (False, 0)]  # finished
     assert scalars(tmp_path / "spec", "train/loss") == [(1, 1.0), (2, pytest.approx(0.9))]
+    monkeypatch.setenv("ELFES_TENSORBOARD", "0")  # turns the section's TensorBoard off, the others stay
+    log(tmp_path / "spec-without-tensorboard", events)
+    assert not (tmp_path / "spec-without-tensorboard" / "tensorboard").exists()
+    assert read_mirror_state(tmp_path / "spec-without-tensorboard", "mlflow") is not None
 
 
 def test_an_unknown_tracker_is_refused_naming_it_and_the_registered_ones(tmp_path):
@@ -208,6 +213,11 @@ def test_tensorboard_through_the_mirror_holds_each_steps_last_recorded_value(tmp
     assert [value for _, value in loss] == pytest.approx([1.0, 0.9, 0.8, 0.75, 0.5])  # the redo's values
     assert scalars(tmp_path, "eval/val/accuracy") == [(4, 0.5)]
     assert len(list((tmp_path / "tensorboard").iterdir())) == 3  # one event file per attempt
+    accumulator = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    (last,) = [event for event in read_events(tmp_path) if event["event"] == "train" and event["step"] == 5]
+    assert accumulator.Scalars("train/loss")[-1].wall_time == pytest.approx(  # at the record's time
+        datetime.fromisoformat(last["time"]).timestamp(), abs=1e-3)
     state = read_mirror_state(tmp_path, "tensorboard")
     assert not state.behind and state.offset == (tmp_path / "events.jsonl").stat().st_size
 
