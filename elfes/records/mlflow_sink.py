@@ -4,8 +4,8 @@ The run is tagged with the run directory's absolute path (:data:`RUN_DIR_TAG`) a
 (:data:`RUN_ID_TAG`); its id is kept in ``RUN_DIR/tracking/mlflow.json``, and a run directory whose state file
 lost it (a kill right after the run was created) finds its run again by the first tag. A sweep member's run
 is tagged :data:`GROUP_TAG` with its sweep. Each attempt sets the run RUNNING; the ``finished`` event sets it
-FINISHED, and the launcher's lifecycle (elfes/records/tracker_lifecycle.py) sets the end of a run FINISHED, FAILED
-or KILLED, with a tag per attempt's end, the provenance as tags and the job spec as parameters ``spec.<field>``
+FINISHED, and the launcher's lifecycle (elfes/records/tracker_lifecycle.py) sets the end of a run in MLflow's words
+(:attr:`MlflowSink.RUN_STATUS`: FINISHED, FAILED or KILLED), with a tag per attempt's end, the provenance as tags and the job spec as parameters ``spec.<field>``
 (those the run has not yet: MLflow refuses to change a parameter). The TrainConfig of the first start is logged
 as parameters ``config.<field>``.
 
@@ -20,16 +20,16 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from .tracker_lifecycle import Lifecycle
+from .tracker_lifecycle import Lifecycle, TrackerStatus
 from .tracker_sender import MAX_ROWS, REQUEST_TIMEOUT_S, Batch
-from .tracking import MlflowSettings, Tracker
+from .tracking import MlflowSettings
 
 log = logging.getLogger(__name__)
 
 MISSING_MESSAGE = (
-    "the job spec's tracking.mlflow (or RunLogger(mlflow=...)) mirrors the run to MLflow, which is not installed; "
+    "the job spec's tracking.mlflow (or RunLogger(trackers={'mlflow': ...})) mirrors the run to MLflow, which is not installed; "
     "install it with: pip install 'elfes[mlflow]', or remove the mlflow tracker"
 )
 RUN_DIR_TAG = "elfes.run_dir"
@@ -50,9 +50,15 @@ def check_mlflow_installed() -> None:
 class MlflowSink:
     """One ELFES run as one MLflow run. The mirror's thread only."""
 
-    name: Tracker = "mlflow"
+    name = "mlflow"
+    replaces_redone_steps = False  # MLflow keeps every value sent: each step is sent once
+    # The run's status in MLflow's words (its RunStatus names).
+    RUN_STATUS: ClassVar[dict[TrackerStatus, str]] = {
+        TrackerStatus.RUNNING: "RUNNING", TrackerStatus.FINISHED: "FINISHED", TrackerStatus.FAILED: "FAILED",
+        TrackerStatus.KILLED: "KILLED"}
 
-    def __init__(self, settings: MlflowSettings, run_dir: Path, group: str | None) -> None:
+    def __init__(self, settings: MlflowSettings, run_dir: Path, group: str | None = None, *,
+                 sender: str | None = None) -> None:
         self.settings = settings
         self.run_dir = Path(run_dir).absolute()
         self.group = group
@@ -69,7 +75,7 @@ class MlflowSink:
         client = self._connect()
         if run_id is None:
             run_id = self._find_or_create(client)
-        client.update_run(run_id, status="RUNNING")
+        client.update_run(run_id, status=self.RUN_STATUS[TrackerStatus.RUNNING])
         self._run_id = run_id
         return run_id
 
@@ -87,9 +93,9 @@ class MlflowSink:
             rows = batch.metrics[start:start + MAX_ROWS]
             client.log_batch(run_id, metrics=[Metric(row.key, row.value, row.timestamp_ms, row.step) for row in rows])
         if batch.finished:
-            client.set_terminated(run_id, status="FINISHED")
+            client.set_terminated(run_id, status=self.RUN_STATUS[TrackerStatus.FINISHED])
         elif batch.lifecycle is not None and batch.lifecycle.terminal:
-            client.set_terminated(run_id, status=batch.lifecycle.status)
+            client.set_terminated(run_id, status=self.RUN_STATUS[batch.lifecycle.status])
 
     def _send_lifecycle_tags(self, lifecycle: Lifecycle) -> None:
         """The spec's parameters the run lacks (a parameter's value cannot change), every lifecycle tag."""
@@ -106,6 +112,9 @@ class MlflowSink:
 
     def close(self) -> None:
         self._client = None
+
+    def describe_status(self, status: TrackerStatus) -> str:
+        return f"set {self.RUN_STATUS[status]}"
 
     def _connect(self) -> Any:
         if self._client is None:

@@ -13,9 +13,9 @@ What each tracker gets (:meth:`Lifecycle.tags`: one dictionary, tags in MLflow, 
 (:data:`CODE_TAG_PREFIX`, :data:`VERSION_TAG_PREFIX`); the spec as parameters ``spec.<field>``, without its ``env`` and
 what looks like a credential (:func:`elfes.records.credentials.spec_params`; MLflow keeps a parameter's first value and
 refuses to change it, so one a later attempt changes keeps its first; W&B's config ``spec`` shows the
-latest). MLflow's status is the lifecycle's; W&B has no status an SDK may set, so its run ends with
-:data:`WANDB_EXIT_CODES` (0 finished, anything else shown as failed) and an attempt that does not end the
-run is marked preempting (elfes/records/wandb_sink.py).
+latest). The status is :class:`TrackerStatus`, ELFES's word for the run; each sink says it in its tracker's
+words (MLflow's run status: ``MlflowSink.RUN_STATUS``; W&B, which has no status an SDK may set, an exit code:
+``WandbSink.EXIT_CODES``), and the launcher asks the sink (``describe_status``) when a tracker did not take it.
 
 Torch-free, pydantic-free; the trackers' libraries are imported by their sinks only.
 """
@@ -27,20 +27,32 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from elfes.contract import StrEnum
 from elfes.files import write_text_atomically
 
 from .credentials import sendable_params
 from .tracking import lifecycle_path
 
-TrackerStatus = Literal["RUNNING", "FINISHED", "FAILED", "KILLED"]
-TERMINAL: frozenset[str] = frozenset({"FINISHED", "FAILED", "KILLED"})
 STATUS_TAG = "elfes.status"
-# W&B's run state follows the exit code alone: 0 finished, any other failed (it has no "killed" the SDK sets).
-WANDB_EXIT_CODES: dict[str, int] = {"FINISHED": 0, "FAILED": 1, "KILLED": 143}
 CODE_TAG_PREFIX = "elfes.code."  # the attempt's code snapshot: commit, dirty, fingerprint, path
 VERSION_TAG_PREFIX = "elfes.version."  # python, torch, elfes, cuda, cudnn, nccl, accelerate
+
+
+class TrackerStatus(StrEnum):
+    """What the run is, for its trackers (``elfes status``'s status in four words; the tag :data:`STATUS_TAG`).
+    Each sink says it in its own tracker's words."""
+
+    RUNNING = "RUNNING"  # an attempt runs, or the run goes on (a requeue, a failure retried)
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"  # a failure not retried, or a job lost
+    KILLED = "KILLED"  # cancelled, or stopped (`elfes resume` continues it)
+
+    @property
+    def terminal(self) -> bool:
+        """The run has ended (for now: a stopped run's next attempt sets it RUNNING again)."""
+        return self is not TrackerStatus.RUNNING
 
 
 def attempt_end_tag(number: int) -> str:
@@ -57,17 +69,21 @@ class Lifecycle:
     params: dict[str, str] = field(default_factory=dict)  # spec.<field> -> value (elfes/records/credentials.py)
     provenance: dict[str, str] = field(default_factory=dict)  # tags under CODE_TAG_PREFIX and VERSION_TAG_PREFIX
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", TrackerStatus(self.status))  # "FINISHED" given as a string: the member
+
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL
+        return self.status.terminal
 
     def tags(self) -> dict[str, str]:
         """The status, each attempt's end and the provenance: MLflow tags, W&B summary keys."""
         ends = {attempt_end_tag(number): end for number, end in sorted(self.attempt_ends.items())}
-        return {STATUS_TAG: self.status, **ends, **self.provenance}
+        return {STATUS_TAG: self.status.value, **ends, **self.provenance}
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "attempt_ends": {str(n): end for n, end in sorted(self.attempt_ends.items())},
+        ends = {str(n): end for n, end in sorted(self.attempt_ends.items())}
+        return {"status": self.status.value, "attempt_ends": ends,
                 "params": dict(sorted(self.params.items())), "provenance": dict(sorted(self.provenance.items()))}
 
     @classmethod

@@ -1,4 +1,4 @@
-"""The tracker mirror: one thread per tracker that sends the run's records to MLflow or W&B, each step once.
+"""The tracker mirror: one thread per tracker (MLflow, W&B, TensorBoard) that sends it the run's records.
 
 What it reads: ``events.jsonl`` as the run writes it, from the byte offset it has sent up to, never the
 events in memory. The file is the queue: memory stays bounded (at most :data:`MAX_ROWS` rows in hand), a

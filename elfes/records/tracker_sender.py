@@ -9,7 +9,8 @@ below it. After a kill the next attempt redoes the steps past the last checkpoin
 again; ELFES resumes bitwise, so they hold the values already sent, and they are skipped. The state is
 rewritten atomically after every send; a kill between a send and that write sends the same rows again, with
 the same timestamps (each event's ``time``): MLflow's SQL stores keep one copy of a metric whose key, step,
-value and timestamp are equal.
+value and timestamp are equal. A tracker that can hide values (TensorBoard: ``Sink.replaces_redone_steps``) gets
+every row instead, with each attempt's start among them, and hides what a start redoes.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from elfes.files import exclusive_lock, write_text_atomically
 from .credentials import without_credentials
 from .schema import events_path
 from .timeline import event_scalars
-from .tracker_lifecycle import Lifecycle, read_lifecycle
-from .tracking import Tracker, tracker_state_path, tracking_dir
+from .tracker_lifecycle import Lifecycle, TrackerStatus, read_lifecycle
+from .tracking import tracker_state_path, tracking_dir
 
 MAX_ROWS = 1000  # metric values per send (MLflow's log_batch takes at most 1000)
 REQUEST_TIMEOUT_S = 10  # what one request to MLflow may take (its sink gives it to the client; W&B keeps its own)
@@ -62,24 +63,29 @@ class Metric:
 @dataclass
 class Batch:
     """What one send carries: metric rows in file order, the run's config (once), whether the run finished, the
-    run's lifecycle (new to the tracker)."""
+    run's lifecycle (new to the tracker); for a sink that replaces redone steps, each attempt's start among the
+    rows."""
 
     metrics: list[Metric] = field(default_factory=list)
     config: dict[str, Any] | None = None
     elfes_run_id: str | None = None
     finished: bool = False
     lifecycle: Lifecycle | None = None
+    starts: list[tuple[int, int | None]] = field(default_factory=list)  # (index of the next row, step resumed from)
 
     def __bool__(self) -> bool:
         return (bool(self.metrics) or self.config is not None or self.elfes_run_id is not None or self.finished
-                or self.lifecycle is not None)
+                or self.lifecycle is not None or bool(self.starts))
 
 
 class Sink(Protocol):
-    """One tracker (elfes/records/mlflow_sink.py, elfes/records/wandb_sink.py), used by one sender at a time (the
-    mirror's thread, ``elfes sync``)."""
+    """One tracker, used by one sender at a time (the mirror's thread, ``elfes sync``, the launcher at a run's end).
+    Each is registered once, with its settings, in elfes/records/trackers.py."""
 
-    name: Tracker
+    name: str  # its name in the registry, the spec's ``tracking:`` and ``RUN_DIR/tracking/<name>.json``
+    # False: each step is sent once (the tracker keeps what it took first). True: every row, in file order, with
+    # each attempt's start (Batch.starts), and the tracker hides what a start redoes (TensorBoard's purge).
+    replaces_redone_steps: bool
 
     def prepare(self) -> None: ...  # import the tracker's library (seconds), before the first record comes
 
@@ -90,6 +96,8 @@ class Sink(Protocol):
     def send(self, batch: Batch) -> None: ...  # raises when the tracker did not take it
 
     def close(self) -> None: ...
+
+    def describe_status(self, status: TrackerStatus) -> str: ...  # how its run shows ``status``, for a warning
 
 
 @dataclass
@@ -116,7 +124,7 @@ class MirrorState:
                 setattr(self, name, state[name])
 
 
-def read_mirror_state(run_dir: Path, tracker: Tracker) -> MirrorState | None:
+def read_mirror_state(run_dir: Path, tracker: str) -> MirrorState | None:
     """The state a mirror left, or None where it has none or it cannot be read. Any process; torch-free."""
     try:
         data = json.loads(tracker_state_path(run_dir, tracker).read_text(encoding="utf-8"))
@@ -238,6 +246,10 @@ class Sender:
         kind, step = event.get("event"), event.get("step")
         self._place = (event.get("epoch", self._place[0]), step if isinstance(step, int) else self._place[1])
         if kind in START_EVENTS:
+            if self.sink.replaces_redone_steps:
+                state = event.get("state")
+                resumed = state.get("step") if isinstance(state, dict) else None
+                batch.starts.append((len(batch.metrics), resumed if isinstance(resumed, int) else None))
             run_id = event.get("run_id")
             if isinstance(run_id, str) and run_id != self.state.elfes_run_id:
                 batch.elfes_run_id = run_id
@@ -254,14 +266,14 @@ class Sender:
             return
         timestamp_ms = _timestamp_ms(event.get("time"))
         for key, value in scalars.items():
-            if step > sent_steps.get(key, -1):
+            if step > sent_steps.get(key, -1) or self.sink.replaces_redone_steps:
                 batch.metrics.append(Metric(key, step, value, timestamp_ms))
                 sent_steps[key] = step
 
 
 def save_mirror_state(run_dir: Path, state: MirrorState) -> None:
     """Publish a mirror's state atomically (``RUN_DIR/tracking/<tracker>.json``)."""
-    path = tracker_state_path(run_dir, state.tracker)  # type: ignore[arg-type]  # a Tracker name
+    path = tracker_state_path(run_dir, state.tracker)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(state.state_dict(), indent=1, sort_keys=True))
 

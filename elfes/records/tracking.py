@@ -1,10 +1,10 @@
-"""Which experiment trackers a run's records are mirrored to (MLflow, Weights & Biases), and the mirror's files.
+"""Which trackers a run's records are mirrored to (MLflow, Weights & Biases, TensorBoard), and the mirror's files.
 
 The settings are one model for both doors: a job spec's ``tracking:`` section (launcher/spec/models.py holds
-:class:`TrackingSettings` as it is) and ``RunLogger(mlflow=..., wandb=...)`` in a plain script. The job
-runtime hands the spec's section to the RunLogger of the entrypoint or command through ``ELFES_TRACKING``
-(JSON), as ``ELFES_TENSORBOARD`` hands the TensorBoard switch, and a sweep member's group through
-``ELFES_TRACKING_GROUP``.
+:class:`TrackingSettings` as it is) and ``RunLogger(trackers={...})`` in a plain script. The job runtime hands the
+spec's section to the RunLogger of the entrypoint or command through ``ELFES_TRACKING`` (JSON), and a sweep
+member's group through ``ELFES_TRACKING_GROUP``; ``ELFES_TENSORBOARD=1`` (or ``0``) turns TensorBoard on (or
+off) besides, without code changes. Each tracker's sink is registered once in elfes/records/trackers.py.
 
 Files, in ``RUN_DIR/tracking/`` (``RunPaths.tracking`` names the folder): ``<tracker>.json``, the mirror's
 state (the tracker's run id, how far into ``events.jsonl`` it has sent, the last step sent per metric, whether
@@ -32,8 +32,8 @@ from .credentials import credential_in_uri
 
 TRACKING_VARIABLE = "ELFES_TRACKING"
 GROUP_VARIABLE = "ELFES_TRACKING_GROUP"
-Tracker = Literal["mlflow", "wandb"]
-TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
+# Turns the TensorBoard mirror on where RunLogger is not told its trackers: "1" on, "0" off, unset as the spec says.
+TENSORBOARD_VARIABLE = "ELFES_TENSORBOARD"
 
 
 class _Settings(BaseModel):
@@ -85,17 +85,27 @@ class WandbSettings(_Settings):
     )
 
 
+class TensorBoardSettings(_Settings):
+    """Mirror the run's scalars to TensorBoard event files in RUN_DIR/tensorboard/ (`tensorboard --logdir` it); a
+    redone step's value replaces the one a killed attempt wrote. Nothing to set: {}."""
+
+
 class TrackingSettings(_Settings):
     """Experiment trackers that mirror the run's records: every train and evaluation metric at its optimizer step,
-    each step sent once across all attempts (see the Trackers section of docs/writing-a-job.md)."""
+    each step sent once across all attempts (TensorBoard: a redone step's value shown instead; see the Trackers
+    section of docs/writing-a-job.md)."""
 
     mlflow: MlflowSettings | None = Field(None, description=MlflowSettings.__doc__)
     wandb: WandbSettings | None = Field(None, description=WandbSettings.__doc__)
+    tensorboard: TensorBoardSettings | None = Field(None, description=TensorBoardSettings.__doc__)
 
     @property
-    def trackers(self) -> tuple[Tracker, ...]:
-        """The trackers turned on, in a fixed order."""
-        return tuple(name for name in TRACKERS if getattr(self, name) is not None)  # type: ignore[misc]
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers turned on, in the fields' order."""
+        return tuple(name for name in TRACKERS if getattr(self, name) is not None)
+
+
+TRACKERS: tuple[str, ...] = tuple(TrackingSettings.model_fields)  # every tracker's name, in a fixed order
 
 
 def absolute_store_uri(uri: str, base: Path) -> str:
@@ -127,7 +137,7 @@ def tracking_dir(run_dir: Path) -> Path:
     return Path(run_dir) / TRACKING_DIR_NAME
 
 
-def tracker_state_path(run_dir: Path, tracker: Tracker) -> Path:
+def tracker_state_path(run_dir: Path, tracker: str) -> Path:
     """The state file of one tracker's mirror (``RUN_DIR/tracking/mlflow.json``)."""
     return tracking_dir(run_dir) / tracker_state_file_name(tracker)
 
@@ -142,29 +152,75 @@ def wandb_dir(run_dir: Path) -> Path:
     return tracking_dir(run_dir) / "wandb"
 
 
-def resolve_tracking(
-    mlflow: MlflowSettings | Mapping[str, Any] | None, wandb: WandbSettings | Mapping[str, Any] | None
-) -> TrackingSettings:
-    """The trackers of a RunLogger: those given, else those of ``ELFES_TRACKING`` (the job spec's section).
+def resolve_tracking(trackers: TrackingSettings | Mapping[str, Any] | None) -> TrackingSettings:
+    """The trackers of a RunLogger: those given (a mapping as the spec's ``tracking:`` section), else the
+    environment's (:func:`environment_tracking`).
 
-    Raises ``ValueError`` naming the field and the fix for settings that do not fit.
+    Raises ``ValueError`` naming the tracker or field and the fix for settings that do not fit.
 
     Example:
-        >>> resolve_tracking({"tracking_uri": "sqlite:///m.db"}, None).trackers
-        ('mlflow',)
+        >>> resolve_tracking({"mlflow": {"tracking_uri": "sqlite:///m.db"}, "tensorboard": {}}).trackers
+        ('mlflow', 'tensorboard')
     """
+    if trackers is None:
+        return environment_tracking()
+    if isinstance(trackers, TrackingSettings):
+        return trackers
+    unknown = sorted(str(name) for name in trackers if name not in TRACKERS)
+    if unknown:
+        raise ValueError(f"RunLogger(trackers=...) names {', '.join(map(repr, unknown))}, which is not a tracker; "
+                         f"give one of {', '.join(TRACKERS)} (elfes/records/trackers.py registers them)")
+    return TrackingSettings.model_validate(dict(trackers))
+
+
+def deprecated_tracking(tensorboard: bool | None, mlflow: MlflowSettings | Mapping[str, Any] | None,
+                        wandb: WandbSettings | Mapping[str, Any] | None) -> TrackingSettings:
+    """What ``RunLogger(tensorboard=..., mlflow=..., wandb=...)`` meant, as ``trackers=``: MLflow and W&B as given
+    (neither given: the environment's), TensorBoard as told (None: the environment's)."""
+    if tensorboard is not None and not isinstance(tensorboard, bool):
+        raise TypeError(f"tensorboard must be True, False or None, got {tensorboard!r}")
     if mlflow is not None or wandb is not None:
-        return TrackingSettings(mlflow=mlflow, wandb=wandb)  # type: ignore[arg-type]  # validated mappings
+        chosen: dict[str, Any] = {"mlflow": mlflow, "wandb": wandb}
+        on = bool(_tensorboard_variable()) if tensorboard is None else tensorboard
+    else:
+        environment = environment_tracking()
+        chosen = {"mlflow": environment.mlflow, "wandb": environment.wandb}
+        on = environment.tensorboard is not None if tensorboard is None else tensorboard
+    return TrackingSettings.model_validate({**chosen, "tensorboard": TensorBoardSettings() if on else None})
+
+
+def environment_tracking() -> TrackingSettings:
+    """The trackers the environment asks for: ``ELFES_TRACKING`` (the job spec's section), with TensorBoard turned
+    on or off by ``ELFES_TENSORBOARD`` (``1`` or ``0``; unset leaves it as the section says)."""
     text = os.environ.get(TRACKING_VARIABLE, "").strip()
-    if not text:
-        return TrackingSettings()
-    try:
-        return TrackingSettings.model_validate(json.loads(text))
-    except ValueError as error:
-        raise ValueError(
-            f"{TRACKING_VARIABLE} is not a tracking section ({error}); the job runtime sets it from the spec's "
-            f"tracking: section; unset it or give JSON such as "
-            '{"mlflow": {"tracking_uri": "sqlite:///mlflow.db", "experiment": "demo"}}') from None
+    settings = TrackingSettings()
+    if text:
+        try:
+            settings = TrackingSettings.model_validate(json.loads(text))
+        except ValueError as error:
+            raise ValueError(
+                f"{TRACKING_VARIABLE} is not a tracking section ({error}); the job runtime sets it from the spec's "
+                f"tracking: section; unset it or give JSON such as "
+                '{"mlflow": {"tracking_uri": "sqlite:///mlflow.db", "experiment": "demo"}}') from None
+    tensorboard = _tensorboard_variable()
+    if tensorboard is None:
+        return settings
+    return settings.model_copy(update={"tensorboard": TensorBoardSettings() if tensorboard else None})
+
+
+def _tensorboard_variable() -> bool | None:
+    """``ELFES_TENSORBOARD``: True for ``1``, False for ``0``, None where unset."""
+    value = os.environ.get(TENSORBOARD_VARIABLE, "").strip().lower()
+    if value in ("1", "true"):
+        return True
+    if value in ("0", "false"):
+        return False
+    if not value:
+        return None
+    raise ValueError(
+        f"{TENSORBOARD_VARIABLE}={os.environ[TENSORBOARD_VARIABLE]!r} is not understood; set it to 1 to mirror "
+        "the run records to TensorBoard, or to 0 (or unset it) to leave the mirror off"
+    )
 
 
 def tracking_group() -> str | None:

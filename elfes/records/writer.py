@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import threading
+import warnings
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,14 +17,9 @@ from .timings import TimingsWriter
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from elfes.records.tensorboard import TensorBoardMirror
-
     from .console import ConsoleDisplay
     from .tracker_mirror import TrackerMirror
-    from .tracking import MlflowSettings, WandbSettings
-
-# Turns the TensorBoard mirror on where RunLogger is not told (tensorboard=None): "1" on, "0" or unset off.
-TENSORBOARD_VARIABLE = "ELFES_TENSORBOARD"
+    from .tracking import MlflowSettings, TrackingSettings, WandbSettings
 
 
 class RunLogger:
@@ -37,15 +32,15 @@ class RunLogger:
     train events drive a progress bar; otherwise (SLURM log files, CI) each
     event becomes one timestamped plain line without escape codes.
 
-    ``tensorboard=True`` also mirrors the scalars to ``run_dir/tensorboard/`` (see
-    :mod:`elfes.records.tensorboard`; needs the ``tensorboard`` package and imports torch); the default, None,
-    takes ``ELFES_TENSORBOARD`` from the environment (``1`` or ``0``; unset is off), so a job spec's
-    ``env:`` turns it on without code changes. Without it this class imports no torch.
-
-    ``mlflow`` and ``wandb`` (settings or mappings, :mod:`elfes.records.tracking`) mirror the records to
-    experiment trackers, each step once across attempts (:mod:`elfes.records.tracker_mirror`); the default,
-    None for both, takes the job spec's ``tracking:`` section, which the job runtime exports as
-    ``ELFES_TRACKING``. The trackers' libraries are imported in the mirrors' threads of the main process only.
+    ``trackers`` mirrors the records to trackers, from a thread per tracker that reads ``events.jsonl``
+    (:mod:`elfes.records.tracker_mirror`): a mapping as a job spec's ``tracking:`` section, tracker name to
+    settings (``{"mlflow": {"tracking_uri": ...}, "wandb": {...}, "tensorboard": {}}``, see
+    :mod:`elfes.records.tracking`), or :class:`~elfes.records.tracking.TrackingSettings`; ``{}`` mirrors to none.
+    The default, None, takes the job spec's ``tracking:`` section, which the job runtime exports as
+    ``ELFES_TRACKING``, and ``ELFES_TENSORBOARD`` (``1`` or ``0``), so a spec's ``env:`` turns TensorBoard on
+    without code changes. The trackers' libraries are imported in the mirrors' threads of the main process only;
+    without TensorBoard this class imports no torch. ``tensorboard=``, ``mlflow=`` and ``wandb=`` are deprecated
+    spellings of ``trackers=``.
 
     Example:
         >>> with RunLogger(Path("runs/a"), is_main_process=rank == 0) as logger:  # doctest: +SKIP
@@ -53,7 +48,8 @@ class RunLogger:
     """
 
     def __init__(
-        self, run_dir: Path, *, is_main_process: bool, console: Console | None = None, tensorboard: bool | None = None,
+        self, run_dir: Path, *, is_main_process: bool, console: Console | None = None,
+        trackers: TrackingSettings | Mapping[str, Any] | None = None, tensorboard: bool | None = None,
         mlflow: MlflowSettings | Mapping[str, Any] | None = None, wandb: WandbSettings | Mapping[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -66,19 +62,21 @@ class RunLogger:
 
             self._display = ConsoleDisplay(console, run_dir=self.run_dir)
         self.console = None if self._display is None else self._display.console
-        self._tensorboard: TensorBoardMirror | None = None
-        if tensorboard_enabled(tensorboard):
-            # Imported here: the mirror imports torch, and only runs that ask for it pay for that.
-            from elfes.records.tensorboard import TensorBoardMirror, check_tensorboard_installed
+        from .tracking import deprecated_tracking, resolve_tracking  # pydantic: only where a RunLogger is made
 
-            check_tensorboard_installed()  # on every process, so that every rank refuses alike
-            if is_main_process:
-                self._tensorboard = TensorBoardMirror(self.run_dir)
-        from .tracking import resolve_tracking  # pydantic: only where a RunLogger is made
-
+        if tensorboard is not None or mlflow is not None or wandb is not None:
+            if trackers is not None:
+                raise TypeError("RunLogger takes trackers= or the deprecated tensorboard=, mlflow= and wandb=, not "
+                                "both; give every tracker in trackers=")
+            warnings.warn("RunLogger(tensorboard=, mlflow=, wandb=) is deprecated; give the trackers as "
+                          "trackers={'mlflow': {...}, 'wandb': {...}, 'tensorboard': {}}", DeprecationWarning,
+                          stacklevel=2)
+            settings = deprecated_tracking(tensorboard, mlflow, wandb)
+        else:
+            settings = resolve_tracking(trackers)  # on every process: every rank refuses alike
         self._trackers: list[TrackerMirror] = []
-        self._trackers_settings = resolve_tracking(mlflow, wandb)  # on every process: every rank refuses alike
-        if self._trackers_settings.trackers:
+        self._trackers_settings = settings
+        if settings.trackers:
             self._start_trackers()
         self._file: TextIO | None = None
         self._size = 0  # the bytes of events.jsonl once the last line is written
@@ -126,8 +124,6 @@ class RunLogger:
             self._size += len(line.encode("utf-8")) + 1
             if self._timings is not None:
                 self._timings.add(event, now.isoformat(), self._size)
-            if self._tensorboard is not None:
-                self._tensorboard.write(event)
             self._stopping |= name == EventKind.STOPPED
             for tracker in self._trackers:
                 tracker.notify()
@@ -147,28 +143,19 @@ class RunLogger:
             self._closed = True
             if self._display is not None:
                 self._display.close()
-            if self._tensorboard is not None:
-                self._tensorboard.close()
             if self._file is not None:
                 self._file.close()
                 self._file = None
 
     def _start_trackers(self) -> None:
         """Check the trackers' libraries on every process; start one mirror per tracker on the main process."""
-        from .mlflow_sink import MlflowSink, check_mlflow_installed
         from .tracker_mirror import TrackerMirror
+        from .trackers import build_sinks, check_installed
         from .tracking import tracking_group
-        from .wandb_sink import WandbSink, check_wandb_installed
 
-        settings, group = self._trackers_settings, tracking_group()
-        sinks: list[MlflowSink | WandbSink] = []
-        if settings.mlflow is not None:
-            check_mlflow_installed()
-            sinks.append(MlflowSink(settings.mlflow, self.run_dir, group))
-        if settings.wandb is not None:
-            check_wandb_installed()
-            sinks.append(WandbSink(settings.wandb, self.run_dir, group))
+        check_installed(self._trackers_settings)
         if self.is_main_process:
+            sinks = build_sinks(self._trackers_settings, self.run_dir, group=tracking_group())
             self._trackers = [TrackerMirror(sink, self.run_dir, log=self.log) for sink in sinks]
 
     def _open(self) -> TextIO:
@@ -184,28 +171,6 @@ class RunLogger:
             if self._timings is not None:
                 self._timings.open()
         return self._file
-
-
-def tensorboard_enabled(tensorboard: bool | None) -> bool:
-    """Whether a RunLogger mirrors to TensorBoard: ``tensorboard`` when given, else ``ELFES_TENSORBOARD``.
-
-    Example:
-        >>> tensorboard_enabled(True), tensorboard_enabled(False)
-        (True, False)
-    """
-    if tensorboard is not None:
-        if not isinstance(tensorboard, bool):
-            raise TypeError(f"tensorboard must be True, False or None, got {tensorboard!r}")
-        return tensorboard
-    value = os.environ.get(TENSORBOARD_VARIABLE, "").strip().lower()
-    if value in ("", "0", "false"):
-        return False
-    if value in ("1", "true"):
-        return True
-    raise ValueError(
-        f"{TENSORBOARD_VARIABLE}={os.environ[TENSORBOARD_VARIABLE]!r} is not understood; set it to 1 to mirror "
-        "the run records to TensorBoard, or to 0 (or unset it) to leave the mirror off"
-    )
 
 
 def _ends_with_newline(path: Path) -> bool:

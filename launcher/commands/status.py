@@ -211,7 +211,8 @@ def tracker_notes(paths: RunPaths, *, ended: bool = False) -> list[str]:
                    f"next attempt, or {sync} once no attempt runs")
             notes.append(f"the {tracker} mirror is behind since {mirror.behind_since} ({mirror.error}): {waiting} bytes "
                          f"of events.jsonl wait to be sent; {who}")
-        elif lifecycle is not None and lifecycle.terminal and mirror.lifecycle_sent != lifecycle.digest():
+        elif (tracker in trackers and lifecycle is not None and lifecycle.terminal
+              and mirror.lifecycle_sent != lifecycle.digest()):  # the launcher sends the end to the spec's trackers
             notes.append(f"the {tracker} run does not say yet that the run ended {lifecycle.status} ({tracker} did not "
                          f"take it at the run's end); {sync} sends it")
     return notes
@@ -224,7 +225,8 @@ def _spec_trackers(paths: RunPaths) -> tuple[str, ...]:
     except ValueError:
         return ()
     tracking = data.get("tracking") if data is not None else None
-    return tuple(name for name, settings in tracking.items() if settings) if isinstance(tracking, dict) else ()
+    # `tensorboard: {}` is a tracker turned on: only null is off.
+    return tuple(name for name, settings in tracking.items() if settings is not None) if isinstance(tracking, dict) else ()
 
 
 def _unreadable(paths: RunPaths, name: str | None, error: str, notes: list[str]) -> Status:

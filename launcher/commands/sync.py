@@ -12,8 +12,9 @@ from pathlib import Path
 
 from elfes.records.tracker_sender import one_line
 from elfes.records.tracker_sync import Synced, TrackerBusy, sync_tracker
+from elfes.records.trackers import build_sinks
 
-from ..job.tracker_publishing import tracker_group, tracker_sinks
+from ..job.tracker_publishing import tracker_group
 from ..rundir.lookup import recorded_spec, run_paths
 from ..rundir.paths import RunPaths, SweepPaths
 from ..rundir.sweep_record import is_sweep_dir, load_sweep, member_paths
@@ -47,8 +48,7 @@ def sync_run(paths: RunPaths) -> RunSync:
     if spec is None or not spec.tracking.trackers:
         return RunSync(str(paths.run_dir))
     result = RunSync(str(paths.run_dir), trackers=spec.tracking.trackers)
-    sinks = tracker_sinks(spec.tracking, paths.run_dir, group=tracker_group(paths.run_dir), wandb_folder_suffix="sync")
-    for sink in sinks:
+    for sink in build_sinks(spec.tracking, paths.run_dir, group=tracker_group(paths.run_dir), sender="sync"):
         try:
             result.synced.append(sync_tracker(sink, paths.run_dir))
         except TrackerBusy as error:

@@ -1,5 +1,5 @@
 """What the run's tracker runs (MLflow, W&B) say of it, as ``state.json`` says it: :func:`lifecycle_of` maps the
-run's status and its attempts' ends to the trackers' words, and :func:`publish_lifecycle` writes it for the
+run's status and its attempts' ends to the trackers' status (each sink says it in its own words), and :func:`publish_lifecycle` writes it for the
 mirror (elfes/records/tracker_lifecycle.py) and, at an end that ends the run, sends it.
 
 The trackers' status follows ``elfes status``: RUNNING while the run goes on (an attempt runs, a requeue or a
@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
 
 from elfes.records.credentials import spec_params
 from elfes.records.tracker_lifecycle import (
     CODE_TAG_PREFIX,
     VERSION_TAG_PREFIX,
     Lifecycle,
+    TrackerStatus,
     read_lifecycle,
     write_lifecycle,
 )
@@ -37,9 +37,9 @@ log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_S = 20.0  # what the end of a run waits for the trackers, all at once
 
-TRACKER_STATUS: dict[RunStatus, str] = {
-    RunStatus.FINISHED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELLED: "KILLED",
-    RunStatus.STOPPED: "KILLED",
+TRACKER_STATUS: dict[RunStatus, TrackerStatus] = {
+    RunStatus.FINISHED: TrackerStatus.FINISHED, RunStatus.FAILED: TrackerStatus.FAILED,
+    RunStatus.CANCELLED: TrackerStatus.KILLED, RunStatus.STOPPED: TrackerStatus.KILLED,
 }  # every other status: RUNNING
 
 
@@ -73,7 +73,7 @@ def lifecycle_of(state: RunState, spec: JobSpec) -> Lifecycle:
     """The run's lifecycle for its trackers: status, each ended attempt's end, the spec, the latest provenance."""
     ends = {attempt.number: end for attempt in state.attempts if (end := attempt_end(attempt)) is not None}
     provenance = next((attempt.provenance for attempt in reversed(state.attempts) if attempt.provenance), None)
-    return Lifecycle(status=TRACKER_STATUS.get(state.status, "RUNNING"), attempt_ends=ends,  # type: ignore[arg-type]
+    return Lifecycle(status=TRACKER_STATUS.get(state.status, TrackerStatus.RUNNING), attempt_ends=ends,
                      params=spec_params(spec.model_dump(mode="json")), provenance=provenance_tags(provenance))
 
 
@@ -103,34 +103,20 @@ def tracker_group(run_dir: Path) -> str | None:
     return run_dir.parent.name if is_sweep_dir(run_dir.parent) else None
 
 
-def tracker_sinks(settings: TrackingSettings, run_dir: Path, *, group: str | None,
-                  wandb_folder_suffix: str) -> list[Any]:
-    """One sink per tracker of ``settings``; a W&B run resumed outside an attempt writes its offline records in a
-    folder of its own (``wandb_folder_suffix``: two runs of one id begun in the same second would share one)."""
-    from elfes.records.mlflow_sink import MlflowSink
-    from elfes.records.wandb_sink import WandbSink
-
-    sinks: list[Any] = []
-    if settings.mlflow is not None:
-        sinks.append(MlflowSink(settings.mlflow, run_dir, group))
-    if settings.wandb is not None:
-        sinks.append(WandbSink(settings.wandb, run_dir, group, sync_dir_suffix=wandb_folder_suffix))
-    return sinks
-
-
 def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | None = None,
                    timeout_s: float = SEND_TIMEOUT_S) -> list[str]:
     """Send the run's lifecycle to each tracker of ``settings`` that lacks it, at most ``timeout_s`` (all at
     once, each in a thread of its own). Returns one line per tracker that did not take it; never raises."""
-    from elfes.records.tracker_sender import one_line, send_lifecycle_once
+    from elfes.records.tracker_sender import Sink, one_line, send_lifecycle_once
+    from elfes.records.trackers import build_sinks
 
     lifecycle = read_lifecycle(run_dir)
     if lifecycle is None:
         return []
-    sinks = tracker_sinks(settings, run_dir, group=group, wandb_folder_suffix="end")
+    sinks = build_sinks(settings, run_dir, group=group, sender="end")
     problems: dict[str, str] = {}
 
-    def send(sink: Any) -> None:
+    def send(sink: Sink) -> None:
         try:
             send_lifecycle_once(sink, run_dir, lifecycle)
         except Exception as error:  # the tracker, its library or the network
@@ -145,9 +131,10 @@ def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | No
     for sink, thread in zip(sinks, threads):
         if thread.is_alive():
             problems[sink.name] = f"no answer within {timeout_s:.0f} s"
-    lines = [f"the {name} run was not set {lifecycle.status} ({problem}): it shows the status it had; the run's "
-             f"own records (state.json, elfes status) are complete, and `elfes sync {run_dir}` sends it"
-             for name, problem in sorted(problems.items())]
+    lines = [f"the {sink.name} run was not {sink.describe_status(lifecycle.status)} ({problems[sink.name]}): it "
+             f"shows the status it had; the run's own records (state.json, elfes status) are complete, and `elfes "
+             f"sync {run_dir}` sends it"
+             for sink in sorted(sinks, key=lambda sink: sink.name) if sink.name in problems]
     for line in lines:
         log.warning(f"elfes: {line}")
     return lines

@@ -20,6 +20,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def patient_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mirror writes from its thread: a close waits for it as long as a loaded test machine needs (its first
+    import of torch.utils.tensorboard), also at a stop, whose wait is otherwise the flush's 20 s."""
+    monkeypatch.setenv("ELFES_TRACKER_FLUSH_TIMEOUT_S", "300")
+
+
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     accumulator.Reload()
@@ -34,12 +41,13 @@ def log_attempt(run_dir: Path, events: list[dict], **options) -> None:
 
 def test_a_killed_attempts_steps_are_replaced_by_their_redo_and_no_step_is_written_twice(tmp_path):
     log_attempt(tmp_path, [started(), train(1, loss=1.0), train(2, loss=0.9), checkpoint(2),
-                           run_end(2, reason="SIGTERM")], tensorboard=True)
+                           run_end(2, reason="SIGTERM")], trackers={"tensorboard": {}})
     # The second attempt resumes at 2 and is killed after step 4: nothing ends it, nothing saves past 2.
-    log_attempt(tmp_path, [started(2, resumed_from="last"), train(3, loss=0.7), train(4, loss=0.6)], tensorboard=True)
+    log_attempt(tmp_path, [started(2, resumed_from="last"), train(3, loss=0.7), train(4, loss=0.6)],
+                trackers={"tensorboard": {}})
     log_attempt(tmp_path, [started(2, resumed_from="last"), train(3, loss=0.8), train(4, loss=0.75),
                            evaluation(4, 0.5, improved=True, best=0.5, best_step=4), train(5, loss=0.5)],
-                tensorboard=True)
+                trackers={"tensorboard": {}})
 
     loss = scalars(tmp_path, "train/loss")
     assert [step for step, _ in loss] == [1, 2, 3, 4, 5]
@@ -54,7 +62,7 @@ def test_the_environment_turns_the_mirror_on_for_code_that_does_not_ask(tmp_path
     monkeypatch.setenv("ELFES_TENSORBOARD", "1")
     log_attempt(tmp_path / "on", [started(), train(1, loss=1.0)])
     assert scalars(tmp_path / "on", "train/loss") == [(1, 1.0)]
-    log_attempt(tmp_path / "off", [started(), train(1, loss=1.0)], tensorboard=False)  # the argument wins
+    log_attempt(tmp_path / "off", [started(), train(1, loss=1.0)], trackers={})  # the argument wins
     assert not (tmp_path / "off" / "tensorboard").exists()
     monkeypatch.setenv("ELFES_TENSORBOARD", "0")
     log_attempt(tmp_path / "zero", [started(), train(1, loss=1.0)])
@@ -68,7 +76,7 @@ def test_an_unknown_environment_value_is_refused_naming_it(tmp_path, monkeypatch
 
 
 def test_only_the_main_process_writes_the_mirror(tmp_path):
-    with RunLogger(tmp_path / "rank1", is_main_process=False, tensorboard=True) as logger:
+    with RunLogger(tmp_path / "rank1", is_main_process=False, trackers={"tensorboard": {}}) as logger:
         logger.log(started())
         logger.log(train(1))
     assert not (tmp_path / "rank1").exists()
@@ -85,7 +93,7 @@ def test_without_the_tensorboard_package_every_process_is_told_the_pip_command(t
         "from elfes.records import RunLogger\n"
         "for main in (True, False):\n"
         "    try:\n"
-        f"        RunLogger({str(tmp_path)!r}, is_main_process=main, tensorboard=True)\n"
+        f"        RunLogger({str(tmp_path)!r}, is_main_process=main, trackers={{'tensorboard': {{}}}})\n"
         "    except ImportError as error:\n"
         "        print(error)\n"
     )

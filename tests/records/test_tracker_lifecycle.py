@@ -76,7 +76,7 @@ class Run:
         self.state = run_state.record_provenance(self.state, token=token, provenance=PROVENANCE)
         publish_lifecycle(self.paths, self.spec, self.state, send=False)
         with RunLogger(self.paths.run_dir, is_main_process=True, console=plain_console(),
-                       mlflow=self.spec.tracking.mlflow, wandb=self.spec.tracking.wandb) as logger:
+                       trackers=self.spec.tracking) as logger:
             for event in events:
                 logger.log(event)
         self.state = run_state.end_attempt(self.state, token=token, outcome=ends, **end)

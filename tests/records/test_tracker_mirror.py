@@ -56,7 +56,7 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def log_attempt(run_dir: Path, events: list[dict], **trackers) -> None:
-    with RunLogger(run_dir, is_main_process=True, console=plain_console(), **trackers) as logger:
+    with RunLogger(run_dir, is_main_process=True, console=plain_console(), trackers=trackers) as logger:
         for event in events:
             logger.log(event)
 
@@ -117,7 +117,7 @@ def test_an_unreachable_tracker_warns_naming_it_and_the_state_says_the_mirror_is
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     mlflow = {"tracking_uri": f"http://127.0.0.1:{port}", "experiment": "down"}
-    with RunLogger(tmp_path, is_main_process=True, console=plain_console(), mlflow=mlflow) as logger:
+    with RunLogger(tmp_path, is_main_process=True, console=plain_console(), trackers={"mlflow": mlflow}) as logger:
         logger.log(started())
         logger.log(train(1, loss=1.0))
         logger._trackers[0].close(timeout_s=0.0)  # one try, then give up: the attempt's end
@@ -174,9 +174,9 @@ def test_the_command_line_of_the_process_never_reaches_wandb(tmp_path, wandb_off
 
 def test_settings_that_do_not_fit_are_refused_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match="tracking_uri"):
-        RunLogger(tmp_path, is_main_process=True, mlflow={"tracking_uri": "https://me:secret@mlflow.example"})
+        RunLogger(tmp_path, is_main_process=True, trackers={"mlflow": {"tracking_uri": "https://me:secret@mlflow.example"}})
     with pytest.raises(ValueError, match="mode"):
-        RunLogger(tmp_path, is_main_process=True, wandb={"project": "p", "mode": "sometimes"})
+        RunLogger(tmp_path, is_main_process=True, trackers={"wandb": {"project": "p", "mode": "sometimes"}})
     assert not tmp_path.joinpath("tracking").exists()
 
 
@@ -248,7 +248,7 @@ def warnings_of(run_dir: Path) -> list[dict]:
 def test_a_tracker_that_accepts_connections_and_never_answers_is_reported_within_seconds(tmp_path, silent_server):
     uri, accepted = silent_server
     with RunLogger(tmp_path, is_main_process=True, console=plain_console(),
-                   mlflow={"tracking_uri": uri, "experiment": "silent"}) as logger:
+                   trackers={"mlflow": {"tracking_uri": uri, "experiment": "silent"}}) as logger:
         logger.log(start())
         began = time.monotonic()
         logger.log(train(1, loss=1.0))
@@ -283,7 +283,7 @@ def test_a_mirror_that_has_not_started_when_the_attempt_ends_is_marked_behind_wi
 def test_elfes_sync_leaves_a_tracker_to_the_running_attempts_mirror_then_sends_nothing_twice(tmp_path, store):
     settings = MlflowSettings(tracking_uri=store, experiment="busy")
     run_dir = tmp_path / "run"
-    with RunLogger(run_dir, is_main_process=True, console=plain_console(), mlflow=settings) as logger:
+    with RunLogger(run_dir, is_main_process=True, console=plain_console(), trackers={"mlflow": settings}) as logger:
         logger.log(start())
         logger.log(train(1, loss=1.0))
         wait_until(lambda: logger._trackers[0].sender is not None, "the mirror to hold its sender lock")
@@ -320,7 +320,7 @@ def test_elfes_sync_sends_a_wandb_run_every_step_once_where_no_mirror_ran(tmp_pa
 
     for events in three_attempts():  # recorded without trackers: no mirror ever ran
         log_attempt(tmp_path / "run", events)
-    sink = WandbSink(WandbSettings(project="elfes-tests", mode="offline"), tmp_path / "run", None, sync_dir_suffix="sync")
+    sink = WandbSink(WandbSettings(project="elfes-tests", mode="offline"), tmp_path / "run", None, sender="sync")
     synced = sync_tracker(sink, tmp_path / "run")
     assert (synced.tracker, synced.lifecycle) == ("wandb", False) and synced.rows > 0
     history = wandb_offline_history(wandb_dir(tmp_path / "run"), synced.run_id)
