@@ -24,6 +24,7 @@ from typing import Any
 from elfes.contract import StrEnum
 
 from ..errors import RunDamaged
+from ..backends import RUN_EXECUTORS
 from .json_fields import FieldError, read_record
 from .provenance import Provenance, RankPlace
 
@@ -81,7 +82,7 @@ class Launch(StrEnum):
 LAUNCHES: tuple[Launch, ...] = tuple(Launch)
 FAILURE_CATEGORIES: tuple[str, ...] = ("exception", "exit", "lost", "hang")
 # Fields checked against their words on reading (the enum fields check themselves).
-_FIELD_CHOICES = {"executor": ("local", "slurm"), "category": FAILURE_CATEGORIES}
+_FIELD_CHOICES = {"executor": tuple(sorted(RUN_EXECUTORS)), "category": FAILURE_CATEGORIES}
 
 
 def now() -> str:
