@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from elfes.contract import StrEnum
 
+from ..slurm import TOOL_TIMEOUT_S
+
 if TYPE_CHECKING:
-    from ..slurm import JobStart
+    from ..slurm import Answer, JobStart, QueueEntry, SlurmQueue
     from ..spec.models import JobSpec
 
 
@@ -55,6 +57,11 @@ class Backend(Protocol):
     # sweep/slurm.py); else a scheduler process on this machine starts them as slots free (sweep/local.py).
     sweeps_as_arrays: bool
 
+    def queued(self, job_id: str, snapshot: SlurmQueue | None = None) -> QueueEntry | None:
+        """Its job as the scheduler's queue shows it (looked up in ``snapshot``, one query for many runs, when
+        given): None when the queue does not know it, or the backend has none (its processes are the job:
+        ``runs_here``)."""
+
     def job_name(self, job_id: str | None) -> str:
         """How a message names one of its jobs ("SLURM job 12")."""
 
@@ -83,6 +90,15 @@ class Backend(Protocol):
 
     def end_unretried(self, job_id: str, world_size: int) -> None:
         """From inside a job whose failure is not retried: end the other tasks now, which may wait on the failed one."""
+
+    def signal(self, job_id: str, signal_name: str, *, every_process: bool = False,
+               timeout_s: float = TOOL_TIMEOUT_S) -> Answer:
+        """From outside, send ``signal_name`` ("USR2": a preemption; "TERM", "KILL": a rehearsal's interruption) to
+        its job, with ``every_process`` to the batch shell too. A backend that ``runs_here`` is signalled through
+        its tasks' pids (the run directory's records) instead: its answer says it did not run."""
+
+    def cancel(self, job_id: str) -> Answer:
+        """From outside, end its job for good (``elfes cancel``, a rehearsal's end); the same for ``runs_here``."""
 
     def queue_starts(self, job_ids: Collection[str]) -> Mapping[str, tuple[JobStart, ...]]:
         """When the scheduler let each of ``job_ids`` start and when it did (goodput's queue time): empty where it

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 from elfes.files import write_text_atomically
 
+from ..slurm import TOOL_TIMEOUT_S, Answer
 from .base import Executor
 
 if TYPE_CHECKING:
-    from ..slurm import JobStart
+    from ..slurm import JobStart, QueueEntry, SlurmQueue
     from ..spec.models import JobSpec
 
 # submitit's local controller relaunches all tasks when any exits with this code
@@ -39,6 +40,9 @@ class LocalBackend:
     relaunch_exit_code = LOCAL_REQUEUE_EXIT_CODE
     requeues_from_inside = False  # the exit status asks the controller
     sweeps_as_arrays = False
+
+    def queued(self, job_id: str, snapshot: SlurmQueue | None = None) -> QueueEntry | None:
+        return None  # no queue: its processes are the job (runs_here)
 
     def job_name(self, job_id: str | None) -> str:
         return f"local job {job_id}"
@@ -76,5 +80,17 @@ class LocalBackend:
     def end_unretried(self, job_id: str, world_size: int) -> None:
         return None  # the controller ends the other tasks when one exits
 
+    def signal(self, job_id: str, signal_name: str, *, every_process: bool = False,
+               timeout_s: float = TOOL_TIMEOUT_S) -> Answer:
+        return _through_its_tasks(job_id, f"SIG{signal_name}")
+
+    def cancel(self, job_id: str) -> Answer:
+        return _through_its_tasks(job_id, "a cancel")
+
     def queue_starts(self, job_ids: Collection[str]) -> Mapping[str, tuple[JobStart, ...]]:
         return {}
+
+
+def _through_its_tasks(job_id: str, what: str) -> Answer:
+    return Answer(argv=("kill", job_id), code=None,
+                  error=f"{what} reaches a local job through its tasks' pids (the run directory's records), not its id")

@@ -13,7 +13,19 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..slurm import JobStart, cancel, exclude_nodes, job_starts, requeue
+from ..slurm import (
+    TOOL_TIMEOUT_S,
+    Answer,
+    JobStart,
+    QueueEntry,
+    SlurmQueue,
+    cancel,
+    exclude_nodes,
+    job_starts,
+    queue_entry,
+    requeue,
+    signal_job,
+)
 from .base import Executor
 
 if TYPE_CHECKING:
@@ -33,6 +45,9 @@ class SlurmBackend:
     relaunch_exit_code = 0  # scontrol requeue already relaunched it
     requeues_from_inside = True
     sweeps_as_arrays = True
+
+    def queued(self, job_id: str, snapshot: SlurmQueue | None = None) -> QueueEntry | None:
+        return snapshot.entry(job_id) if snapshot is not None else queue_entry(job_id)
 
     def job_name(self, job_id: str | None) -> str:
         return f"SLURM job {job_id}"
@@ -109,6 +124,13 @@ class SlurmBackend:
         said = completed.said
         log.info(f"elfes: ended SLURM job {job_id} (scancel" + (f": {said}" if said else "") + ") so that its other "
                  "tasks do not wait for the failed rank: the failure is not retried")
+
+    def signal(self, job_id: str, signal_name: str, *, every_process: bool = False,
+               timeout_s: float = TOOL_TIMEOUT_S) -> Answer:
+        return signal_job(job_id, signal_name, full=every_process, timeout_s=timeout_s)
+
+    def cancel(self, job_id: str) -> Answer:
+        return cancel(job_id)
 
     def queue_starts(self, job_ids: Collection[str]) -> Mapping[str, tuple[JobStart, ...]]:
         return (job_starts(job_ids) or {}) if job_ids else {}

@@ -17,7 +17,7 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
-from ..backends import backend_for
+from ..backends import Backend, backend_for
 from ..errors import EXIT_NOT_NOW, ElfesError
 from ..job.command import FORWARD_HOLD_S
 from ..rundir import state as run_state
@@ -27,8 +27,7 @@ from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.state import RunStatus
 from ..rundir.task_files import command_records
-from ..slurm import SIGNAL_ANSWER_S, signal_job
-from ..slurm import cancel as scancel
+from ..slurm import SIGNAL_ANSWER_S
 from ..spec import SpecError
 from ..spec.sections import Resources
 from ..submit.scripts import requeue_signal
@@ -59,8 +58,8 @@ def _live_state(paths: RunPaths) -> run_state.RunState:
     return state
 
 
-def _scancel(job_id: str, what: str) -> None:
-    completed = scancel(job_id)
+def _scancel(backend: Backend, job_id: str, what: str) -> None:
+    completed = backend.cancel(job_id)
     if not completed.started:
         raise ActionFailed(f"cannot {what}: scancel is not on PATH here; run this on the cluster's login node")
     if completed.code != 0:
@@ -77,7 +76,8 @@ def _scancel_signal(paths: RunPaths, state: run_state.RunState, signum: signal.S
     and scancel then retries for about 95 s. So scancel gets SIGNAL_ANSWER_S to succeed; past that the
     run's own record decides: the job marks itself "stopping" (or ends its attempt) once the signal reached
     it. Returns a note for the user, or raises ActionFailed saying what is known."""
-    answer = signal_job(str(state.job_id), signum.name.removeprefix("SIG"), timeout_s=SIGNAL_ANSWER_S)
+    answer = backend_for(state.executor).signal(str(state.job_id), signum.name.removeprefix("SIG"),
+                                                timeout_s=SIGNAL_ANSWER_S)
     if not answer.started:
         raise ActionFailed("cannot preempt: scancel is not on PATH here; run this on the cluster's login node")
     if not answer.timed_out:
@@ -188,7 +188,7 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
     if not backend.runs_here:
         if state.job_id is None:
             return Signalled(paths.run_dir, state.executor, None, "none", [], note="not submitted yet; the marker stops it")
-        _scancel(str(state.job_id), "cancel")
+        _scancel(backend, str(state.job_id), "cancel")
         run_state.update_recorded_state(paths, run_state.cancel_between_attempts)
         return Signalled(paths.run_dir, state.executor, state.job_id, "SIGTERM",
                          [f"{backend.job_name(state.job_id)} (scancel)"])

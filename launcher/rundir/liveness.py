@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from ..backends import backend_for
-from ..slurm import SlurmQueue, queue_entry
+from ..slurm import SlurmQueue
 from . import state as run_state
 from .command_group import ProcessStat, is_member, process_stat
 from .lost_cause import describe_lost
@@ -101,7 +101,7 @@ def liveness(paths: RunPaths, state: run_state.RunState | None, queue: SlurmQueu
         if state.status in run_state.ENDED:
             return Liveness(alive, "EXITING" if alive else None, command=command, notes=notes)
         return Liveness(alive, "RUNNING" if alive else "GONE", command=command, notes=notes)
-    entry = queue.entry(state.job_id) if queue is not None else queue_entry(state.job_id)
+    entry = backend_for(state.executor).queued(state.job_id, queue)
     if entry is None:
         return Liveness(None, None)
     return Liveness(entry.alive, entry.state, entry.reason, entry.restarts)

@@ -17,7 +17,6 @@ from ...rundir import state as run_state
 from ...rundir.liveness import liveness, recorded_tasks
 from ...rundir.paths import RunPaths
 from ...rundir.state import Outcome, RunStatus
-from ...slurm import cancel, signal_job
 from ..signalling import ActionFailed, preempt
 from ..submission import resume
 from .plan import PlannedInterruption, RunLength, pointer_step
@@ -98,20 +97,20 @@ class InterruptedRun:
     def _stop(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
         state = _recorded_state(paths)
         if not backend_for(state.executor).runs_here:
-            slurm(signal_job(str(state.job_id), "TERM"))
+            slurm(backend_for(state.executor).signal(str(state.job_id), "TERM"))
         else:
             signal_tasks(paths, signal.SIGTERM)
         state = self.runs.wait(paths, lambda s: s.attempts[attempt - 1].ended and s.status in run_state.ENDED,
                                "the stopped run to save `last` and end")
         self._judge(paths, state.attempts[attempt - 1], interruption)
         if backend_for(state.executor).outlives_its_end and state.attempts[attempt - 1].outcome != Outcome.FINISHED:
-            slurm(cancel(str(state.job_id)))  # it saved and waits for SLURM to end it
+            slurm(backend_for(state.executor).cancel(str(state.job_id)))  # it saved and waits for SLURM to end it
         self._resume_when_gone(paths)
 
     def _kill(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
         state = _recorded_state(paths)
         if not backend_for(state.executor).runs_here:
-            slurm(signal_job(str(state.job_id), "KILL", full=True))
+            slurm(backend_for(state.executor).signal(str(state.job_id), "KILL", every_process=True))
         else:
             kill_local_job(paths)
         self._resume_when_gone(paths, interruption)

@@ -26,7 +26,7 @@ from ...rundir.liveness import LivenessProbe, effective_state, liveness, local_p
 from ...rundir.paths import RunPaths
 from ...rundir.provenance import Provenance, changes_between
 from ...rundir.state import RunStatus
-from ...slurm import Answer, cancel
+from ...slurm import Answer
 from ...spec import JobSpec
 from ..logs import EventTail
 from ..submission import submit
@@ -240,7 +240,7 @@ def wait_gone(paths: RunPaths, probe: LivenessProbe, timeout_s: float) -> run_st
 def end_job(paths: RunPaths, state: run_state.RunState) -> None:
     """End the run's job now: scancel on SLURM, SIGKILL to every process of a local job."""
     if not backend_for(state.executor).runs_here:
-        slurm(cancel(str(state.job_id)))
+        slurm(backend_for(state.executor).cancel(str(state.job_id)))
     else:
         kill_local_job(paths)
 
