@@ -42,7 +42,8 @@ def backend_for(executor: str | Executor) -> Backend:
     """The backend of ``executor`` (a run's recorded one; ``auto`` is chosen first: :func:`choose_executor`)."""
     chosen = executor_of(executor)
     if chosen not in BACKENDS:
-        raise ExecutorError(f"executor {chosen.value!r} names no backend; choose one first ({', '.join(RUN_EXECUTORS)})")
+        raise ExecutorError(f"executor {chosen.value!r} names no backend; choose one first "
+                            f"({', '.join(RUN_EXECUTORS)})")
     return BACKENDS[chosen]
 
 

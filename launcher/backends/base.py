@@ -69,7 +69,8 @@ class Backend(Protocol):
         """How a message names a sweep's hand-over ("SLURM job array 12")."""
 
     def excludes_failed_nodes(self, spec: JobSpec) -> bool:
-        """Whether its jobs leave out the nodes of the run's failures (``--exclude``, ``requeue.exclude_failed_nodes``)."""
+        """Whether its jobs leave out the nodes of the run's failures (``--exclude``; ``requeue.exclude_failed_nodes``
+        says whether the run wants it)."""
 
     def restart(self, start_count: Path, *, job: str) -> int:
         """Which start of its job this task is (0: the first): a relaunch counted its way. ``start_count``: this
@@ -89,7 +90,8 @@ class Backend(Protocol):
         """From inside a cancelled job: make sure no requeue brings it back."""
 
     def end_unretried(self, job_id: str, world_size: int) -> None:
-        """From inside a job whose failure is not retried: end the other tasks now, which may wait on the failed one."""
+        """From inside a job whose failure is not retried: end the other tasks now (they may wait on the failed
+        one)."""
 
     def signal(self, job_id: str, signal_name: str, *, every_process: bool = False,
                timeout_s: float = TOOL_TIMEOUT_S) -> Answer:

@@ -187,7 +187,8 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
                                                            "pid": os.getpid()}) + "\n")
     if not backend.runs_here:
         if state.job_id is None:
-            return Signalled(paths.run_dir, state.executor, None, "none", [], note="not submitted yet; the marker stops it")
+            return Signalled(paths.run_dir, state.executor, None, "none", [],
+                             note="not submitted yet; the marker stops it")
         _scancel(backend, str(state.job_id), "cancel")
         run_state.update_recorded_state(paths, run_state.cancel_between_attempts)
         return Signalled(paths.run_dir, state.executor, state.job_id, "SIGTERM",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from elfes.files import write_text_atomically
 
-from ..backends import ExecutorError, backend_for
+from ..backends import Executor, ExecutorError, backend_for
 from ..rundir.paths import RunPaths
 
 
@@ -30,7 +30,7 @@ from ..rundir.paths import RunPaths
 class Start:
     """Who and where this task is, and which start of the job it belongs to (the same on every rank)."""
 
-    executor: str  # a backend's Executor (submitit's SUBMITIT_EXECUTOR)
+    executor: Executor  # submitit's SUBMITIT_EXECUTOR
     job_id: str
     restart: int  # 0 for the job's first start; SLURM_RESTART_COUNT, or this rank's local start count - 1
     rank: int

@@ -217,7 +217,8 @@ def awaited_exit_status(paths: RunPaths, start: Start, record: dict[str, Any] | 
     exited but is not recorded yet. None on SLURM (srun is the tasks' parent), for a task on another host or still
     running, or when nothing was recorded in time."""
     pid = _local_pid(record, start.host)
-    if not backend_for(start.executor).runs_here or pid is None or record is None or not isinstance(record.get("rank"), int):
+    here = backend_for(start.executor).runs_here
+    if not here or pid is None or record is None or not isinstance(record.get("rank"), int):
         return None
     deadline = time.monotonic() + EXIT_STATUS_WAIT_S
     while True:

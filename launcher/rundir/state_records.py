@@ -24,7 +24,7 @@ from typing import Any
 from elfes.contract import StrEnum
 
 from ..errors import RunDamaged
-from ..backends import RUN_EXECUTORS
+from ..backends import RUN_EXECUTORS, Executor
 from .json_fields import FieldError, read_record
 from .provenance import Provenance, RankPlace
 
@@ -96,7 +96,7 @@ class Submission:
     resubmission past submitit's start limit (``kind="requeue"``)."""
 
     at: str
-    executor: str
+    executor: Executor
     kind: Launch
     job_id: str | None = None
     host: str | None = None  # the submitter's host and pid: what traces a hand-over a kill cut short
@@ -185,7 +185,7 @@ class RunState:
     """The content of ``state.json``. Build it with launcher/rundir/state_transitions.py's functions."""
 
     status: RunStatus
-    executor: str
+    executor: Executor
     max_requeues: int
     job_id: str | None = None
     submissions: tuple[Submission, ...] = ()

@@ -21,7 +21,7 @@ from typing import Any
 from elfes.files import exclusive_lock, write_text_atomically
 
 from ..errors import RunDamaged
-from ..backends import RUN_EXECUTORS, backend_for
+from ..backends import RUN_EXECUTORS, Executor, backend_for
 from .json_fields import FieldError, read_record
 from .paths import RunPaths, SweepPaths
 from .state import now
@@ -57,7 +57,7 @@ class SweepJob:
 @dataclass(frozen=True)
 class SweepRecord:
     name: str
-    executor: str
+    executor: Executor
     max_parallel: int
     members: tuple[MemberRecord, ...]
     queue: tuple[dict[str, str], ...] = ()  # local: {"name", "at"} of members to hand over, in order

@@ -93,7 +93,8 @@ def lost_job_closed(paths: RunPaths, state: run_state.RunState | None) -> run_st
     """``state`` with a job that is gone without an outcome recorded as lost. Refuses (NotNow) while a SLURM
     job of a stopped run is still queued or alive, or a command's processes outlive its attempt."""
     live = liveness(paths, state)
-    if state is not None and backend_for(state.executor).outlives_its_end and state.status in run_state.ENDED and live.alive:
+    lingers = state is not None and backend_for(state.executor).outlives_its_end and state.status in run_state.ENDED
+    if state is not None and lingers and live.alive:
         # A SIGTERM stop saves `last` and waits for SLURM to end the job, which may requeue it (preemption).
         reason = f" ({live.queue_reason})" if live.queue_reason else ""
         raise run_state.NotNow(

@@ -107,7 +107,7 @@ def _hand_over(paths: RunPaths) -> None:
     from ..submission import resume, submit
 
     if run_state.load_state(paths) is None:
-        result = submit(paths.spec, executor=Executor.LOCAL, code="recorded")  # the sweep's snapshot, from its submission
+        result = submit(paths.spec, executor=Executor.LOCAL, code="recorded")  # the sweep's snapshot
     else:
         result = resume(paths.run_dir, executor=Executor.LOCAL)
     print(f"{run_state.now()} {paths.run_dir.name}: {result.executor} job {result.job_id}", flush=True)

@@ -271,7 +271,8 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                 aheads = [(run, Ahead(spec, Executor.SLURM, Launch.SUBMIT if run.state is None else Launch.RESUME,
                                       submitit_folder=paths.submitit, array_task=task if len(group) > 1 else None))
                           for task, (run, (_, spec)) in enumerate(zip(group_runs, group))]
-                ask = partial(arrays.submit_array, group[0][1], [JobRuntime(str(run.paths.run_dir)) for run in group_runs],
+                tasks = [JobRuntime(str(run.paths.run_dir)) for run in group_runs]
+                ask = partial(arrays.submit_array, group[0][1], tasks,
                               paths, record.max_parallel, after=after, exclude=exclude)
                 job_ids = [str(state.job_id) for state in hand_over(aheads, ask)]
             except (executors.SubmissionError, OSError) as error:  # sbatch refused, or no room to record the jobs

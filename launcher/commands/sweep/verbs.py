@@ -25,7 +25,7 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
-from ...backends import backend_for
+from ...backends import Executor, backend_for
 from ...errors import NotNow
 from ...rundir import state as run_state
 from ...rundir.code_record import new_code_record, save_code_record
@@ -112,7 +112,7 @@ def _code_plan(plan: SweepPlan) -> CodePlan:
     return plan_submit(first, plan.source, leave_out=(plan.sweep_dir,))
 
 
-def _create(plan: SweepPlan, executor: str, code: CodePlan) -> SweepRecord:
+def _create(plan: SweepPlan, executor: Executor, code: CodePlan) -> SweepRecord:
     """The sweep folder, its one code snapshot, each member's run directory with its recorded spec and its
     ``code.json`` naming that snapshot, and ``sweep.json``."""
     members = tuple(MemberRecord(member.index, member.name, str(member.spec.run_dir), member.overrides)
