@@ -19,7 +19,7 @@ from elfes.records.goodput import Goodput, LaunchTimes, account_goodput
 from elfes.records.reader import events_of_bytes
 from elfes.records.timings import RunTimings, read_timings, timings_of_events
 
-from ..backends import backend_for
+from ..backends import Executor, backend_for
 from ..slurm import JobStart
 from .paths import RunPaths
 from .state import ENDED, Outcome, RunState
@@ -67,7 +67,7 @@ def scheduled_job_starts(states: Iterable[RunState]) -> Mapping[str, tuple[JobSt
     """What each backend's scheduler recorded of the starts of the jobs of ``states`` (one ``sacct`` for SLURM's);
     nothing where it keeps no record or does not answer. Each backend is asked only for the jobs its submissions
     made (a run may have begun locally: a local job's id is no SLURM job's), an array task's by its array's id too."""
-    job_ids: dict[str, set[str]] = {}
+    job_ids: dict[Executor, set[str]] = {}
     for state in states:
         for executor in {submission.executor for submission in state.submissions}:
             submitted = {submission.job_id for submission in state.submissions

@@ -23,8 +23,8 @@ from typing import Any
 
 from elfes.contract import StrEnum
 
-from ..errors import RunDamaged
 from ..backends import RUN_EXECUTORS, Executor
+from ..errors import RunDamaged
 from .json_fields import FieldError, read_record
 from .provenance import Provenance, RankPlace
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from elfes.files import exclusive_lock, write_text_atomically
 
-from ..errors import RunDamaged
 from ..backends import RUN_EXECUTORS, Executor, backend_for
+from ..errors import RunDamaged
 from .json_fields import FieldError, read_record
 from .paths import RunPaths, SweepPaths
 from .state import now

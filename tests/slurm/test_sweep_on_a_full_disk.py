@@ -12,7 +12,6 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from cluster import SlurmCluster, wait_for
 from slurm_runs import elfes, wait_ended, write_spec
 

@@ -31,12 +31,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from contextlib import ExitStack
-from functools import partial
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
-from ...job.runtime import JobRuntime
 from ...backends import Executor
+from ...job.runtime import JobRuntime
 from ...rundir import state as run_state
 from ...rundir.code_record import job_spec
 from ...rundir.lookup import UsageError
