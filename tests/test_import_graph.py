@@ -14,8 +14,9 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[1]
 # The launcher's floors, lowest first: a module may import its own floor and the floors below it. The error
 # family (errors.py, one module: every floor raises its errors) is the lowest; then the SLURM adapter: every floor
-# that asks SLURM (rundir's liveness and up) may import it.
-FLOORS = ("errors", "slurm", "spec", "rundir", "submit", "job", "commands", "cli")
+# that asks SLURM (rundir's liveness and up) may import it; the backends (what differs between SLURM and a local
+# run) sit below the run directory, whose liveness asks them.
+FLOORS = ("errors", "slurm", "spec", "backends", "rundir", "submit", "job", "commands", "cli")
 FLAT_FLOORS = ("errors",)  # floors that are one module, not a package
 # What `elfes --help`, `status`, `validate`, `logs` and `submit --dry-run` load (the CLI imports each
 # verb's module when the verb runs).

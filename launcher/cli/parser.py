@@ -8,6 +8,7 @@ import textwrap
 
 import elfes
 
+from ..backends import CHOICES
 from .exit_codes import EXIT_CODES, EXIT_NOT_NOW, EXIT_OK, EXIT_RUN_FAILED, EXIT_RUN_STOPPED
 from .rehearse import DESCRIPTION as REHEARSE_DESCRIPTION
 from .rehearse import add_arguments as add_rehearse_arguments
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     submit = verb("submit", "Validate a job spec, create its run directory and submit the job.")
     submit.add_argument("spec", metavar="JOB.yaml", help="the job spec")
-    submit.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
+    submit.add_argument("--executor", choices=CHOICES, default="auto",
                         help="auto (default): slurm where sbatch is on PATH and a SLURM cluster is configured, "
                         "local otherwise")
     set_option(submit, "the spec")
@@ -156,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "A finished run continues with a raised budget (--set config.epochs=N).")
     resume.add_argument("run_dir", metavar="RUN_DIR",
                         help="a run directory, or a sweep folder (only its members that are not finished)")
-    resume.add_argument("--executor", choices=("auto", "slurm", "local"), default=None,
+    resume.add_argument("--executor", choices=CHOICES, default=None,
                         help="where to run it (default: the executor of its last submission)")
     set_option(resume, "the recorded spec (the budget, resources, SLURM options, requeue cap, env; not what "
                "changes the math once the run has checkpoints)")
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = verb("validate", "Check a job spec without submitting it; creates nothing.")
     validate.add_argument("spec", metavar="JOB.yaml")
     set_option(validate, "the spec")
-    validate.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
+    validate.add_argument("--executor", choices=CHOICES, default="auto",
                           help="also check that this executor can run it (default: the one submit would use)")
 
     init = verb("init", "Write a job spec template to start from.")

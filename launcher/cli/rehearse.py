@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ..backends import CHOICES
 from .exit_codes import EXIT_NOT_REPRODUCIBLE, EXIT_NOT_RESUMABLE, EXIT_OK
 
 EXIT_FOR_VERDICT = {"exact": EXIT_OK, "within rounding": EXIT_OK, "not resumable": EXIT_NOT_RESUMABLE,
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", default="requeue,stop,kill", metavar="KINDS",
                         help="comma-separated kinds, cycled: requeue, stop, kill (default: all three)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the interruption moments (default 0)")
-    parser.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
+    parser.add_argument("--executor", choices=CHOICES, default="auto",
                         help="where the three runs go (default: as submit)")
     parser.add_argument("--member", metavar="NAME", dest="members", action="append", default=[],
                         help="a member of a sweep spec to rehearse (a sweep spec needs one; repeatable: each is "

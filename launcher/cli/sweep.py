@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..backends import backend_for
 from ..rundir.sweep_record import is_sweep_dir
 from .output import print_line, shell_quoted, table_console
 from .status_wait import wait_in_turn
@@ -48,8 +49,7 @@ def submit(args: argparse.Namespace) -> int:
         sys.stdout.write(result.dry_run)
         sys.stdout.flush()
         return 0
-    how = (f"SLURM job array {', '.join(result.job_ids)}" if result.executor == "slurm"
-           else "local jobs started by the sweep's scheduler")
+    how = backend_for(result.executor).jobs_name(result.job_ids)
     print_line(f"{result.name}: sweep of {len(result.members)} member(s), at most {result.max_parallel} at once, as {how}")
     print_line(f"sweep folder: {result.sweep_dir}")
     for warning in result.warnings:
@@ -78,7 +78,7 @@ def resume(args: argparse.Namespace) -> int:
     result = sweep.resume(args.run_dir, executor=args.executor, sets=args.sets,
                           include_nodes=args.include_nodes)
     if result.members:
-        how = f"SLURM job array {', '.join(result.job_ids)}" if result.executor == "slurm" else "local jobs, queued"
+        how = backend_for(result.executor).jobs_name(result.job_ids)
         print_line(f"{result.name}: resumed {len(result.members)} member(s) as {how}: {', '.join(result.members)}")
     else:
         print_line(f"{result.name}: no member to resume")

@@ -17,6 +17,7 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
+from ..backends import Backend, backend_for
 from ..errors import EXIT_NOT_NOW, ElfesError
 from ..job.command import FORWARD_HOLD_S
 from ..rundir import state as run_state
@@ -26,8 +27,7 @@ from ..rundir.lookup import UsageError, recorded_spec, run_paths
 from ..rundir.paths import RunPaths
 from ..rundir.state import RunStatus
 from ..rundir.task_files import command_records
-from ..slurm import SIGNAL_ANSWER_S, signal_job
-from ..slurm import cancel as scancel
+from ..slurm import SIGNAL_ANSWER_S
 from ..spec import SpecError
 from ..spec.sections import Resources
 from ..submit.scripts import requeue_signal
@@ -58,8 +58,8 @@ def _live_state(paths: RunPaths) -> run_state.RunState:
     return state
 
 
-def _scancel(job_id: str, what: str) -> None:
-    completed = scancel(job_id)
+def _scancel(backend: Backend, job_id: str, what: str) -> None:
+    completed = backend.cancel(job_id)
     if not completed.started:
         raise ActionFailed(f"cannot {what}: scancel is not on PATH here; run this on the cluster's login node")
     if completed.code != 0:
@@ -76,7 +76,8 @@ def _scancel_signal(paths: RunPaths, state: run_state.RunState, signum: signal.S
     and scancel then retries for about 95 s. So scancel gets SIGNAL_ANSWER_S to succeed; past that the
     run's own record decides: the job marks itself "stopping" (or ends its attempt) once the signal reached
     it. Returns a note for the user, or raises ActionFailed saying what is known."""
-    answer = signal_job(str(state.job_id), signum.name.removeprefix("SIG"), timeout_s=SIGNAL_ANSWER_S)
+    answer = backend_for(state.executor).signal(str(state.job_id), signum.name.removeprefix("SIG"),
+                                                timeout_s=SIGNAL_ANSWER_S)
     if not answer.started:
         raise ActionFailed("cannot preempt: scancel is not on PATH here; run this on the cluster's login node")
     if not answer.timed_out:
@@ -124,13 +125,15 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
     """Rehearse a preemption: the job's tasks get the requeue signal, save ``last``, are requeued and resume."""
     paths = run_paths(run_dir)
     state = _live_state(paths)
+    backend = backend_for(state.executor)
     signum = requeue_signal()
     if state.status not in (RunStatus.RUNNING, RunStatus.STOPPING):
         raise ActionFailed(f"{run_dir}: the run is {state.status}, not running; preempt a running job "
                            "(`elfes status` shows when it runs)")
-    if state.executor == "slurm":
+    if not backend.runs_here:
         note = _scancel_signal(paths, state, signum)
-        return Signalled(paths.run_dir, "slurm", state.job_id, signum.name, [f"SLURM job {state.job_id}"], note=note)
+        return Signalled(paths.run_dir, state.executor, state.job_id, signum.name, [backend.job_name(state.job_id)],
+                         note=note)
     # What the command does with the signal is read before it is sent: once the task forwards it, the
     # command may be saving and exiting, and a Python process on its way out has reset its handlers.
     note = _command_takes(paths, signum)
@@ -138,7 +141,7 @@ def preempt(run_dir: str | os.PathLike[str]) -> Signalled:
     if not targets:
         raise ActionFailed(f"{run_dir}: no task of job {state.job_id} has recorded its pid on this machine yet (it "
                            "installs its signal handlers first, a few seconds after it starts); try again shortly")
-    return Signalled(paths.run_dir, "local", state.job_id, signum.name, targets, note=note)
+    return Signalled(paths.run_dir, state.executor, state.job_id, signum.name, targets, note=note)
 
 
 def _command_takes(paths: RunPaths, requeue: signal.Signals) -> str | None:
@@ -171,22 +174,25 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
     its job."""
     paths = run_paths(run_dir)
     state = _live_state(paths)
+    backend = backend_for(state.executor)
     live = liveness(paths, state)
     current = effective_state(paths, state, live)
     # A SLURM job that stopped on SIGTERM stays alive until SLURM ends it, and comes back if that was a
     # preemption: cancel it too. So are the processes a local command left running when its task was killed.
-    if current.status in run_state.ENDED and not (state.executor == "slurm" and live.alive) and not live.command:
+    if current.status in run_state.ENDED and not (backend.outlives_its_end and live.alive) and not live.command:
         return Signalled(paths.run_dir, state.executor, state.job_id, "none", [],
                          note=f"the run is already {current.status}; nothing to cancel")
     previous_cancel = _marker_age_s(paths)
     write_text_atomically(paths.cancel_marker, json.dumps({"at": run_state.now(), "host": socket.gethostname(),
                                                            "pid": os.getpid()}) + "\n")
-    if state.executor == "slurm":
+    if not backend.runs_here:
         if state.job_id is None:
-            return Signalled(paths.run_dir, "slurm", None, "none", [], note="not submitted yet; the marker stops it")
-        _scancel(str(state.job_id), "cancel")
+            return Signalled(paths.run_dir, state.executor, None, "none", [],
+                             note="not submitted yet; the marker stops it")
+        _scancel(backend, str(state.job_id), "cancel")
         run_state.update_recorded_state(paths, run_state.cancel_between_attempts)
-        return Signalled(paths.run_dir, "slurm", state.job_id, "SIGTERM", [f"SLURM job {state.job_id} (scancel)"])
+        return Signalled(paths.run_dir, state.executor, state.job_id, "SIGTERM",
+                         [f"{backend.job_name(state.job_id)} (scancel)"])
     tasks = recorded_tasks(paths)
     targets = _signal_pids(tasks, signal.SIGTERM)
     kill_wait_s = _kill_wait_s(paths)
@@ -207,7 +213,8 @@ def cancel(run_dir: str | os.PathLike[str]) -> Signalled:
             except ProcessLookupError:
                 pass
         note = "no task had recorded its pid yet; a starting task sees the cancel marker"
-    return Signalled(paths.run_dir, "local", state.job_id, "SIGKILL" if killed else "SIGTERM", targets, note=note)
+    return Signalled(paths.run_dir, state.executor, state.job_id, "SIGKILL" if killed else "SIGTERM", targets,
+                     note=note)
 
 
 def _kill_wait_s(paths: RunPaths) -> int | None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from ..backends import backend_for
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
 from ..rundir.goodput_reading import NoTimings, run_goodput
@@ -115,8 +116,10 @@ def run_status(run_dir: str | os.PathLike[str], processes: ProcessTable | None =
                          "was killed); the job starts again by itself and resumes from `last`")
     elif state is not recorded and state is not None and recorded is not None:
         notes.append(f"the job is gone without recording its end (was {recorded.status}); `elfes resume` continues it")
-    if state is not None and state.executor == "slurm" and state.status == RunStatus.STOPPED and live.alive:
-        notes.append(f"SLURM job {state.job_id} is still {live.queue_state}: it saved `last` and waits for SLURM to "
+    waits = state is not None and backend_for(state.executor).outlives_its_end and state.status == RunStatus.STOPPED
+    if state is not None and waits and live.alive:
+        notes.append(f"{backend_for(state.executor).job_name(state.job_id)} is still {live.queue_state}: it saved "
+                     "`last` and waits for SLURM to "
                      "end it (a preempted job comes back by itself; `elfes cancel` keeps it from coming back)")
     notes.extend(live.notes)  # a command job's task holding a stop signal says why
     if state is not None and state.excluded_nodes and live.queue_reason == "BadConstraints":

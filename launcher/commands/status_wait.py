@@ -16,6 +16,7 @@ from typing import Any
 
 from elfes.contract import START_EVENTS
 
+from ..backends import backend_for
 from ..rundir import state as run_state
 from ..rundir.lookup import UsageError
 from ..rundir.state import RunStatus
@@ -192,4 +193,4 @@ def wait_for_sweep(sweep_dir: str | os.PathLike[str], until: Until, *, deadline:
             return SweepWaited(str(sweep_dir), until, False, False, counts, stalled=True, why=status.stalled)
         if deadline is not None and time.monotonic() >= deadline:
             return SweepWaited(str(sweep_dir), until, False, True, counts)
-        time.sleep(interval_s if interval_s is not None else (5.0 if status.executor == "slurm" else 0.5))
+        time.sleep(interval_s if interval_s is not None else backend_for(status.executor).status_poll_s)

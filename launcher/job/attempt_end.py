@@ -21,18 +21,12 @@ from typing import Any
 
 from elfes.contract import TERMINATING_SIGNALS
 
+from ..backends import backend_for
 from ..rundir import state as run_state
 from ..rundir.task_files import cancel_requested, remove_pid_file
 from .attempt_context import AttemptContext
 from .outcome import Decision
-from .requeue import (
-    LOCAL_MAX_STARTS,
-    LOCAL_REQUEUE_EXIT_CODE,
-    cancel_slurm_job,
-    requeue_slurm_job,
-    resubmit_local,
-    wait_for_slurm_to_end_the_job,
-)
+from .requeue import resubmit, wait_for_the_scheduler_to_end_the_job
 from .tracker_publishing import publish_lifecycle
 
 log = logging.getLogger(__name__)
@@ -40,48 +34,46 @@ log = logging.getLogger(__name__)
 
 def exit_code(executor: str, *, relaunched: bool) -> int:
     """The exit status of a task that leaves its attempt without returning. Relaunched (requeued, or a failure
-    retried): :data:`LOCAL_REQUEUE_EXIT_CODE` locally, on which submitit's controller starts the job again,
-    and 0 under SLURM, where ``scontrol requeue`` already did (a nonzero exit would end the requeued job
+    retried): the backend's ``relaunch_exit_code`` (locally 144, on which submitit's controller starts the job
+    again; 0 under SLURM, where ``scontrol requeue`` already did: a nonzero exit would end the requeued job
     "failed"). Not relaunched (a hang that stands and is not retried): 1."""
-    if not relaunched:
-        return 1
-    return LOCAL_REQUEUE_EXIT_CODE if executor == "local" else 0
+    return backend_for(executor).relaunch_exit_code if relaunched else 1
 
 
 def finish_attempt(context: AttemptContext, decision: Decision, *, step: int | None, task: Any) -> dict[str, Any]:
     """Record the outcome (rank 0) and act on it (every rank alike). ``task``: the job's ``JobRuntime``, which
     rank 0 resubmits where a local requeue is past submitit's start limit."""
     start = context.start
-    slurm = start.executor == "slurm"
-    if decision.requeue and slurm and context.is_main:
+    backend = backend_for(start.executor)
+    if decision.requeue and backend.requeues_from_inside and context.is_main:
         if cancel_requested(context.paths, context.state_at_start):
             # `elfes cancel` came while the job stopped for a requeue: the cancel wins (a requeued job
             # would come back, and scontrol requeue also requeues a job that scancel is ending).
             decision = Decision(run_state.Outcome.CANCELLED, signal=decision.signal)
-        elif (refused := requeue_slurm_job(start.job_id)) is not None:
+        elif (refused := backend.requeue(start.job_id)) is not None:
             decision = Decision(run_state.Outcome.STOPPED, signal=decision.signal, error=refused)
-    resubmit = decision.requeue and start.executor == "local" and start.restart + 1 >= LOCAL_MAX_STARTS
+    resubmits = decision.requeue and backend.resubmits(start.restart)
     if context.is_main:
         state = run_state.update_recorded_state(context.paths, lambda s: run_state.end_attempt(
             s, token=context.token, outcome=decision.outcome, signal=decision.signal, step=step,
             error=decision.error))
         # The trackers hear of an end that ends the run now (no mirror runs any more), before a scancel.
         publish_lifecycle(context.paths, context.spec, state, send=True)
-        if resubmit:
-            resubmit_local(context.paths, task)
+        if resubmits:
+            resubmit(context.paths, task, start.executor)
     log.info(f"elfes: attempt {context.attempt_number} ended {decision.outcome}"
              + (f" ({decision.signal})" if decision.signal else "") + (f" at step {step}" if step is not None else "")
              + (f": {decision.error}" if decision.error else ""))
     remove_pid_file(context.paths, start.rank)
     if decision.requeue:
         raise SystemExit(exit_code(start.executor, relaunched=True))
-    if slurm and decision.outcome == run_state.Outcome.CANCELLED:
-        # Cancelled for good: rank 0 scancels the job (it may have come back through a requeue that beat
+    if decision.outcome == run_state.Outcome.CANCELLED:
+        # Cancelled for good: rank 0 ends the job (under SLURM it may have come back through a requeue that beat
         # the cancel) and every rank exits, which frees the allocation now; an exit is never requeued.
         if context.is_main:
-            cancel_slurm_job(start.job_id)
-    elif slurm and decision.signal in TERMINATING_SIGNALS:
+            backend.end_cancelled(start.job_id)
+    elif backend.outlives_its_end and decision.signal in TERMINATING_SIGNALS:
         # A job that exits during a preemption's grace time is not requeued; one that SLURM kills
         # is (PreemptMode=REQUEUE). So wait to be ended.
-        wait_for_slurm_to_end_the_job()
+        wait_for_the_scheduler_to_end_the_job()
     return {"outcome": decision.outcome, "attempt": context.attempt_number, "step": step}

@@ -20,6 +20,7 @@ from typing import Any
 
 from elfes.records.tracking import GROUP_VARIABLE, TRACKING_VARIABLE
 
+from ..backends import backend_for
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
 from ..rundir.provenance import changes_at, place_changes_at
@@ -185,7 +186,7 @@ class AttemptRunner:
         context = self.context
         handled = self.failures.handle(report)
         remove_pid_file(context.paths, context.start.rank)
-        if context.executor == "local" and handled.decided_here:
+        if backend_for(context.executor).runs_here and handled.decided_here:
             end_stuck_peers(context.paths, attempt=context.attempt_number, rank=context.start.rank)
         sys.stdout.flush()
         sys.stderr.flush()

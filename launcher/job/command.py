@@ -36,6 +36,7 @@ from pathlib import Path
 
 from elfes.contract import TERMINATING_SIGNALS, EventKind
 
+from ..backends import backend_for
 from ..rundir.command_group import (
     CommandGroup,
     Dispositions,
@@ -131,7 +132,7 @@ class _Forwarding:
 
     def __init__(self, group: CommandGroup, flags: SignalFlags, *, executor: str, kill_wait_s: int,
                  announce: Callable[[str | None], None], cancelling: Callable[[], bool] = lambda: False) -> None:
-        self.group, self.flags, self.executor, self.kill_wait_s = group, flags, executor, kill_wait_s
+        self.group, self.flags, self.backend, self.kill_wait_s = group, flags, backend_for(executor), kill_wait_s
         self.announce, self.cancelling = announce, cancelling
         self.requeue = requeue_signal()
         self.started = time.monotonic()
@@ -174,7 +175,7 @@ class _Forwarding:
 
     def _deliver(self, requested: signal.Signals, view: Dispositions) -> bool:
         """Send ``requested`` (or its stand-in) to the group if it is time; True once it is handled."""
-        if requested == signal.SIGINT and self.executor == "slurm":
+        if requested == signal.SIGINT and self.backend.signals_every_process:
             return True  # SLURM signals every process of the step; a second SIGINT would interrupt the save
         if self._ended_by_itself():
             return True  # the command is over; what it left running is being ended
@@ -197,7 +198,7 @@ class _Forwarding:
         self.group.signal(sent)
         self.delivered.append(Delivery(requested.name, sent.name))
         self.sent.add(int(sent))
-        if requested.name in TERMINATING_SIGNALS and self.executor == "local" and self.kill_at is None:
+        if requested.name in TERMINATING_SIGNALS and not self.backend.kills_stragglers and self.kill_at is None:
             self.kill_at, self.kill_ends_a_stop = time.monotonic() + self.kill_wait_s, True
             _say(f"sent {sent.name} to the command's process group {self.group.pgid}; SIGKILL follows in "
                  f"{self.kill_wait_s} s (resources.kill_wait_s) unless it has exited by then")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from elfes.files import write_text_atomically
 
+from ..backends import Executor, ExecutorError, backend_for
 from ..rundir.paths import RunPaths
 
 
@@ -29,7 +30,7 @@ from ..rundir.paths import RunPaths
 class Start:
     """Who and where this task is, and which start of the job it belongs to (the same on every rank)."""
 
-    executor: str  # "local" or "slurm" (submitit's SUBMITIT_EXECUTOR)
+    executor: Executor  # submitit's SUBMITIT_EXECUTOR
     job_id: str
     restart: int  # 0 for the job's first start; SLURM_RESTART_COUNT, or this rank's local start count - 1
     rank: int
@@ -49,34 +50,18 @@ def detect_start(paths: RunPaths, submissions: int) -> Start:
     from submitit.core.job_environment import JobEnvironment
 
     environment = JobEnvironment()
-    executor = environment.name()
     rank = environment.global_rank
-    if executor == "slurm":
-        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    elif executor == "local":
-        restart = count_local_start(paths, rank=rank, job=f"{environment.job_id}/{submissions}") - 1
-    else:
+    try:
+        backend = backend_for(environment.name())
+    except ExecutorError:
         raise RuntimeError(
-            f"JobRuntime runs under submitit's slurm or local executor; SUBMITIT_EXECUTOR is {executor!r}. "
+            f"JobRuntime runs under submitit's slurm or local executor; SUBMITIT_EXECUTOR is {environment.name()!r}. "
             "Submit the job with `elfes submit` (--executor local or slurm)."
-        )
-    return Start(executor=executor, job_id=str(environment.job_id), restart=restart, rank=rank,
+        ) from None
+    restart = backend.restart(paths.start_count(rank), job=f"{environment.job_id}/{submissions}")
+    return Start(executor=backend.executor, job_id=str(environment.job_id), restart=restart, rank=rank,
                  local_rank=environment.local_rank, world_size=environment.num_tasks,
                  host=socket.gethostname(), hosts=tuple(environment.hostnames))
-
-
-def count_local_start(paths: RunPaths, *, rank: int, job: str) -> int:
-    """This rank's start number within local job ``job`` (its id and submission number; submitit's
-    controller sets no restart count)."""
-    file = paths.start_count(rank)
-    try:
-        recorded = json.loads(file.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        recorded = {}
-    starts = recorded.get("starts", 0) + 1 if recorded.get("job") == job else 1
-    file.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(file, json.dumps({"job": job, "starts": starts}) + "\n")
-    return starts
 
 
 PORT_WAIT_S = 300.0  # how long the other ranks wait for rank 0's port (a shared file system may show it late)

@@ -6,8 +6,8 @@ Every rank that fails publishes its report (:func:`publish_failure`). The first 
 the failure leaves out with it (:func:`with_exclusions`), then carries the decision out: a retry
 (:func:`carry_out_retry`: SLURM ``scontrol requeue`` leaving those nodes out; local, past submitit's start
 limit, a resubmission), or, for a failure not retried of a multi-task SLURM job, ``scancel``
-(:func:`end_unretried_slurm_job`), so that no healthy rank waits on for the failed one until the time
-limit. The other ranks read that decision. launcher/job/requeue.py runs the SLURM and local commands.
+(:func:`end_unretried_job`), so that no healthy rank waits on for the failed one until the time
+limit. The other ranks read that decision. The run's backend (launcher/backends/) runs the SLURM commands.
 Torch-free.
 """
 
@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..backends import backend_for
 from ..rundir import state as run_state
 from ..rundir.command_group import process_stat
 from ..rundir.paths import RunPaths
@@ -44,7 +45,7 @@ from .failures import (
     the_rank_that_failed,
     write_report,
 )
-from .requeue import LOCAL_MAX_STARTS, end_failed_slurm_job, exclude_from_slurm_job, requeue_slurm_job, resubmit_local
+from .requeue import resubmit
 from .tracker_publishing import publish_lifecycle
 
 # How long a rank that saw its peer vanish waits for the other ranks' reports before it decides: the ranks
@@ -123,7 +124,7 @@ class FailurePath:
                     failure = carry_out_retry(failure, context=context, task=self.task)
                 # A failure not retried ends the run: the trackers hear of it now, before the job's scancel.
                 publish_lifecycle(context.paths, context.spec, send=True)
-                end_unretried_slurm_job(failure, context.start)
+                end_unretried_job(failure, context.start)
             log.info(f"elfes: attempt {context.attempt_number} ended failed on rank {context.start.rank}"
                      + ("; retried from `last`" if failure is not None and failure.retried else
                         f"; not retried ({failure.reason})" if failure is not None and failure.reason else ""))
@@ -216,7 +217,8 @@ def awaited_exit_status(paths: RunPaths, start: Start, record: dict[str, Any] | 
     exited but is not recorded yet. None on SLURM (srun is the tasks' parent), for a task on another host or still
     running, or when nothing was recorded in time."""
     pid = _local_pid(record, start.host)
-    if start.executor != "local" or pid is None or record is None or not isinstance(record.get("rank"), int):
+    here = backend_for(start.executor).runs_here
+    if not here or pid is None or record is None or not isinstance(record.get("rank"), int):
         return None
     deadline = time.monotonic() + EXIT_STATUS_WAIT_S
     while True:
@@ -232,7 +234,7 @@ def awaited_exit_status(paths: RunPaths, start: Start, record: dict[str, Any] | 
 def excludes_nodes(executor: str, spec: JobSpec | None) -> bool:
     """Whether the run leaves the nodes of its failures out (SLURM, ``requeue.exclude_failed_nodes``); ``spec`` is
     None for an attempt that failed before reading it."""
-    return executor == "slurm" and spec is not None and spec.requeue.exclude_failed_nodes
+    return spec is not None and backend_for(executor).excludes_failed_nodes(spec)
 
 
 def with_exclusions(state: run_state.RunState, failure: Failure, *, attempt: int, previous: Attempt | None,
@@ -250,21 +252,23 @@ def with_exclusions(state: run_state.RunState, failure: Failure, *, attempt: int
 
 
 def carry_out_retry(failure: Failure, *, context: AttemptContext, task: Any) -> Failure:
-    """The deciding rank's part of a retry: SLURM ``scontrol requeue`` leaving the excluded nodes out (refused, or
-    the job could not be placed: the run ends failed, saying why); local past submitit's start limit, a
-    resubmission of ``task`` (the job's ``JobRuntime``). Returns the failure as it stands."""
+    """The deciding rank's part of a retry: a backend that requeues from inside (SLURM's ``scontrol requeue``)
+    does so leaving the excluded nodes out (refused, or the job could not be placed: the run ends failed, saying
+    why); one past its controller's start limit resubmits ``task`` (the job's ``JobRuntime``). Returns the
+    failure as it stands."""
     paths, start, token, spec = context.paths, context.start, context.token, context.spec
+    backend = backend_for(start.executor)
     refused = None
-    if start.executor == "slurm" and spec is None:  # unreadable: such an attempt is never retried (attempt_context)
+    if backend.requeues_from_inside and spec is None:  # unreadable: such an attempt is never retried (attempt_context)
         refused = f"{paths.spec} could not be read, so the requeue's node exclusions cannot be decided"
-    elif start.executor == "slurm" and spec is not None:
+    elif backend.requeues_from_inside and spec is not None:
         state = run_state.load_state(paths)
         excluded = state.excluded_hosts if state is not None and excludes_nodes(start.executor, spec) else ()
-        refused = _requeue_leaving_out(start.job_id, excluded, paths=paths, spec=spec, token=token)
-    elif start.restart + 1 >= LOCAL_MAX_STARTS:
+        refused = _requeue_leaving_out(start, excluded, paths=paths, spec=spec, token=token)
+    elif backend.resubmits(start.restart):
         try:
-            resubmit_local(paths, task)
-        except Exception as error:  # recorded by resubmit_local
+            resubmit(paths, task, start.executor)
+        except Exception as error:  # recorded by resubmit
             refused = f"the local resubmission failed: {error}"
     if refused is None:
         return failure
@@ -272,12 +276,13 @@ def carry_out_retry(failure: Failure, *, context: AttemptContext, task: Any) -> 
     return dataclasses.replace(failure, retried=False, reason=refused)
 
 
-def _requeue_leaving_out(job_id: str, excluded: tuple[str, ...], *, paths: RunPaths, spec: JobSpec,
+def _requeue_leaving_out(start: Start, excluded: tuple[str, ...], *, paths: RunPaths, spec: JobSpec,
                          token: str) -> str | None:
-    """``scontrol requeue``, then ``ExcNodeList`` of the requeued job when the run excludes nodes. Where the
-    exclusions would leave the partition too few nodes for the job (launcher/submit/placement.py), SLURM
-    would hold it pending for good: nothing is left out then, the job is requeued onto every node, and the
-    log and the failed attempt's error (``elfes status``) say so. None, or why it did not requeue."""
+    """The backend's requeue, then the requeued job's excluded nodes (``ExcNodeList``) when the run excludes
+    nodes. Where the exclusions would leave the partition too few nodes for the job
+    (launcher/submit/placement.py), SLURM would hold it pending for good: nothing is left out then, the job is
+    requeued onto every node, and the log and the failed attempt's error (``elfes status``) say so. None, or
+    why it did not requeue."""
     if excluded:
         partition = os.environ.get("SLURM_JOB_PARTITION") or spec.slurm.partition
         nodes = partition_nodes(partition)
@@ -287,15 +292,16 @@ def _requeue_leaving_out(job_id: str, excluded: tuple[str, ...], *, paths: RunPa
             run_state.update_recorded_state(paths, lambda s: run_state.include_nodes_after(s, token=token, why=problem))
             log.info(f"elfes: {problem}")
             excluded = ()
-    refused = requeue_slurm_job(job_id)
+    backend = backend_for(start.executor)
+    refused = backend.requeue(start.job_id)
     if refused is None and excluded:
-        exclude_from_slurm_job(job_id, excluded)
+        backend.exclude(start.job_id, excluded)
     return refused
 
 
-def end_unretried_slurm_job(failure: Failure, start: Start) -> None:
-    """The deciding rank's end of a failure not retried, in a multi-task SLURM job: ``scancel`` it now
-    (launcher/job/requeue.py). Elsewhere, or for a retried failure, nothing."""
-    if not failure.retried and start.executor == "slurm" and start.world_size > 1:
+def end_unretried_job(failure: Failure, start: Start) -> None:
+    """The deciding rank's end of a failure not retried: its backend ends the job's other tasks now (a
+    multi-task SLURM job is ``scancel``ed; a local controller ends them itself). For a retried failure, nothing."""
+    if not failure.retried:
         # The healthy ranks may never see this one go (a rendezvous, a long collective): end them all now.
-        end_failed_slurm_job(start.job_id)
+        backend_for(start.executor).end_unretried(start.job_id, start.world_size)

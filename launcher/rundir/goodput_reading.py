@@ -19,7 +19,8 @@ from elfes.records.goodput import Goodput, LaunchTimes, account_goodput
 from elfes.records.reader import events_of_bytes
 from elfes.records.timings import RunTimings, read_timings, timings_of_events
 
-from ..slurm import JobStart, job_starts
+from ..backends import Executor, backend_for
+from ..slurm import JobStart
 from .paths import RunPaths
 from .state import ENDED, Outcome, RunState
 from .status_reading import TAIL_BYTES
@@ -62,28 +63,33 @@ def run_timings(paths: RunPaths) -> RunTimings:
     return timings
 
 
-def slurm_job_starts(states: Iterable[RunState]) -> Mapping[str, tuple[JobStart, ...]]:
-    """What SLURM's accounting recorded of the starts of the SLURM jobs of ``states`` (one ``sacct``); nothing
-    where it does not answer. Only the jobs that SLURM submissions made are asked for (a run may have begun
-    locally: a local job's id is no SLURM job's), an array task's by its array's id too."""
-    job_ids = set()
+def scheduled_job_starts(states: Iterable[RunState]) -> Mapping[str, tuple[JobStart, ...]]:
+    """What each backend's scheduler recorded of the starts of the jobs of ``states`` (one ``sacct`` for SLURM's);
+    nothing where it keeps no record or does not answer. Each backend is asked only for the jobs its submissions
+    made (a run may have begun locally: a local job's id is no SLURM job's), an array task's by its array's id too."""
+    job_ids: dict[Executor, set[str]] = {}
     for state in states:
-        submitted = {submission.job_id for submission in state.submissions
-                     if submission.executor == "slurm" and submission.job_id is not None}
-        job_ids |= {attempt.job_id for attempt in state.attempts
-                    if attempt.job_id in submitted or attempt.job_id.partition("_")[0] in submitted}
-    return (job_starts(job_ids) or {}) if job_ids else {}
+        for executor in {submission.executor for submission in state.submissions}:
+            submitted = {submission.job_id for submission in state.submissions
+                         if submission.executor == executor and submission.job_id is not None}
+            job_ids.setdefault(executor, set()).update(
+                attempt.job_id for attempt in state.attempts
+                if attempt.job_id in submitted or attempt.job_id.partition("_")[0] in submitted)
+    starts: dict[str, tuple[JobStart, ...]] = {}
+    for executor, ids in job_ids.items():
+        starts.update(backend_for(executor).queue_starts(ids))
+    return starts
 
 
 def run_goodput(paths: RunPaths, state: RunState | None, now: datetime,
                 starts: Mapping[str, tuple[JobStart, ...]] | None = None) -> Goodput:
     """The goodput of the run in ``paths`` as ``state`` (its effective state) records it, at ``now`` while
-    the run is under way; ``starts``: :func:`slurm_job_starts` of it (asked here when None). :class:`NoTimings`
+    the run is under way; ``starts``: :func:`scheduled_job_starts` of it (asked here when None). :class:`NoTimings`
     when its records cannot be read cheaply; ValueError for a time that cannot be read."""
     timings = run_timings(paths)
     launches, handovers = [], []
     if state is not None:
-        starts = slurm_job_starts([state]) if starts is None else starts
+        starts = scheduled_job_starts([state]) if starts is None else starts
         for attempt in state.attempts:
             ended = attempt.ended_at if attempt.outcome != Outcome.LOST else None
             launched = datetime.fromisoformat(attempt.started_at)

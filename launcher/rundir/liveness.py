@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-from ..slurm import SlurmQueue, queue_entry
+from ..backends import backend_for
+from ..slurm import SlurmQueue
 from . import state as run_state
 from .command_group import ProcessStat, is_member, process_stat
 from .lost_cause import describe_lost
@@ -91,7 +92,7 @@ def liveness(paths: RunPaths, state: run_state.RunState | None, queue: SlurmQueu
     looked up in ``queue`` when given)."""
     if state is None or state.job_id is None:
         return Liveness(None, None)
-    if state.executor == "local":
+    if backend_for(state.executor).runs_here:
         processes = local_processes(paths)
         alive = any(processes.values())
         command = tuple(processes["command"])
@@ -100,19 +101,19 @@ def liveness(paths: RunPaths, state: run_state.RunState | None, queue: SlurmQueu
         if state.status in run_state.ENDED:
             return Liveness(alive, "EXITING" if alive else None, command=command, notes=notes)
         return Liveness(alive, "RUNNING" if alive else "GONE", command=command, notes=notes)
-    entry = queue.entry(state.job_id) if queue is not None else queue_entry(state.job_id)
+    entry = backend_for(state.executor).queued(state.job_id, queue)
     if entry is None:
         return Liveness(None, None)
     return Liveness(entry.alive, entry.state, entry.reason, entry.restarts)
 
 
 class LivenessProbe:
-    """:func:`liveness` for a polling loop, asking SLURM at most every ``slurm_every_s`` (squeue loads
-    the cluster's controller) and /proc at most every ``local_every_s``."""
+    """:func:`liveness` for a polling loop, asking each backend at most every ``liveness_every_s`` of its own
+    (squeue loads the cluster's controller, /proc answers at once), or every ``at_most_every_s`` when sooner."""
 
-    def __init__(self, paths: RunPaths, *, slurm_every_s: float = 30.0, local_every_s: float = 1.0) -> None:
+    def __init__(self, paths: RunPaths, *, at_most_every_s: float | None = None) -> None:
         self.paths = paths
-        self.every_s = {"slurm": slurm_every_s, "local": local_every_s}
+        self.at_most_every_s = at_most_every_s
         self._last: tuple[float, str | None, Liveness] | None = None
 
     def __call__(self, state: run_state.RunState | None) -> Liveness:
@@ -120,7 +121,9 @@ class LivenessProbe:
         key = None if state is None else f"{state.executor}:{state.job_id}:{state.status in run_state.ENDED}"
         if self._last is not None:
             at, last_key, live = self._last
-            every = self.every_s.get(state.executor if state is not None else "", 0.0)
+            every = 0.0 if state is None else backend_for(state.executor).liveness_every_s
+            if self.at_most_every_s is not None:
+                every = min(every, self.at_most_every_s)
             if last_key == key and now - at < every:
                 return live
         live = liveness(self.paths, state)
@@ -132,7 +135,7 @@ def slurm_requeued_since_last_attempt(state: run_state.RunState | None, live: Li
     """Whether SLURM restarted the run's job after its last attempt started (its restart count grew):
     a preemption of a job that stopped on SIGTERM and waited, or a node failure; the relaunch has not
     recorded itself yet."""
-    if state is None or state.executor != "slurm" or not live.alive or live.restarts is None:
+    if state is None or not backend_for(state.executor).outlives_its_end or not live.alive or live.restarts is None:
         return False
     attempt = state.last_attempt
     if attempt is None or attempt.job_id != state.job_id:

@@ -23,6 +23,7 @@ from typing import Any
 
 from elfes.contract import StrEnum
 
+from ..backends import RUN_EXECUTORS, Executor
 from ..errors import RunDamaged
 from .json_fields import FieldError, read_record
 from .provenance import Provenance, RankPlace
@@ -92,7 +93,7 @@ class FailureCategory(StrEnum):
 
 FAILURE_CATEGORIES: tuple[FailureCategory, ...] = tuple(FailureCategory)
 # Fields checked against their words on reading (the enum fields check themselves).
-_FIELD_CHOICES = {"executor": ("local", "slurm")}
+_FIELD_CHOICES = {"executor": tuple(sorted(RUN_EXECUTORS))}
 
 
 def now() -> str:
@@ -106,7 +107,7 @@ class Submission:
     resubmission past submitit's start limit (``kind="requeue"``)."""
 
     at: str
-    executor: str
+    executor: Executor
     kind: Launch
     job_id: str | None = None
     host: str | None = None  # the submitter's host and pid: what traces a hand-over a kill cut short
@@ -193,7 +194,7 @@ class RunState:
     """The content of ``state.json``. Build it with launcher/rundir/state_transitions.py's functions."""
 
     status: RunStatus
-    executor: str
+    executor: Executor
     max_requeues: int
     job_id: str | None = None
     submissions: tuple[Submission, ...] = ()

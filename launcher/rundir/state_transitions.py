@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..backends import backend_for
 from ..errors import NotNow
 from .provenance import Provenance, RankPlace
 from .state_records import (
@@ -74,15 +75,16 @@ def record_submission(state: RunState | None, *, executor: str, kind: str, max_r
     (the command it suggests)."""
     _check(kind, LAUNCHES, "the submission kind")
     kind = Launch(kind)
+    chosen = backend_for(executor).executor  # ExecutorError for a name that is no backend's
     if max_requeues < 0:
         raise NotNow(f"max_requeues must be >= 0; got {max_requeues}.")
-    submission = Submission(at=now(), executor=executor, kind=kind, job_id=job_id, host=host, pid=pid,
+    submission = Submission(at=now(), executor=chosen, kind=kind, job_id=job_id, host=host, pid=pid,
                             submitit_folder=submitit_folder, array_task=array_task)
     status = RunStatus.SUBMITTED if job_id is None else RunStatus.PENDING
     if state is None:
         if kind != Launch.SUBMIT:
             raise NotNow(f"a {kind} needs an existing run; this run directory has no state.json yet (use elfes submit).")
-        return RunState(status=status, executor=executor, max_requeues=max_requeues, job_id=job_id,
+        return RunState(status=status, executor=chosen, max_requeues=max_requeues, job_id=job_id,
                         submissions=(submission,))
     if refuse_finished is not None and state.status == RunStatus.FINISHED:
         raise NotNow(refuse_finished)  # decided here, under the state lock: the job may have just finished
@@ -102,7 +104,7 @@ def record_submission(state: RunState | None, *, executor: str, kind: str, max_r
                {Launch.SUBMIT: "; wait for it to end or `elfes cancel` it first.",
                 Launch.RESUME: "; only a stopped, cancelled, failed or finished run can be resumed.",
                 Launch.REQUEUE: "; only a requeued run is resubmitted."}[kind]))
-    return _replace(state, status=status, executor=executor, max_requeues=max_requeues, job_id=job_id,
+    return _replace(state, status=status, executor=chosen, max_requeues=max_requeues, job_id=job_id,
                     submissions=(*state.submissions, submission), stopping_signal=None)
 
 

@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from ..backends import backend_for
 from ..slurm import SlurmQueue
 from . import state as run_state
 from .liveness import CONTROLLER_MODULES, TASK_MODULE, Liveness, liveness
@@ -86,23 +87,24 @@ def needs_liveness(state: run_state.RunState | None) -> TypeGuard[run_state.RunS
     requeue of the job: ``squeue`` and ``sacct`` tell whether it is gone)."""
     if state is None or state.job_id is None:
         return False
-    return state.status not in run_state.ENDED or (state.executor == "slurm" and state.status in (RunStatus.STOPPED,
-                                                                                                   RunStatus.CANCELLED))
+    lingers = backend_for(state.executor).outlives_its_end and state.status in (RunStatus.STOPPED, RunStatus.CANCELLED)
+    return state.status not in run_state.ENDED or lingers
 
 
 def run_liveness(paths: RunPaths, state: run_state.RunState | None, processes: ProcessTable | None,
                  queue: SlurmQueue | None = None) -> Liveness:
     """:func:`launcher.rundir.liveness.liveness`, but nothing asked for a run that ended, a local run looked up
     in ``processes`` (one /proc scan for many runs) and a SLURM run in ``queue`` (one squeue) when given."""
-    commands = state is not None and state.executor == "local" and bool(command_records(paths, host=socket.gethostname()))
+    here = state is not None and backend_for(state.executor).runs_here
+    commands = here and bool(command_records(paths, host=socket.gethostname()))
     if commands:
         return liveness(paths, state)  # a command's process group may outlive its task: look for its members
     if not needs_liveness(state):
         return Liveness(None, None)
-    if state.executor == "local" and processes is not None:
+    if here and processes is not None:
         alive = processes.alive(paths)
         return Liveness(alive, "RUNNING" if alive else "GONE")
-    return liveness(paths, state, queue if state.executor == "slurm" else None)
+    return liveness(paths, state, None if here else queue)
 
 
 def _lines(data: bytes, *, drop_first: bool, drop_last: bool) -> list[dict[str, Any]]:

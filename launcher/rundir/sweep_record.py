@@ -20,13 +20,14 @@ from typing import Any
 
 from elfes.files import exclusive_lock, write_text_atomically
 
+from ..backends import RUN_EXECUTORS, Executor, backend_for
 from ..errors import RunDamaged
 from .json_fields import FieldError, read_record
 from .paths import RunPaths, SweepPaths
 from .state import now
 
 FORMAT_VERSION = 1
-_FIELD_CHOICES = {"executor": ("local", "slurm"), "kind": ("submit", "resume")}
+_FIELD_CHOICES = {"executor": tuple(sorted(RUN_EXECUTORS)), "kind": ("submit", "resume")}
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class SweepJob:
 @dataclass(frozen=True)
 class SweepRecord:
     name: str
-    executor: str
+    executor: Executor
     max_parallel: int
     members: tuple[MemberRecord, ...]
     queue: tuple[dict[str, str], ...] = ()  # local: {"name", "at"} of members to hand over, in order
@@ -179,7 +180,7 @@ def take_scheduler_lock(paths: SweepPaths, *, patience_s: float = 2.0) -> int | 
 def stall(paths: SweepPaths, record: SweepRecord) -> str | None:
     """Why the sweep is stalled, or None: members wait for a local slot and no scheduler is alive to start
     them (it was killed, crashed, or never started). ``elfes resume SWEEP_DIR`` starts one."""
-    if record.executor != "local" or not record.queue or scheduler_alive(paths):
+    if not backend_for(record.executor).runs_here or not record.queue or scheduler_alive(paths):
         return None
     last = record.scheduler
     gone = (f"its scheduler (pid {last.get('pid')} on {last.get('host')}) is gone" if last

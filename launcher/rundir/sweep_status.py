@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..backends import backend_for
 from ..slurm import SlurmQueue
 from . import state as run_state
 from .liveness import effective_state
@@ -86,7 +87,7 @@ def member_is_live(paths: RunPaths, processes: ProcessTable) -> bool:
         return False
     if state is None or state.status in run_state.ENDED:
         return False
-    if state.executor != "local":
+    if not backend_for(state.executor).runs_here:
         return True
     if state.status == RunStatus.SUBMITTED:  # a hand-over under way, or one cut short (submitter killed) that started nothing
         return processes.alive(paths) or _submitter_alive(state)
@@ -160,7 +161,7 @@ def sweep_status(sweep_dir: str | os.PathLike[str], record: SweepRecord | None =
     paths = SweepPaths(Path(os.path.abspath(sweep_dir)))
     record = load_sweep(paths) if record is None else record
     queued = {entry["name"] for entry in record.queue}
-    processes = ProcessTable.snapshot() if record.executor == "local" else None
+    processes = ProcessTable.snapshot() if backend_for(record.executor).runs_here else None
     queue = SlurmQueue()  # one squeue for every SLURM member, asked at the first that may be live
     members = [member_status(member, queued, processes, queue) for member in record.members]
     counts = dict(Counter(member.status for member in members))
@@ -178,7 +179,7 @@ def summed_goodput(members: list[RunPaths]) -> dict[str, Any] | None:
     records cannot be read, or that have none yet, left out)."""
     from elfes.records.goodput import Goodput
 
-    from .goodput_reading import NoTimings, run_goodput, slurm_job_starts
+    from .goodput_reading import NoTimings, run_goodput, scheduled_job_starts
 
     now = datetime.now(timezone.utc)
     states = []
@@ -189,7 +190,7 @@ def summed_goodput(members: list[RunPaths]) -> dict[str, Any] | None:
             continue
         if state is not None and state.attempts:
             states.append((paths, state))
-    starts = slurm_job_starts(state for _, state in states)  # one sacct for every member
+    starts = scheduled_job_starts(state for _, state in states)  # one sacct for every member
     total: Goodput | None = None
     for paths, state in states:
         try:
@@ -205,7 +206,7 @@ def _may_start(paths: RunPaths, state: run_state.RunState, processes: ProcessTab
     """Whether the job of a cut-short hand-over may run anyway (and record its start): a local job whose
     processes live, or a SLURM task whose pickle submitit wrote (an earlier array's pickle counts too: never
     called stalled on a guess)."""
-    if state.executor == "local":
+    if backend_for(state.executor).runs_here:
         return processes is not None and processes.alive(paths)
     submission = state.submissions[-1]
     folder = Path(submission.submitit_folder) if submission.submitit_folder else paths.submitit

@@ -29,14 +29,16 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import EXIT_BAD_INPUT, EXIT_NOT_NOW, ElfesError
+from ..backends import Executor, ExecutorError, backend_for, choose_executor
+from ..errors import EXIT_NOT_NOW, ElfesError
 from ..rundir.paths import RunPaths
-from ..slurm import slurm_available, slurm_configured
+from ..slurm import slurm_configured
 from ..spec.models import JobSpec
 from .cluster_checks import cluster_problems
 from .scripts import (
@@ -49,30 +51,17 @@ from .scripts import (
     visible_gpus,
 )
 
-EXECUTORS = ("auto", "slurm", "local")
+__all__ = ["ExecutorError", "SubmissionError", "check_executor", "choose_executor", "dry_run", "submit",
+           "local_plan", "sbatch_script", "slurm_configured", "slurm_parameters"]
 # The CPU ranks a local job may start per CPU of this machine: a few share a core well enough for a test or a
 # rehearsal (gloo ranks wait on one another), beyond that each update waits on ranks that hardly run.
 LOCAL_RANKS_PER_CPU = 4
-
-class ExecutorError(ElfesError, ValueError):
-    """The spec cannot run on the chosen executor (bad input: nothing was created)."""
-
-    exit_code = EXIT_BAD_INPUT
 
 
 class SubmissionError(ElfesError, RuntimeError):
     """The executor refused or failed the submission (sbatch error, no SLURM here)."""
 
     exit_code = EXIT_NOT_NOW
-
-
-def choose_executor(requested: str) -> str:
-    """``"slurm"`` or ``"local"`` for ``requested`` (``auto``: SLURM where :func:`slurm_available`)."""
-    if requested not in EXECUTORS:
-        raise ExecutorError(f"executor {requested!r} is unknown; use one of {', '.join(EXECUTORS)}")
-    if requested == "auto":
-        return "slurm" if slurm_available() else "local"
-    return requested
 
 
 # Characters of a path that sbatch and srun read in --output and --error: their names, and how they read them.
@@ -85,18 +74,21 @@ SBATCH_PATH_CHARACTERS = {
 def check_executor(spec: JobSpec, executor: str) -> None:
     """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`); on
     ``slurm``, also a partition, account or QOS that the cluster, where one answers, does not have."""
-    if executor == "slurm":
-        for character, (name, reading) in SBATCH_PATH_CHARACTERS.items():
-            if character in str(spec.run_dir):
-                raise ExecutorError(
-                    f"run_dir = {str(spec.run_dir)!r}: contains {name}, which sbatch reads {reading} in the job's "
-                    f"log paths below it, so the logs would go elsewhere; give a run directory without {name} for SLURM")
-        problems = cluster_problems(spec)
-        if problems:
-            raise ExecutorError("\n".join(problems))
-        return
-    if executor != "local":
-        return
+    _submission(executor).check(spec)
+
+
+def _check_slurm(spec: JobSpec) -> None:
+    for character, (name, reading) in SBATCH_PATH_CHARACTERS.items():
+        if character in str(spec.run_dir):
+            raise ExecutorError(
+                f"run_dir = {str(spec.run_dir)!r}: contains {name}, which sbatch reads {reading} in the job's "
+                f"log paths below it, so the logs would go elsewhere; give a run directory without {name} for SLURM")
+    problems = cluster_problems(spec)
+    if problems:
+        raise ExecutorError("\n".join(problems))
+
+
+def _check_local(spec: JobSpec) -> None:
     if spec.resources.nodes != 1:
         raise ExecutorError(
             f"resources.nodes = {spec.resources.nodes}: the local executor runs on this machine only (1 node); "
@@ -184,9 +176,10 @@ def _reset_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-def _submit_local(spec: JobSpec, paths: RunPaths, runtime: Any) -> str:
+def _submit_local(spec: JobSpec, paths: RunPaths, runtime: Any, exclude: tuple[str, ...] = ()) -> str:
     """Submit through ``LocalExecutor`` from a forked child in a new session whose standard streams
-    are the controller log; the controller outlives the child (and this process)."""
+    are the controller log; the controller outlives the child (and this process). ``exclude``: nothing to leave
+    out on one machine."""
     with submitit_files_undone_on_failure(paths):
         log_size = paths.controller_log.stat().st_size if paths.controller_log.is_file() else 0
         try:
@@ -255,27 +248,40 @@ def _start_local_controller(spec: JobSpec, paths: RunPaths, runtime: Any) -> str
 
 
 # -- the verbs' entry points ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Submission:
+    """How a job reaches one backend (launcher/backends/): refusing a spec it cannot run, the text a dry run
+    shows, and the submission of one run's task with the nodes it leaves out; the job id it answers."""
+
+    check: Callable[[JobSpec], None]
+    dry_run: Callable[[JobSpec, RunPaths], str]
+    submit: Callable[[JobSpec, RunPaths, Any, tuple[str, ...]], str]
+
+
+# One per backend of launcher/backends/__init__.py's BACKENDS (tests/test_backend_seams.py checks both lists).
+SUBMISSIONS: dict[Executor, Submission] = {
+    Executor.SLURM: Submission(_check_slurm, sbatch_script, _submit_slurm),
+    Executor.LOCAL: Submission(_check_local, local_plan, _submit_local),
+}
+
+
+def _submission(executor: str) -> Submission:
+    return SUBMISSIONS[backend_for(executor).executor]  # ExecutorError for an executor that names no backend
+
+
 def dry_run(spec: JobSpec, paths: RunPaths, executor: str) -> str:
     """The sbatch script (``slurm``) or the local command (``local``) a submission would use."""
     check_executor(spec, executor)
-    if executor == "slurm":
-        return sbatch_script(spec, paths)
-    return local_plan(spec, paths)
+    return _submission(executor).dry_run(spec, paths)
 
 
 def submit(spec: JobSpec, paths: RunPaths, executor: str, task: Any, *, exclude: tuple[str, ...] = ()) -> str:
-    """Submit ``task`` (the job's picklable ``JobRuntime(run_dir)``) for ``spec`` on ``executor`` ("slurm" or
-    "local"); return the job id.
+    """Submit ``task`` (the job's picklable ``JobRuntime(run_dir)``) for ``spec`` on ``executor``; return the job id.
 
-    Callers: ``elfes submit``/``resume`` (launcher/commands/submission.py) and a local job's rank 0 resubmitting past
-    submitit's six starts. The run directory must hold the recorded spec and state already. ``exclude``: nodes
-    the SLURM job leaves out (``--exclude``; the run's exclusions after failures).
-    Raises :class:`ExecutorError` (spec unfit for the executor) or :class:`SubmissionError`.
+    Callers: the one hand-over (launcher/submit/transaction.py) of ``elfes submit``/``resume`` and of a local job's
+    rank 0 resubmitting past submitit's six starts. The run directory must hold the recorded spec and state
+    already. ``exclude``: nodes the job leaves out (the run's exclusions after failures, where its backend
+    excludes nodes). Raises :class:`ExecutorError` (spec unfit for the executor) or :class:`SubmissionError`.
     """
     check_executor(spec, executor)
-    if executor == "slurm":
-        return _submit_slurm(spec, paths, task, tuple(exclude))
-    if executor == "local":
-        return _submit_local(spec, paths, task)
-    raise ExecutorError(f"executor {executor!r} is unknown; use slurm or local")
-
+    return _submission(executor).submit(spec, paths, task, tuple(exclude))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from elfes.files import exclusive_lock
 
+from ..backends import backend_for
 from ..errors import EXIT_INTERRUPTED, ElfesError
 from ..rundir import state as run_state
 from ..rundir.liveness import local_processes
@@ -232,7 +233,7 @@ def interrupted_handover(paths: RunPaths, state: run_state.RunState) -> Found:
     here = submission.host in (None, socket.gethostname())
     if here and submission.pid is not None and submission.pid != os.getpid() and _process_alive(submission.pid):
         return Found(busy=f"the submitter (pid {submission.pid}) is still running")
-    if state.executor == "local":
+    if backend_for(state.executor).runs_here:
         processes = local_processes(paths)
         if processes["controller"]:
             return Found(job_id=str(min(processes["controller"])))

@@ -24,6 +24,7 @@ from typing import Any
 
 from submitit.local.local import Controller, LocalExecutor, LocalJob
 
+from ..backends import Executor
 from ..rundir.liveness import LOCAL_CONTROLLER_MODULE
 from ..rundir.paths import RunPaths
 from ..rundir.task_files import write_task_exit
@@ -93,7 +94,7 @@ class ElfesLocalExecutor(LocalExecutor):
             "SUBMITIT_LOCAL_NODEID": "0",
             "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
             "SUBMITIT_STDERR_TO_STDOUT": "1" if self.parameters.get("stderr_to_stdout") else "",
-            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_EXECUTOR": Executor.LOCAL.value,
             "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in visible[:gpus]),
             "SUBMITIT_LOCAL_WITH_SHELL": "",
         }

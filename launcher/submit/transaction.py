@@ -5,26 +5,28 @@ resubmission past submitit's start limit.
 A hand-over holds the run directory's submission lock and its state lock to the end (nothing else writes
 ``state.json`` meanwhile: a job of the run records its attempt once the hand-over is recorded), reads
 ``state.json`` and the recorded ``job.yaml`` once (:class:`HandOver`), decides with functions of what it
-read, writes its submission ahead, lets the caller ask the executor, then records the job or undoes every
-change (launcher/submit/handover.py's :class:`RunDirUndo`). The order is the methods' order:
-:meth:`HandOver.settle`, :meth:`HandOver.record_ahead`, then :meth:`HandOver.record_job` or
-:meth:`HandOver.restore`. :func:`hand_over_run` is all of it for one run. Torch-free.
+read, then takes the steps of :func:`hand_over`, the same for one run and for the members of a SLURM job array
+(launcher/commands/sweep/slurm.py): each submission written ahead, the room to record each job reserved, the
+executor asked once, each job recorded; or every change undone (launcher/submit/handover.py's
+:class:`RunDirUndo`). The order: :meth:`HandOver.settle`, :func:`hand_over`, or :meth:`HandOver.restore` of
+what the executor did not take. :func:`hand_over_run` is all of it for one run. Torch-free.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from elfes.files import exclusive_lock, write_text_atomically
 
+from ..backends import backend_for
 from ..rundir import state as run_state
-from ..rundir.code_record import job_spec
+from ..rundir.code_record import CodeRecord, job_spec
 from ..rundir.liveness import effective_state, liveness
 from ..rundir.lookup import UsageError, recorded_spec
 from ..rundir.lost_cause import describe_lost
@@ -80,22 +82,24 @@ def finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) -
 
 
 def excluded_nodes(spec: JobSpec, state: run_state.RunState | None, executor: str) -> tuple[str, ...]:
-    """The nodes the run's next SLURM job leaves out (``--exclude``): those recorded after failures there, while
-    ``requeue.exclude_failed_nodes`` is on."""
-    if executor != "slurm" or not spec.requeue.exclude_failed_nodes:
+    """The nodes the run's next job leaves out (``--exclude``): those recorded after failures there, where its
+    backend leaves nodes out and ``requeue.exclude_failed_nodes`` is on."""
+    if state is None or not backend_for(executor).excludes_failed_nodes(spec):
         return ()
-    return state.excluded_hosts if state is not None else ()
+    return state.excluded_hosts
 
 
 def lost_job_closed(paths: RunPaths, state: run_state.RunState | None) -> run_state.RunState | None:
     """``state`` with a job that is gone without an outcome recorded as lost. Refuses (NotNow) while a SLURM
     job of a stopped run is still queued or alive, or a command's processes outlive its attempt."""
     live = liveness(paths, state)
-    if state is not None and state.executor == "slurm" and state.status in run_state.ENDED and live.alive:
+    lingers = state is not None and backend_for(state.executor).outlives_its_end and state.status in run_state.ENDED
+    if state is not None and lingers and live.alive:
         # A SIGTERM stop saves `last` and waits for SLURM to end the job, which may requeue it (preemption).
         reason = f" ({live.queue_reason})" if live.queue_reason else ""
         raise run_state.NotNow(
-            f"{paths.run_dir}: SLURM job {state.job_id} of this run is still {live.queue_state}{reason} (a stopped job "
+            f"{paths.run_dir}: {backend_for(state.executor).job_name(state.job_id)} of this run is still "
+            f"{live.queue_state}{reason} (a stopped job "
             "waits for SLURM to end it, and a preempted one comes back by itself); wait until `elfes status` no "
             f"longer shows it in the queue, or `scancel {state.job_id}` first")
     if state is not None and state.status in run_state.ENDED and live.command:
@@ -157,6 +161,7 @@ class HandOver:
         self._state_read = False
         self._recorded: JobSpec | None = None
         self._recorded_read = False
+        self.taken = False  # the executor took this run's job (:func:`hand_over`): nothing of it may be undone now
 
     @property
     def state(self) -> run_state.RunState | None:
@@ -235,6 +240,58 @@ def held(paths: RunPaths, undo: RunDirUndo | None = None, *, undoable: bool = Tr
 
 
 @dataclass(frozen=True)
+class Ahead:
+    """What one run's submission records before the executor is asked (:meth:`HandOver.record_ahead`): for a
+    sweep member, the sweep's submitit folder and its task in the array too."""
+
+    spec: JobSpec
+    executor: str
+    kind: str
+    submitit_folder: Path | None = None
+    array_task: int | None = None
+    refuse_finished: str | None = None
+    clear_cancel: bool = True  # False for a resubmission from inside the job: a cancel meanwhile still holds
+
+
+def hand_over(runs: Sequence[tuple[HandOver, Ahead]], ask: Callable[[], Sequence[str]], *,
+              prepare: Callable[[HandOver], None] | None = None) -> list[run_state.RunState]:
+    """The steps of every hand-over once its runs are held and settled, in this order, for one run and for the
+    members of a job array alike: each run's submission recorded ahead (before anything else is written, so that
+    a refusal leaves the folder as it was and undo knows the run's files are this submission's), its cancel
+    marker removed, ``prepare`` (a single run's spec and code); then the room each run needs to record its job
+    reserved (a full disk refuses here, while everything can still be undone); then the executor asked once
+    (``ask``: one job id per run, in order); then each run's job recorded. When anything before the executor's
+    answer raises, the reserved room is freed and the error raised: the caller restores the runs
+    (:meth:`HandOver.restore`), whose ``taken`` is still False."""
+    for run, ahead in runs:
+        run.record_ahead(ahead.spec, ahead.executor, ahead.kind, submitit_folder=ahead.submitit_folder,
+                         array_task=ahead.array_task, refuse_finished=ahead.refuse_finished)
+        if ahead.clear_cancel:
+            run.paths.cancel_marker.unlink(missing_ok=True)
+        if prepare is not None:
+            prepare(run)
+    with ExitStack() as rooms:
+        for run, _ in runs:
+            rooms.enter_context(room_to_record_job(run.paths))
+        job_ids = ask()
+    for run, _ in runs:
+        run.taken = True
+    return [run.record_job(job_id) for (run, _), job_id in zip(runs, job_ids, strict=True)]
+
+
+@contextmanager
+def room_to_record_job(paths: RunPaths) -> Iterator[None]:
+    """The room recording the job needs, taken for the block (launcher/submit/handover.py's
+    :func:`reserve_room_for_record_job`): freed when the block raises, else reused by the write of ``state.json``."""
+    reserved = reserve_room_for_record_job(paths)
+    try:
+        yield
+    except BaseException:
+        reserved.unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
 class HandedOver:
     """What :func:`hand_over_run` did: the run's state after it, and what it changed of the recorded spec."""
 
@@ -246,13 +303,14 @@ class HandedOver:
 
 def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan, task: Any,
                   *, include_nodes: bool = False) -> HandedOver:
-    """Hand one run over (``kind``: "submit" or "resume"), under the lock, with stop signals deferred; every
-    change undone when refused. ``task``: the job's callable. ``include_nodes``: the nodes the run excluded after
-    failures are allowed again first. A stop signal that arrived meanwhile raises :class:`Interrupted` once the
-    hand-over is recorded, saying what was handed over."""
+    """Hand one run over (``kind``: "submit" or "resume"), under the lock, with stop signals deferred, through
+    :func:`hand_over`; every change undone when refused. ``task``: the job's callable. ``include_nodes``: the nodes
+    the run excluded after failures are allowed again first. A stop signal that arrived meanwhile raises
+    :class:`Interrupted` once the hand-over is recorded, saying what was handed over."""
     with signals_deferred() as arrived:
         undo = RunDirUndo(paths)
         handed_over = False
+        record: CodeRecord | None = None
         try:
             paths.run_dir.mkdir(parents=True, exist_ok=True)
             with held(paths, undo) as run:
@@ -264,22 +322,22 @@ def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, sour
                     return _finish(arrived, result, spec, paths)
                 if include_nodes:
                     run.include_nodes()
-                # Recorded before anything else is written: a refusal (a finished run) leaves the folder as it
-                # was, and from here on undo knows the run's files are this submission's.
-                run.record_ahead(spec, executor, kind, refuse_finished=finished_refusal(paths, run.recorded, spec))
-                if changed is None or changed:
-                    write_text_atomically(paths.spec, spec.to_yaml())
-                paths.cancel_marker.unlink(missing_ok=True)
-                record = carry_out(code, paths, undo)
-                reserved = reserve_room_for_record_job(paths)
+
+                def prepare(_: HandOver) -> None:
+                    nonlocal record
+                    if changed is None or changed:
+                        write_text_atomically(paths.spec, spec.to_yaml())
+                    record = carry_out(code, paths, undo)
+
+                def ask() -> list[str]:
+                    return [executors.submit(job_spec(spec, paths), paths, executor, task,
+                                             exclude=excluded_nodes(spec, run.state, executor))]
+
+                ahead = Ahead(spec, executor, kind, refuse_finished=finished_refusal(paths, run.recorded, spec))
                 try:
-                    job_id = executors.submit(job_spec(spec, paths), paths, executor, task,
-                                              exclude=excluded_nodes(spec, run.state, executor))
-                except BaseException:
-                    reserved.unlink(missing_ok=True)
-                    raise
-                handed_over = True
-                state = run.record_job(job_id)
+                    [state] = hand_over([(run, ahead)], ask, prepare=prepare)
+                finally:
+                    handed_over = run.taken
                 prune_older(paths, record)
         except OSError as error:
             if not handed_over:
@@ -304,19 +362,20 @@ def _finish(arrived: list[int], result: HandedOver, spec: JobSpec, paths: RunPat
     return result
 
 
-def resubmit_run(paths: RunPaths, task: Any) -> str:
-    """Past submitit's local start limit, hand the run over again as a "requeue" submission on the local
-    executor (rank 0 of the job, after recording "requeued"); returns the new job id. A refusal is recorded
-    (the run is failed) and raised; nothing is undone."""
+def resubmit_run(paths: RunPaths, task: Any, executor: str) -> str:
+    """Past its controller's start limit (``Backend.resubmits``), hand the run over again as a "requeue"
+    submission on ``executor`` through :func:`hand_over` (rank 0 of the job, after recording "requeued"); returns
+    the new job id. A refusal is recorded (the run is failed) and raised; nothing is undone."""
     from ..spec import load_spec_with
 
     spec = load_spec_with(paths.spec, check_files=False)
     with held(paths, undoable=False) as run:
-        run.record_ahead(spec, "local", run_state.Launch.REQUEUE)
+        ahead = Ahead(spec, executor, run_state.Launch.REQUEUE, clear_cancel=False)
         try:
-            job_id = executors.submit(job_spec(spec, paths), paths, "local", task)  # the run's code snapshot
+            [state] = hand_over([(run, ahead)], lambda: [executors.submit(job_spec(spec, paths), paths, executor,
+                                                                          task)])  # the run's code snapshot
         except (executors.SubmissionError, executors.ExecutorError) as error:
             run.record_refusal(str(error))
             raise
-        run.record_job(job_id)
-    return job_id
+    assert state.job_id is not None  # just recorded
+    return state.job_id

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from elfes.files import is_temporary
 
+from ...backends import backend_for
 from ...rundir import state as run_state
 from ...rundir.liveness import liveness, recorded_tasks
 from ...rundir.paths import RunPaths
 from ...rundir.state import Outcome, RunStatus
-from ...slurm import cancel, signal_job
 from ..signalling import ActionFailed, preempt
 from ..submission import resume
 from .plan import PlannedInterruption, RunLength, pointer_step
@@ -96,21 +96,21 @@ class InterruptedRun:
 
     def _stop(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
         state = _recorded_state(paths)
-        if state.executor == "slurm":
-            slurm(signal_job(str(state.job_id), "TERM"))
+        if not backend_for(state.executor).runs_here:
+            slurm(backend_for(state.executor).signal(str(state.job_id), "TERM"))
         else:
             signal_tasks(paths, signal.SIGTERM)
         state = self.runs.wait(paths, lambda s: s.attempts[attempt - 1].ended and s.status in run_state.ENDED,
                                "the stopped run to save `last` and end")
         self._judge(paths, state.attempts[attempt - 1], interruption)
-        if state.executor == "slurm" and state.attempts[attempt - 1].outcome != Outcome.FINISHED:
-            slurm(cancel(str(state.job_id)))  # it saved and waits for SLURM to end it
+        if backend_for(state.executor).outlives_its_end and state.attempts[attempt - 1].outcome != Outcome.FINISHED:
+            slurm(backend_for(state.executor).cancel(str(state.job_id)))  # it saved and waits for SLURM to end it
         self._resume_when_gone(paths)
 
     def _kill(self, paths: RunPaths, attempt: int, interruption: Interruption) -> None:
         state = _recorded_state(paths)
-        if state.executor == "slurm":
-            slurm(signal_job(str(state.job_id), "KILL", full=True))
+        if not backend_for(state.executor).runs_here:
+            slurm(backend_for(state.executor).signal(str(state.job_id), "KILL", every_process=True))
         else:
             kill_local_job(paths)
         self._resume_when_gone(paths, interruption)
@@ -153,7 +153,7 @@ class InterruptedRun:
         def ready(state: run_state.RunState) -> bool:
             if state.status in run_state.ENDED:
                 return True
-            tasks = recorded_tasks(paths) if state.executor == "local" else [True]
+            tasks = recorded_tasks(paths) if backend_for(state.executor).runs_here else [True]
             return state.status == RunStatus.RUNNING and bool(tasks) and progress.step >= step
         state = self.runs.wait(paths, ready, f"step {step}", follower=progress)
         return None if state.status in run_state.ENDED else len(state.attempts)

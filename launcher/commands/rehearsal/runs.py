@@ -20,12 +20,13 @@ import yaml
 from elfes.contract import START_EVENTS, EventKind, Pointer
 from elfes.files import write_text_atomically
 
+from ...backends import backend_for
 from ...rundir import state as run_state
 from ...rundir.liveness import LivenessProbe, effective_state, liveness, local_processes, recorded_tasks
 from ...rundir.paths import RunPaths
 from ...rundir.provenance import Provenance, changes_between
 from ...rundir.state import RunStatus
-from ...slurm import Answer, cancel
+from ...slurm import Answer
 from ...spec import JobSpec
 from ..logs import EventTail
 from ..submission import submit
@@ -208,7 +209,7 @@ def remove_run_dir(run_dir: Path, timeout_s: float = GONE_TIMEOUT_S) -> None:
     as long again. Raises RehearsalFailed, naming the folder, where it cannot be removed."""
     paths = RunPaths(run_dir)
     # A scratch job that recorded its end leaves SLURM's queue within seconds: asked every 5 s, not every 30.
-    probe = LivenessProbe(paths, slurm_every_s=5.0)
+    probe = LivenessProbe(paths, at_most_every_s=5.0)
     state = wait_gone(paths, probe, timeout_s)
     if state is not None:
         end_job(paths, state)
@@ -238,8 +239,8 @@ def wait_gone(paths: RunPaths, probe: LivenessProbe, timeout_s: float) -> run_st
 
 def end_job(paths: RunPaths, state: run_state.RunState) -> None:
     """End the run's job now: scancel on SLURM, SIGKILL to every process of a local job."""
-    if state.executor == "slurm":
-        slurm(cancel(str(state.job_id)))
+    if not backend_for(state.executor).runs_here:
+        slurm(backend_for(state.executor).cancel(str(state.job_id)))
     else:
         kill_local_job(paths)
 

@@ -39,6 +39,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from ...backends import Executor
 from ...rundir import state as run_state
 from ...rundir.paths import RunPaths, SweepPaths
 from ...rundir.status_reading import ProcessTable
@@ -106,9 +107,9 @@ def _hand_over(paths: RunPaths) -> None:
     from ..submission import resume, submit
 
     if run_state.load_state(paths) is None:
-        result = submit(paths.spec, executor="local", code="recorded")  # the sweep's snapshot, taken at its submission
+        result = submit(paths.spec, executor=Executor.LOCAL, code="recorded")  # the sweep's snapshot
     else:
-        result = resume(paths.run_dir, executor="local")
+        result = resume(paths.run_dir, executor=Executor.LOCAL)
     print(f"{run_state.now()} {paths.run_dir.name}: {result.executor} job {result.job_id}", flush=True)
 
 

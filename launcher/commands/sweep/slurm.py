@@ -13,10 +13,12 @@ next array filling the free slots.
 
 Each member's job id is ``<array job>_<task>`` (what submitit's ``JobEnvironment`` reports in the task):
 ``scontrol requeue`` of it requeues that member alone, ``squeue``/``scancel`` address it alone, and each
-member counts its own requeues in its own ``state.json``. The hand-over is one transaction per array:
-every member's submission is recorded ahead ("submitted"), then sbatch is asked once, then every member
-gets its job id; when sbatch refuses, every member of that array is restored as it was (the arrays queued
-before it stay, and the members left out are recorded as the sweep's problems).
+member counts its own requeues in its own ``state.json``. The hand-over is one transaction per array, the
+steps of a single run's (launcher/submit/transaction.py's ``hand_over``): every member's submission is
+recorded ahead ("submitted"), the room to record each job is reserved (a full disk refuses here), then sbatch
+is asked once, then every member gets its job id; when anything before sbatch's answer fails, every member of
+that array is restored as it was (the arrays queued before it stay, and the members left out are recorded as
+the sweep's problems).
 
 An array leaves out (``--exclude``) every node its members' failures excluded (``requeue.exclude_failed_nodes``,
 each member's ``state.json``), as a single run's resubmission does: a node bad for one member is bad for its
@@ -30,21 +32,24 @@ import json
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
+from ...backends import Executor
 from ...job.runtime import JobRuntime
 from ...rundir import state as run_state
 from ...rundir.code_record import job_spec
+from ...rundir.lookup import UsageError
 from ...rundir.paths import RunPaths, SweepPaths
 from ...rundir.state import Launch
 from ...rundir.sweep_record import MemberRecord, SweepJob, SweepRecord, change_sweep
 from ...slurm import SlurmError, partition_nodes, user_jobs
-from ...spec import JobSpec, load_spec
+from ...spec import JobSpec
 from ...spec.sweep import SweepPlan
 from ...submit import arrays, executors, scripts
 from ...submit.handover import signals_deferred
 from ...submit.placement import placement_problem
-from ...submit.transaction import HandOver, excluded_nodes, held
+from ...submit.transaction import Ahead, HandOver, excluded_nodes, hand_over, held
 
 
 def _options_key(spec: JobSpec) -> str:
@@ -120,12 +125,27 @@ def _settle(member: HandOver) -> str | None:
     return None
 
 
+def _recorded(member: HandOver) -> JobSpec:
+    """The member's recorded spec (``job.yaml``), as its hand-over read it under its locks."""
+    if member.recorded is None:
+        raise UsageError(f"{member.paths.spec} is missing: the sweep member has no recorded spec; remove the member's "
+                         "folder and submit the sweep again")
+    return member.recorded
+
+
+def _restore(members: Sequence[HandOver]) -> None:
+    """The members' run directories as they were, except those whose job the executor already took."""
+    for member in members:
+        if not member.taken:
+            member.restore()
+
+
 def array_exclusions(members: Sequence[tuple[HandOver, JobSpec]]) -> tuple[str, ...]:
     """The nodes an array of ``members`` (hand-over, spec) leaves out (``--exclude``): those each member that
     excludes the nodes of its failures (``requeue.exclude_failed_nodes``) recorded in its ``state.json``."""
     hosts: dict[str, None] = {}
     for member, spec in members:
-        hosts.update(dict.fromkeys(excluded_nodes(spec, member.state, "slurm")))
+        hosts.update(dict.fromkeys(excluded_nodes(spec, member.state, Executor.SLURM)))
     return tuple(hosts)
 
 
@@ -228,8 +248,9 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                     locks.enter_context(member_locks.pop_all())  # held until its array is recorded
                 else:  # adopted or live: its job may write state.json while the arrays are submitted
                     left[member.name] = why
-        # Each member's spec as its job sees it: workdir is the sweep's code snapshot (the member's code.json).
-        due = [(member.name, job_spec(load_spec(member_paths[member.name].spec), member_paths[member.name]))
+        # Each member's spec as its job sees it, read once under its locks: workdir is the sweep's code snapshot
+        # (the member's code.json).
+        due = [(member.name, job_spec(_recorded(runs[member.name]), member_paths[member.name]))
                for member in members if member.name not in left]
         # After the arrays still queued or running, those an interrupted hand-over queued (just adopted) too.
         after = live_arrays(record_adopted_arrays(paths, record))
@@ -247,27 +268,23 @@ def submit_array(paths: SweepPaths, record: SweepRecord, members: Sequence[Membe
                 if exclude:
                     exclude, note = _placeable(pairs, exclude, partition_nodes(group[0][1].slurm.partition))
                     notes += [note] if note else []
-                for task, (run, (_, spec)) in enumerate(zip(group_runs, group)):
-                    launch = Launch.SUBMIT if run.state is None else Launch.RESUME
-                    run.paths.cancel_marker.unlink(missing_ok=True)
-                    run.record_ahead(spec, "slurm", launch, submitit_folder=paths.submitit,
-                                     array_task=task if len(group) > 1 else None)
-                job_ids = arrays.submit_array(group[0][1], [JobRuntime(str(run.paths.run_dir)) for run in group_runs],
-                                              paths, record.max_parallel, after=after, exclude=exclude)
-            except executors.SubmissionError as error:
-                for run in group_runs:
-                    run.restore()
+                aheads = [(run, Ahead(spec, Executor.SLURM, Launch.SUBMIT if run.state is None else Launch.RESUME,
+                                      submitit_folder=paths.submitit, array_task=task if len(group) > 1 else None))
+                          for task, (run, (_, spec)) in enumerate(zip(group_runs, group))]
+                tasks = [JobRuntime(str(run.paths.run_dir)) for run in group_runs]
+                ask = partial(arrays.submit_array, group[0][1], tasks,
+                              paths, record.max_parallel, after=after, exclude=exclude)
+                job_ids = [str(state.job_id) for state in hand_over(aheads, ask)]
+            except (executors.SubmissionError, OSError) as error:  # sbatch refused, or no room to record the jobs
+                _restore(group_runs)
                 if not array_ids:
                     raise
                 error_text = str(error)
                 refused.update((name, error_text) for name, _ in group)
                 continue
             except BaseException:
-                for run in group_runs:
-                    run.restore()
+                _restore(group_runs)
                 raise
-            for run, job_id in zip(group_runs, job_ids):
-                run.record_job(job_id)
             array_id = job_ids[0].partition("_")[0]
             array_ids.append(array_id)
             after = [array_id]

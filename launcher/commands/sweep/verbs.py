@@ -25,6 +25,8 @@ from typing import Any
 
 from elfes.files import write_text_atomically
 
+from ...backends import Executor, backend_for
+from ...errors import NotNow
 from ...rundir import state as run_state
 from ...rundir.code_record import new_code_record, save_code_record
 from ...rundir.lookup import UsageError, is_left_by_interrupted_creation
@@ -86,7 +88,7 @@ def _check_folder(plan: SweepPlan) -> None:
 
 
 def _dry_run(plan: SweepPlan, executor: str) -> str:
-    if executor == "slurm":
+    if backend_for(executor).sweeps_as_arrays:
         from ...submit.cluster_checks import max_array_size
         from .slurm import array_scripts
 
@@ -110,7 +112,7 @@ def _code_plan(plan: SweepPlan) -> CodePlan:
     return plan_submit(first, plan.source, leave_out=(plan.sweep_dir,))
 
 
-def _create(plan: SweepPlan, executor: str, code: CodePlan) -> SweepRecord:
+def _create(plan: SweepPlan, executor: Executor, code: CodePlan) -> SweepRecord:
     """The sweep folder, its one code snapshot, each member's run directory with its recorded spec and its
     ``code.json`` naming that snapshot, and ``sweep.json``."""
     members = tuple(MemberRecord(member.index, member.name, str(member.spec.run_dir), member.overrides)
@@ -123,7 +125,8 @@ def _create(plan: SweepPlan, executor: str, code: CodePlan) -> SweepRecord:
         write_text_atomically(RunPaths(member.spec.run_dir).spec, member.spec.to_yaml())
         save_code_record(RunPaths(member.spec.run_dir), snapshot)
     at = run_state.now()
-    queue = tuple({"name": member.name, "at": at} for member in members) if executor == "local" else ()
+    queue = () if backend_for(executor).sweeps_as_arrays else tuple(
+        {"name": member.name, "at": at} for member in members)
     record = SweepRecord(name=plan.base.name, executor=executor, max_parallel=plan.max_parallel, members=members,
                          queue=queue)
     save_sweep(SweepPaths(plan.sweep_dir), record)
@@ -158,7 +161,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
                               dry_run=_dry_run(plan, chosen))
     _check_folder(plan)
     limit = None
-    if chosen == "slurm":
+    if backend_for(chosen).sweeps_as_arrays:
         from ...submit.cluster_checks import max_array_size
 
         limit = max_array_size()  # before anything is created: the arrays are cut to it
@@ -167,7 +170,7 @@ def submit(spec_file: str | os.PathLike[str], *, executor: str = "auto", dry_run
     try:
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
         record = _create(plan, chosen, code)
-        if chosen == "slurm":
+        if backend_for(chosen).sweeps_as_arrays:
             from .slurm import submit_array
 
             with sweep_lock(SweepPaths(plan.sweep_dir)):
@@ -236,24 +239,29 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
                 due.append(member)  # "submitted": a hand-over cut short; settled (its job adopted) under the lock
             else:
                 skipped[member.name] = now_status  # live, or already waiting for a slot
-        if not due and record.executor == "slurm":
+        if not due and backend_for(record.executor).sweeps_as_arrays:
             from .slurm import record_adopted_arrays
 
             record_adopted_arrays(paths, record)
         if not due:
             # Members waiting for a slot with no scheduler alive (it was killed, or never started): start one.
-            healed = (chosen == "local" and record.executor == "local" and stall(paths, record) is not None
+            healed = (not backend_for(chosen).sweeps_as_arrays and chosen == record.executor
+                      and stall(paths, record) is not None
                       and start_scheduler(paths) != 0)
             return SweepSubmitted(paths.sweep_dir, record.name, chosen, (), skipped, record.max_parallel,
                                   scheduler_started=healed)
         submitted = None
-        if chosen == "slurm":
+        if backend_for(chosen).sweeps_as_arrays:
             from ...submit.cluster_checks import max_array_size
             from .slurm import record_adopted_arrays, submit_array
 
-            submitted = submit_array(paths, record, due, kind=Launch.RESUME, limit=max_array_size(),
-                                     include_nodes=include_nodes)
-            change_sweep(paths, lambda r: replace(r, executor="slurm"))
+            try:
+                submitted = submit_array(paths, record, due, kind=Launch.RESUME, limit=max_array_size(),
+                                         include_nodes=include_nodes)
+            except OSError as error:  # a full disk: refused before sbatch was asked, every member as it was
+                raise NotNow(f"{paths.sweep_dir}: its members cannot be written ({error.strerror or error}); nothing "
+                             f"was handed over. Free some room, then `elfes resume {paths.sweep_dir}` again") from None
+            change_sweep(paths, lambda r: replace(r, executor=chosen))
             record_adopted_arrays(paths, load_sweep(paths))
             skipped |= submitted.left
             due = [member for member in due if member.name not in submitted.left]
@@ -262,7 +270,7 @@ def resume(sweep_dir: str | os.PathLike[str], *, executor: str | None = None,
         else:
             at = run_state.now()
             change_sweep(paths, lambda r: replace(
-                r, executor="local", queue=(*r.queue, *({"name": m.name, "at": at} for m in due)),
+                r, executor=chosen, queue=(*r.queue, *({"name": m.name, "at": at} for m in due)),
                 problems={name: text for name, text in r.problems.items() if name not in {m.name for m in due}}))
             started = start_scheduler(paths) != 0  # 0: a scheduler is alive and takes the new entries
             job_ids = ()
@@ -304,7 +312,8 @@ def cancel_sweep(sweep_dir: str | os.PathLike[str]) -> SweepCancelled:
         signalled = []
         for member in cancel_order(sweep_status(paths.sweep_dir, record).members, record.jobs):
             # A SLURM member that stopped on SIGTERM waits for SLURM to end it (and may come back): cancel it too.
-            waits = member.executor == "slurm" and member.status == RunStatus.STOPPED
+            waits = (member.executor is not None and backend_for(member.executor).outlives_its_end
+                     and member.status == RunStatus.STOPPED)
             if member.status not in (*run_state.ENDED, WAITING, NOT_STARTED) or waits:
                 signalled.append(cancel(member.run_dir))
     return SweepCancelled(paths.sweep_dir, signalled, tuple(entry["name"] for entry in record.queue))
