@@ -78,7 +78,7 @@ class _FailureRecordingStream:
             self.failure = error
             raise
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elfes.records.goodput import PART_LABELS, Goodput
 from elfes.records.timeline import Marker, Timeline
@@ -53,6 +54,9 @@ except ImportError as error:
         "elfes plot draws with matplotlib, which is not installed; install it with: "
         "pip install 'elfes[plot]' (or pip install matplotlib)"
     ) from error
+
+if TYPE_CHECKING:
+    from matplotlib.typing import ColorType  # matplotlib 3.8 and newer
 
 FORMATS = (".png", ".svg")
 RUN_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -317,7 +321,7 @@ def _short_label(run: RunCurves, marker: Marker) -> str:
     return "kill" if marker.kind == "killed" else marker.kind
 
 
-def run_colors(count: int) -> list:
+def run_colors(count: int) -> list[ColorType]:
     """A colour per run: the distinct RUN_COLORS while they last; for more runs (a sweep) a sequential colour map
     over the runs' order, since a legend of every member would cover the panel and repeated colours would lie."""
     if count <= len(RUN_COLORS):
@@ -337,7 +341,7 @@ def _lost_causes(runs: Sequence[RunCurves]) -> list[str]:
     return named + (["an interruption"] if ends - set(LOST_CAUSES) else [])
 
 
-def _legend_handles(runs: Sequence[RunCurves], colors: Sequence) -> list[Line2D]:
+def _legend_handles(runs: Sequence[RunCurves], colors: Sequence[ColorType]) -> list[Line2D]:
     if len(runs) <= len(RUN_COLORS):
         handles = [Line2D([], [], color=color, linewidth=1.6, label=run.name) for run, color in zip(runs, colors)]
     else:  # the first and the last run name the ends of the colour map

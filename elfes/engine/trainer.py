@@ -63,7 +63,7 @@ class Trainer:
         accelerator: Accelerator,
         model: nn.Module,
         optimizer: Optimizer,
-        train_dataloader: DataLoader,
+        train_dataloader: DataLoader[Any],
         step: Step,
         *,
         evaluator: Evaluator | None = None,

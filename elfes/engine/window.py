@@ -78,7 +78,7 @@ class WindowRunner:
         loss: LossPath,
         ema: ExponentialMovingAverage | None,
         scheduler: Scheduler | None,
-        batches_per_epoch: int,
+        batches_per_epoch: int | None,
     ) -> None:
         self.accelerator = accelerator
         self.batches_per_epoch = batches_per_epoch

@@ -96,7 +96,7 @@ class Sink(Protocol):
 class MirrorState:
     """What a mirror has sent, kept in ``RUN_DIR/tracking/<tracker>.json`` across attempts."""
 
-    tracker: str
+    tracker: Tracker
     run_id: str | None = None  # the tracker's run
     offset: int = 0  # bytes of events.jsonl sent (whole lines)
     sent_steps: dict[str, int] = field(default_factory=dict)  # metric -> last step sent
@@ -111,8 +111,9 @@ class MirrorState:
         return dict(self.__dict__)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take what ``state`` holds but its tracker: the file is the one of the tracker this state was made for."""
         for name in self.__dataclass_fields__:
-            if name in state:
+            if name in state and name != "tracker":
                 setattr(self, name, state[name])
 
 
@@ -261,7 +262,7 @@ class Sender:
 
 def save_mirror_state(run_dir: Path, state: MirrorState) -> None:
     """Publish a mirror's state atomically (``RUN_DIR/tracking/<tracker>.json``)."""
-    path = tracker_state_path(run_dir, state.tracker)  # type: ignore[arg-type]  # a Tracker name
+    path = tracker_state_path(run_dir, state.tracker)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, json.dumps(state.state_dict(), indent=1, sort_keys=True))
 

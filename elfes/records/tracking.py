@@ -154,7 +154,7 @@ def resolve_tracking(
         ('mlflow',)
     """
     if mlflow is not None or wandb is not None:
-        return TrackingSettings(mlflow=mlflow, wandb=wandb)  # type: ignore[arg-type]  # validated mappings
+        return TrackingSettings.model_validate({"mlflow": mlflow, "wandb": wandb})
     text = os.environ.get(TRACKING_VARIABLE, "").strip()
     if not text:
         return TrackingSettings()

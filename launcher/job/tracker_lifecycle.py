@@ -22,6 +22,7 @@ from elfes.records.tracker_lifecycle import (
     CODE_TAG_PREFIX,
     VERSION_TAG_PREFIX,
     Lifecycle,
+    TrackerStatus,
     read_lifecycle,
     write_lifecycle,
 )
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_S = 20.0  # what the end of a run waits for the trackers, all at once
 
-TRACKER_STATUS: dict[RunStatus, str] = {
+TRACKER_STATUS: dict[RunStatus, TrackerStatus] = {
     RunStatus.FINISHED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELLED: "KILLED",
     RunStatus.STOPPED: "KILLED",
 }  # every other status: RUNNING
@@ -73,7 +74,7 @@ def lifecycle_of(state: RunState, spec: JobSpec) -> Lifecycle:
     """The run's lifecycle for its trackers: status, each ended attempt's end, the spec, the latest provenance."""
     ends = {attempt.number: end for attempt in state.attempts if (end := attempt_end(attempt)) is not None}
     provenance = next((attempt.provenance for attempt in reversed(state.attempts) if attempt.provenance), None)
-    return Lifecycle(status=TRACKER_STATUS.get(state.status, "RUNNING"), attempt_ends=ends,  # type: ignore[arg-type]
+    return Lifecycle(status=TRACKER_STATUS.get(state.status, "RUNNING"), attempt_ends=ends,
                      params=spec_params(spec.model_dump(mode="json")), provenance=provenance_tags(provenance))
 
 

@@ -24,7 +24,7 @@ def check_process_group(accelerator: Accelerator) -> None:
         )
 
 
-def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader) -> None:
+def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader[Any]) -> None:
     """Refuse settings under which ranks would pad, split or drop training batches."""
     world = accelerator.num_processes
     if world == 1:
@@ -60,7 +60,7 @@ def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader)
 
 
 def verify_rank_lengths(
-    accelerator: Accelerator, prepared: DataLoader, total_batches: int | None, *, length: int | None = None
+    accelerator: Accelerator, prepared: DataLoader[Any], total_batches: int | None, *, length: int | None = None
 ) -> int | None:
     """Check that every rank holds the same number of batches; returns that number.
 
@@ -86,7 +86,7 @@ def verify_rank_lengths(
     return length
 
 
-def check_training_loader(accelerator: Accelerator, dataloader: DataLoader) -> None:
+def check_training_loader(accelerator: Accelerator, dataloader: DataLoader[Any]) -> None:
     """Refuse a training loader whose batches or state the engine could not reproduce."""
     if not isinstance(dataloader, DataLoader):
         raise ConfigurationTypeError(f"The training data is a {type(dataloader).__name__}; pass a torch.utils.data.DataLoader.")
