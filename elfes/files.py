@@ -45,7 +45,7 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
     try:
         with open(temporary, "wb") as file:
             stream = _FailureRecordingStream(file)
-            yield stream  # type: ignore[misc]
+            yield stream  # type: ignore[misc]  # a BinaryIO by delegation: its own write, the file's other methods
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)

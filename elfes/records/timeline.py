@@ -39,6 +39,7 @@ DEFAULT_METRIC = "train/loss"
 
 MarkerKind = Literal["start", "resume", "requeue", "stop", "killed", "failed"]
 AttemptEnd = Literal["finished", "stopped", "failed", "killed", "running"]
+Launch = Literal["start", "resume", "requeue"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Attempt:
     """
 
     number: int
-    launch: Literal["start", "resume", "requeue"]
+    launch: Launch
     start_step: int
     end: AttemptEnd
     end_step: int | None
@@ -212,7 +213,7 @@ class _AttemptParts:
     def add(self, event: Mapping[str, Any], kind: Any, step: int | None) -> None:
         """Take one event of the attempt: its ``kind`` (``event``) and its step (:func:`_event_step`)."""
         if step is not None:
-            if self.low_step is None:
+            if self.low_step is None or self.high_step is None:  # both are set together
                 self.low_step = self.high_step = step
             elif step > self.high_step:
                 self.high_step = step
@@ -319,7 +320,7 @@ class TimelineBuilder:
 def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str | None,
              followed: bool, failure_label: str | None = None) -> Attempt:
     first = parts.first
-    kind = "start" if first.get("event") == "started" else ("requeue" if launch == "requeue" else "resume")
+    kind: Launch = "start" if first.get("event") == "started" else ("requeue" if launch == "requeue" else "resume")
     start_step = _state_step(first) if first.get("event") in START_EVENTS else None
     if start_step is None:
         start_step = parts.low_step if parts.low_step is not None else 0

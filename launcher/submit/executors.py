@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_BAD_INPUT, EXIT_NOT_NOW, ElfesError
-from ..rundir.paths import RunPaths
+from ..rundir.paths import RunPaths, SweepPaths
 from ..slurm import slurm_available, slurm_configured
 from ..spec.models import JobSpec
 from .cluster_checks import cluster_problems
@@ -130,7 +130,7 @@ def usable_cpus() -> int:
 
 # -- SLURM ------------------------------------------------------------------------------------------------------
 @contextmanager
-def submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
+def submitit_files_undone_on_failure(paths: RunPaths | SweepPaths) -> Iterator[None]:
     """A submission that raises leaves submitit's folder as it found it: the pickles and sbatch scripts
     it wrote are removed, what it appended to the controller log is cut off, a folder it created goes."""
     folder = paths.submitit
