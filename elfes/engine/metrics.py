@@ -236,7 +236,8 @@ class MetricAccumulator:
                         )
         names = sorted(kinds)
         device = accelerator.device if accelerator is not None else torch.device("cpu")
-        sums, maxima = [], []
+        sums: list[torch.Tensor] = []
+        maxima: list[torch.Tensor] = []
         for name in names:
             width = 2 if kinds[name] in ("mean", "rms") else 1
             local = self._statistics.get(name)

@@ -27,7 +27,7 @@ from elfes.refusals import ConfigurationError
 
 from .checkpoint import CheckpointDirectory, Checkpointer, CheckpointName, Weights, resume_source
 from .collectives import every_rank_value, main_process_value, sum_over_ranks
-from .config import Progress, TrainConfig, TrainState
+from .config import Interval, Progress, TrainConfig, TrainState
 from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epoch_number
 from .loss import LossPath
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
@@ -143,7 +143,7 @@ class TrainingSession:
         every = self.config.checkpoint_every
         return every is not None and self._due(every, result, epoch_ended)
 
-    def _due(self, every: Any, result: WindowResult, epoch_ended: bool) -> bool:
+    def _due(self, every: Interval, result: WindowResult, epoch_ended: bool) -> bool:
         return every.due(step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended)
 
     def patience_exhausted(self) -> bool:
@@ -194,9 +194,9 @@ class TrainingSession:
                 "each rank's dataset a __len__ with the same number of batches (or a stream that outlasts max_steps)."
             )
         self._next_epoch()
-        due = {"step": self.state.step, "epoch": self.state.epoch, "stepped": False, "epoch_ended": True}
-        evaluate = self.evaluate is not None and self.config.evaluate_every is not None and self.config.evaluate_every.due(**due)
-        checkpoint = self.config.checkpoint_every is not None and self.config.checkpoint_every.due(**due)
+        due = functools.partial(Interval.due, step=self.state.step, epoch=self.state.epoch, stepped=False, epoch_ended=True)
+        evaluate = self.evaluate is not None and self.config.evaluate_every is not None and due(self.config.evaluate_every)
+        checkpoint = self.config.checkpoint_every is not None and due(self.config.checkpoint_every)
         return evaluate, checkpoint
 
     def _next_epoch(self) -> None:
