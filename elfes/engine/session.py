@@ -265,9 +265,10 @@ class TrainingSession:
 
         Returns whether to stop early and whether the monitored metric improved (None without a monitor).
         """
-        state, weights = self.state, self.evaluation_weights
+        state, weights, evaluate = self.state, self.evaluation_weights, self.evaluate
+        assert evaluate is not None  # a boundary evaluates only with an evaluator (evaluation_due, finish)
         started = time.perf_counter()
-        results = self.evaluate(weights=weights, heartbeat=self.stop.heartbeat)
+        results = evaluate(weights=weights, heartbeat=self.stop.heartbeat)
         duration = time.perf_counter() - started
         self.clock.evaluation_s += duration
         self.progress.last_evaluation = self.position()
@@ -280,17 +281,9 @@ class TrainingSession:
                     self.save(reason=SaveReason.INTERVAL)  # keep the work of this boundary before refusing
                 raise ValueError(missing_metric_message(results, monitor))
             improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler, self.checkpointer.sharded)
-        self.log(
-            "evaluation",
-            **self._where(),
-            weights=weights,
-            metrics=results,
-            duration_s=duration,
-            monitor=monitor.metric if monitor else None,
-            improved=improved,
-            best_metric=state.best_metric,
-            best_step=state.best_step,
-        )
+        self.log("evaluation", **self._where(), weights=weights, metrics=results, duration_s=duration,
+                 monitor=monitor.metric if monitor else None, improved=improved, best_metric=state.best_metric,
+                 best_step=state.best_step)
         return stop_early, improved
 
     def _forget_unscheduled_final_evaluation(self) -> None:
@@ -301,7 +294,7 @@ class TrainingSession:
             return
         restore_monitor(snapshot, self.state, self.progress, self.scheduler, self.optimizer)
         best = self._best_file()
-        if self.accelerator.is_main_process and best is not None and best.exists():
+        if self.accelerator.is_main_process and best is not None and best.exists() and self.directory is not None:
             self.directory.point(Pointer.BEST, best)
 
     # Checkpoints -------------------------------------------------------------------------------
@@ -310,6 +303,7 @@ class TrainingSession:
         """Publish this position's checkpoint: in the background for interval and best checkpoints when
         ``async_checkpoints`` (the loop waits only for the previous write and the snapshot), else now."""
         state, directory = self.state, self.directory
+        assert directory is not None  # every caller saves only into a checkpoint folder
         started = time.perf_counter()
         self.stop.heartbeat.beat(Phase.CHECKPOINTING)
         waited = self.collect_write(wait=True)
@@ -317,7 +311,7 @@ class TrainingSession:
         asynchronous = self.config.async_checkpoints and reason in (SaveReason.INTERVAL, SaveReason.BEST)
         snapshot = self.host_buffers.snapshot() if asynchronous else None
         pending = self.checkpointer.snapshot(
-            directory, name, reuse=self._already_published(name), run_id=self.progress.run_id, copy=snapshot
+            directory, name, reuse=self._already_published(directory, name), run_id=self.progress.run_id, copy=snapshot
         )
         best_file = self._best_file()
         publication = functools.partial(
@@ -326,7 +320,7 @@ class TrainingSession:
         self.saved = name
         record = dict(path=str(pending.path), **self._where(), next_batch=state.next_batch, reason=reason, best=best,
                       final=final, asynchronous=asynchronous, waited_s=waited)
-        if asynchronous:
+        if snapshot is not None:  # asynchronous
             snapshot.wait()
             blocked = time.perf_counter() - started
             if pending.main or pending.every_rank_writes:
@@ -351,10 +345,10 @@ class TrainingSession:
         self.log("checkpoint", **record, bytes=size, duration_s=duration)
         return waited
 
-    def _already_published(self, name: CheckpointName) -> bool:
+    def _already_published(self, directory: CheckpointDirectory, name: CheckpointName) -> bool:
         """Whether this position's file already holds exactly this state: written earlier in this call
         (an interval save before the final one), or the checkpoint this call resumed from, unchanged since."""
-        path = self.directory.file(name)
+        path = directory.file(name)
         if name == self.saved and path.exists():
             return True
         if self.restored is None or not path.exists() or path.resolve() != self.restored[0]:
