@@ -244,7 +244,7 @@ def _host_values(losses: list[torch.Tensor]) -> list[float]:
     each read directly on the CPU (where stacking them would cost more than reading them)."""
     if len(losses) > 1 and losses[0].device.type != "cpu":
         return torch.stack(losses).tolist()
-    return [loss.item() for loss in losses]
+    return [float(loss.item()) for loss in losses]
 
 
 def _as_tensor(weight: float | torch.Tensor, device: torch.device) -> torch.Tensor:
