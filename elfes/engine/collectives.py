@@ -40,7 +40,7 @@ def _lend(*buffers: torch.Tensor) -> None:
 
 
 def _take_back_released() -> None:
-    _lent[:] = [(buffer, view) for buffer, view in _lent if buffer._use_count() > 2]
+    _lent[:] = [(buffer, view) for buffer, view in _lent if buffer._use_count() > 2]  # type: ignore[attr-defined]  # private: not in torch's stubs
 
 
 def take_back_lent_buffers(timeout_s: float = 30.0) -> int:

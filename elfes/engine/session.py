@@ -21,11 +21,11 @@ from accelerate import Accelerator
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from elfes.contract import EARLY_STOPPING, Phase, Pointer, SaveReason, WarningKind
+from elfes.contract import EARLY_STOPPING, CheckpointName, Phase, Pointer, SaveReason, WarningKind
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError
 
-from .checkpoint import CheckpointDirectory, Checkpointer, CheckpointName, Weights, resume_source
+from .checkpoint import CheckpointDirectory, Checkpointer, Weights, resume_source
 from .collectives import every_rank_value, main_process_value, sum_over_ranks
 from .config import Interval, Progress, TrainConfig, TrainState
 from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epoch_number
@@ -84,7 +84,7 @@ class TrainingSession:
         if resume_from is not None:
             resumed_from = self._restore(Path(resume_from))
         elif self.progress.data_seed is None:
-            seed = [int(torch.randint(0, 2**62, ()).item()), uuid.uuid4().hex]
+            seed = (int(torch.randint(0, 2**62, ()).item()), uuid.uuid4().hex)
             self.progress.data_seed, self.progress.run_id = main_process_value(seed, self.accelerator)
         budget = self.budget
         past_budget = self.state.step > budget.planned_steps or self.state.epoch > budget.epochs

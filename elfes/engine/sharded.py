@@ -28,14 +28,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from elfes.contract import CheckpointName
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory
 
 from .checkpoint import (
@@ -45,7 +46,7 @@ from .checkpoint import (
     CheckpointDirectory,
     Checkpointer,
     CheckpointError,
-    CheckpointName,
+    PendingCheckpoint,
     Weights,
     read_checkpoint,
     unreadable_message,
@@ -147,7 +148,7 @@ def load_shards(state: dict[str, Any], shards: SafeReader, **options: Any) -> No
     try:
         with warnings.catch_warnings():  # DCP warns when it loads in one process, which no_dist asks for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=shards, **options)
+            state_dict_loader.load(state, storage_reader=shards, **options)
     except CheckpointException as error:
         causes = [failure[0] if isinstance(failure, tuple) else failure for _, failure in sorted(error.failures.items())]
         refused = next((cause for cause in causes if isinstance(cause, CheckpointError) and not isinstance(cause, ShardDamage)), None)
@@ -171,21 +172,13 @@ def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
-class PendingShards:
+class PendingShards(PendingCheckpoint):
     """A sharded checkpoint ready to be written: every rank's ``tensors`` (None where the folder already holds
     this position) and the main process's ``payload`` for ``state.pt``."""
 
-    directory: CheckpointDirectory
-    name: CheckpointName
     tensors: dict[str, Any] | None
-    payload: dict[str, Any] | None
-    main: bool
     group: Any  # the process group of checkpoint writes
     every_rank_writes = True
-
-    @property
-    def path(self) -> Path:
-        return self.directory.file(self.name)
 
     def write(self) -> tuple[Path, int]:
         """Write every rank's shards, then (main process) ``state.pt`` and the rename into place. Every rank calls
@@ -193,7 +186,7 @@ class PendingShards:
         final = self.path
         if self.tensors is not None:
             temporary = self.directory.path / f"{TEMPORARY_PREFIX}{self.name.filename}"
-            dcp.save(self.tensors, storage_writer=FileSystemWriter(temporary), process_group=self.group)
+            state_dict_saver.save(self.tensors, storage_writer=FileSystemWriter(temporary), process_group=self.group)
             if self.main:
                 with atomic_writer(temporary / SHARDED_STATE_FILE) as stream:
                     torch.save(self.payload, stream)
@@ -229,7 +222,7 @@ class ShardedCheckpointer(Checkpointer):
         self.group = group
 
     def snapshot(
-        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str, copy: TensorCopy | None = None
+        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str | None, copy: TensorCopy | None = None
     ) -> PendingShards:
         main = self.accelerator.is_main_process
         if main:  # before the gather below: no rank writes into the folder before a stale one of its name is gone
@@ -237,7 +230,7 @@ class ShardedCheckpointer(Checkpointer):
             directory.remove_stale_temporaries()
         ranks = self._gather([_state(component) for component in self.per_rank.values()])
         if main_process_value(reuse and directory.file(name).exists(), self.accelerator):
-            return PendingShards(directory, name, None, None, main, self.group)
+            return PendingShards(directory, name, None, main, tensors=None, group=self.group)
         optimizer = self.shared["optimizer"]
         optimizer_state = optimizer.state_dict()
         tensors: dict[str, Any] = {
@@ -262,7 +255,7 @@ class ShardedCheckpointer(Checkpointer):
             }
             payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
             payload = plain_payload(payload, copy=copy)
-        return PendingShards(directory, name, tensors, payload, main, self.group)
+        return PendingShards(directory, name, payload, main, tensors=tensors, group=self.group)
 
     def restore(self, source: Path) -> dict[str, Any]:
         resolved = Path(source).resolve()

@@ -229,7 +229,7 @@ def validate_event(event: Mapping[str, Any]) -> str:
         'export'
     """
     name = event.get("event")
-    if name not in EVENT_FIELDS:
+    if not isinstance(name, str) or name not in EVENT_FIELDS:
         known = ", ".join(EVENT_FIELDS)
         raise ValueError(f"unknown event name {name!r}; use one of: {known} (schema: elfes.records.EVENT_FIELDS)")
     if "time" in event:

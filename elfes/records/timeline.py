@@ -305,7 +305,8 @@ class TimelineBuilder:
         # Train metrics first, then evaluations; each group in order of first appearance.
         names = sorted(kept, key=lambda name: not name.startswith(TRAIN_PREFIX))
         series = {
-            name: Series(name, *map(tuple, kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
+            name: Series(name, tuple(kept[name][0]), tuple(kept[name][1]), tuple(kept[name][2]),
+                         tuple(tuple(points) for points in lost.get(name, {}).values()))
             for name in names
         }
         known = [None] + [attempt.world_size for attempt in attempts]  # each attempt's, or the last one known
@@ -347,13 +348,15 @@ def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str
 
 def _markers(attempt: Attempt, previous_world_size: int | None) -> list[Marker]:
     """An attempt's start (``resume on 1 rank`` where it continued on another world size), then its end."""
-    label, ranks = attempt.launch, attempt.world_size
+    label: str = attempt.launch
+    ranks = attempt.world_size
     if previous_world_size is not None and ranks is not None and ranks != previous_world_size:
         label = f"{attempt.launch} on {ranks} rank{'s' if ranks != 1 else ''}"
     markers = [Marker(attempt.start_step, attempt.launch, attempt.number, label)]
     if attempt.end == "stopped":
         stop = "cancel" if attempt.cancelled else "stop"
-        markers.append(Marker(attempt.end_step, "stop", attempt.number, f"{stop} ({attempt.stop_signal})"))
+        step = attempt.end_step if attempt.end_step is not None else attempt.last_step  # a stop that names no step
+        markers.append(Marker(step, "stop", attempt.number, f"{stop} ({attempt.stop_signal})"))
     elif attempt.end == "killed":
         markers.append(Marker(attempt.last_step, "killed", attempt.number, "killed"))
     elif attempt.end == "failed":

@@ -95,7 +95,7 @@ class TrackingSettings(_Settings):
     @property
     def trackers(self) -> tuple[Tracker, ...]:
         """The trackers turned on, in a fixed order."""
-        return tuple(name for name in TRACKERS if getattr(self, name) is not None)  # type: ignore[misc]
+        return tuple(name for name in TRACKERS if getattr(self, name) is not None)
 
 
 def absolute_store_uri(uri: str, base: Path) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, IterableDataset
@@ -71,7 +72,7 @@ def verify_rank_lengths(
         length = len(prepared)
     if accelerator.num_processes > 1:
         lengths: list[int | None] = every_rank_value(length, accelerator)
-        if total_batches is not None and (len(set(lengths)) != 1 or sum(lengths) != total_batches):
+        if total_batches is not None and (len(set(lengths)) != 1 or sum(rank_length or 0 for rank_length in lengths) != total_batches):
             raise ConfigurationError(
                 f"The prepared training DataLoader gives ranks {lengths} batches out of {total_batches}; exact "
                 "training needs equal, complete shards. Use a plain map-style Dataset with a standard sampler."

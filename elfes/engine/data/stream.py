@@ -16,7 +16,7 @@ dataset; a stream without state reads and discards the consumed batches.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, cast
 
 import torch
@@ -121,7 +121,7 @@ class TrainingData:
     # ----------------------------------------------------------------------------------------
     # Reading
 
-    def batches(self, epoch: int, start: int, data_seed: int, warn: Warn) -> Iterator[Any]:
+    def batches(self, epoch: int, start: int, data_seed: int, warn: Warn) -> Generator[Any, None, None]:
         """Yield this rank's batches of ``epoch`` from index ``start`` on, each read when asked for; a resume
         that reads and discards the consumed batches of a stream says what it cost through ``warn``."""
         # Seeding the sampler and the workers' base seed from (data_seed, epoch) keeps the order
