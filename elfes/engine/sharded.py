@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,9 @@ from .checkpoint import (
 from .collectives import main_process_value
 from .dcp_reader import SafeReader, ShardDamage
 from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DCP writes, each rank its shards
 
@@ -177,7 +180,7 @@ class PendingShards(PendingCheckpoint):
     this position) and the main process's ``payload`` for ``state.pt``."""
 
     tensors: dict[str, Any] | None
-    group: Any  # the process group of checkpoint writes
+    group: dist.ProcessGroup | None  # the process group of checkpoint writes
     every_rank_writes = True
 
     def write(self) -> tuple[Path, int]:
@@ -217,7 +220,8 @@ class ShardedCheckpointer(Checkpointer):
 
     sharded = True
 
-    def __init__(self, accelerator: Any, shared: Mapping[str, Any], per_rank: Mapping[str, Any], layout: Any, group: Any) -> None:
+    def __init__(self, accelerator: Accelerator, shared: Mapping[str, Any], per_rank: Mapping[str, Any],
+                 layout: Callable[[], dict[str, Any]], group: dist.ProcessGroup | None) -> None:
         super().__init__(accelerator, shared, per_rank, layout)
         self.group = group
 
@@ -333,6 +337,7 @@ def _state(component: Any) -> Any:
     return None if component is None else component.state_dict()
 
 
-def checkpoint_group() -> Any:
+def checkpoint_group() -> dist.ProcessGroup | None:
     """A process group for checkpoint writes alone (every rank calls this, in the same order)."""
-    return dist.new_group(backend="gloo")
+    group: dist.ProcessGroup | None = dist.new_group(backend="gloo")  # None on a rank outside it: never here
+    return group
