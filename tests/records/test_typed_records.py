@@ -1,11 +1,13 @@
-"""A mirror's state file belongs to the tracker it is named after: what it holds is read back, but never another
-tracker's name, which would have the next save write another tracker's file."""
+"""What the records' types promise and today's readers keep: a mirror's state file belongs to the tracker it is named
+after (another tracker's name in it would have the next save write that tracker's file), and every marker of a
+timeline stands at a step."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from elfes.records.timeline import build_timeline
 from elfes.records.tracker_sender import read_mirror_state, save_mirror_state
 from elfes.records.tracking import tracker_state_path
 
@@ -24,3 +26,13 @@ def test_a_state_file_naming_another_tracker_is_read_as_its_own_trackers_and_sav
     assert json.loads(path.read_text())["offset"] == 240
     assert json.loads(path.read_text())["tracker"] == "mlflow"
     assert not tracker_state_path(tmp_path, "wandb").exists()
+
+
+def test_a_stop_whose_event_names_no_step_is_marked_at_the_attempts_last_step() -> None:
+    timeline = build_timeline([
+        {"event": "started", "state": {"step": 0}},
+        {"event": "train", "step": 4, "metrics": {"loss": 1.0}},
+        {"event": "stopped", "reason": "SIGTERM"},
+    ])
+    (stop,) = [marker for marker in timeline.markers if marker.kind == "stop"]
+    assert (stop.step, stop.label) == (4, "stop (SIGTERM)")
