@@ -2,7 +2,7 @@
 #
 #   make run    set up .venv, then run the example job: elfes submit examples/quickstart/job.yaml --follow
 #   make test   set up .venv, then check and run the tests (inside .venv): python -m ruff check .,
-#               python -m mypy (strict on launcher/, pyproject.toml), then python -m pytest -q
+#               python -m mypy (strict on elfes/ and launcher/, pyproject.toml), then python -m pytest -q
 #
 # Setting up creates .venv when it is missing, installs torch into it first, then the project in
 # editable mode with its test extras (pip install -e ".[test]"); it is redone when pyproject.toml

@@ -36,6 +36,8 @@ class StrEnum(str, Enum):
     give the value (``"running"``), and a member equals (and hashes as) its string, so files and messages stay
     plain text. Python 3.11's ``enum.StrEnum``, for 3.10 too."""
 
+    _value_: str  # every member's value is its word
+
     def __str__(self) -> str:
         return self.value
 

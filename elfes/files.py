@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 TEMPORARY_PREFIX = ".tmp-"
 
@@ -45,7 +45,7 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
     try:
         with open(temporary, "wb") as file:
             stream = _FailureRecordingStream(file)
-            yield stream  # type: ignore[misc]
+            yield stream  # type: ignore[misc]  # a BinaryIO by delegation: its own write, the file's other methods
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -78,7 +78,7 @@ class _FailureRecordingStream:
             self.failure = error
             raise
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
 
 

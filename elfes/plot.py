@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elfes.records.goodput import PART_LABELS, Goodput
 from elfes.records.timeline import Marker, Timeline
@@ -54,11 +55,15 @@ except ImportError as error:
         "pip install 'elfes[plot]' (or pip install matplotlib)"
     ) from error
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.typing import ColorType, LineStyleType  # matplotlib 3.8 and newer
+
 FORMATS = (".png", ".svg")
 RUN_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 MANY_RUNS_COLORMAP = "viridis"  # for more runs than RUN_COLORS: the first run dark blue, the last yellow
 # Marker kind -> (colour, line style, legend text).
-MARKER_STYLES: dict[str, tuple[str, str, str]] = {
+MARKER_STYLES: dict[str, tuple[str, LineStyleType, str]] = {
     "start": ("dimgray", ":", "start"),
     "requeue": ("seagreen", ":", "requeue (relaunched by itself)"),
     "resume": ("royalblue", ":", "resume"),
@@ -104,7 +109,7 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     goodput = runs[0].goodput if len(runs) == 1 and runs[0].goodput is not None and runs[0].goodput.attempts else None
     bars = [] if goodput is None else [0.9 + 0.3 * len(goodput.attempts)]
     figure = Figure(figsize=(9.0, 1.2 + PANEL_HEIGHT_IN * len(metrics) + sum(bars)), layout="constrained")
-    FigureCanvasAgg(figure)
+    canvas = FigureCanvasAgg(figure)
     grid = figure.add_gridspec(len(metrics) + len(bars), 1, height_ratios=[PANEL_HEIGHT_IN] * len(metrics) + bars)
     axes = [figure.add_subplot(grid[0])]
     axes += [figure.add_subplot(grid[index], sharex=axes[0]) for index in range(1, len(metrics))]
@@ -126,13 +131,13 @@ def draw(runs: Sequence[RunCurves], metrics: Sequence[str], *, title: str | None
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(handles=_legend_handles(runs, colors), loc="upper right", fontsize=8, framealpha=0.85)
     figure.suptitle(title or _title(runs), fontsize=10)
-    _stack_labels(axes[0], labels)
+    _stack_labels(canvas, axes[0], labels)
     if goodput is not None:
         _draw_time_bars(figure.add_subplot(grid[len(metrics)]), goodput)
     return figure
 
 
-def _draw_time_bars(ax, goodput: Goodput) -> None:
+def _draw_time_bars(ax: Axes, goodput: Goodput) -> None:
     """A horizontal bar per attempt of the run's wall time (and one for the wait after the last, if any), each
     cut into the goodput's parts, in seconds."""
     drawn: set[str] = set()
@@ -214,7 +219,7 @@ def save(figure: Figure, path: Path) -> Path:
     return path
 
 
-def _draw_series(ax, run: RunCurves, metric: str, color: str) -> None:
+def _draw_series(ax: Axes, run: RunCurves, metric: str, color: ColorType) -> None:
     series = run.timeline.series.get(metric)
     if series is None:
         return
@@ -234,7 +239,7 @@ def _wants_log_scale(runs: Sequence[RunCurves], metric: str) -> bool:
     return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SCALE_RATIO
 
 
-def _draw_markers(ax, runs: Sequence[RunCurves]) -> None:
+def _draw_markers(ax: Axes, runs: Sequence[RunCurves]) -> None:
     """Lost spans shaded; a vertical line per marker. Markers at one step (of any run) share the height,
     each drawn over its own part of it, so that none hides another."""
     at_step: dict[int, list[tuple[RunCurves, Marker]]] = {}
@@ -253,7 +258,7 @@ def _draw_markers(ax, runs: Sequence[RunCurves]) -> None:
                        label="_marker")
 
 
-def _label_markers(ax, runs: Sequence[RunCurves]) -> list[Text]:
+def _label_markers(ax: Axes, runs: Sequence[RunCurves]) -> list[Text]:
     """One label per run and step above the top panel, naming every marker there (``SIGUSR2 / requeue``),
     prefixed with the run's name when there are several runs. A label that MERGE_RUNS or more runs share at
     one step (every member's ``start`` at step 0 in a sweep) is drawn once, naming how many runs share it."""
@@ -278,20 +283,20 @@ def _label_markers(ax, runs: Sequence[RunCurves]) -> list[Text]:
     return texts
 
 
-def _label(ax, step: int, text: str, gid: str) -> Text:
+def _label(ax: Axes, step: int, text: str, gid: str) -> Text:
     return ax.text(step, 1.0, text, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
                    fontsize=LABEL_FONT_SIZE, clip_on=False, gid=gid)
 
 
-def _stack_labels(ax, texts: Sequence[Text]) -> None:
+def _stack_labels(canvas: FigureCanvasAgg, ax: Axes, texts: Sequence[Text]) -> None:
     """Put each label in the lowest row above the panel where it overlaps no other, so that the band
     above the panel is as tall as its rows and no label covers another. Measured on the laid-out figure
     (rows change the panel's height, never its width, so the steps stay where they were measured)."""
     if not texts:
         return
-    figure = ax.get_figure()
+    figure = canvas.figure
     figure.draw_without_rendering()  # lays the figure out and sizes its texts; only save() rasterizes it
-    renderer = figure.canvas.get_renderer()
+    renderer = canvas.get_renderer()  # type: ignore[no-untyped-call]  # matplotlib leaves it unannotated
     spacing_px = LABEL_SPACING_PT * figure.dpi / 72
     row_ends: list[float] = []  # the right edge of the last label of each row, in pixels
     for text in sorted(texts, key=lambda text: text.get_window_extent(renderer).x0):
@@ -317,7 +322,7 @@ def _short_label(run: RunCurves, marker: Marker) -> str:
     return "kill" if marker.kind == "killed" else marker.kind
 
 
-def run_colors(count: int) -> list:
+def run_colors(count: int) -> list[ColorType]:
     """A colour per run: the distinct RUN_COLORS while they last; for more runs (a sweep) a sequential colour map
     over the runs' order, since a legend of every member would cover the panel and repeated colours would lie."""
     if count <= len(RUN_COLORS):
@@ -337,7 +342,7 @@ def _lost_causes(runs: Sequence[RunCurves]) -> list[str]:
     return named + (["an interruption"] if ends - set(LOST_CAUSES) else [])
 
 
-def _legend_handles(runs: Sequence[RunCurves], colors: Sequence) -> list[Line2D]:
+def _legend_handles(runs: Sequence[RunCurves], colors: Sequence[ColorType]) -> list[Line2D]:
     if len(runs) <= len(RUN_COLORS):
         handles = [Line2D([], [], color=color, linewidth=1.6, label=run.name) for run, color in zip(runs, colors)]
     else:  # the first and the last run name the ends of the colour map

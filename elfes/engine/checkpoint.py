@@ -171,7 +171,7 @@ def read_checkpoint(path: Path, shards: SafeReader | None = None) -> dict[str, A
     return payload
 
 
-def unreadable_message(path: Path, error: Exception) -> str:
+def unreadable_message(path: Path, error: BaseException) -> str:
     """What a damaged checkpoint ``path`` holds (its step), why it cannot be read, and the checkpoint to use instead."""
     name = CheckpointName.parse(path.name)
     held = f" It held step {name.step} (after {name.batches} batches)." if name else ""
@@ -261,7 +261,7 @@ class Checkpointer:
         return {**self.shared, **self.per_rank}
 
     def snapshot(
-        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str, copy: TensorCopy | None = None
+        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str | None, copy: TensorCopy | None = None
     ) -> PendingCheckpoint:
         """The collective part of saving checkpoint ``name`` (kept as it is when ``reuse``): every rank's
         states gathered, the main process's payload built. Without ``copy`` the payload holds live tensors

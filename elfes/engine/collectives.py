@@ -18,7 +18,7 @@ from __future__ import annotations
 import atexit
 import pickle
 import time
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ def _lend(*buffers: torch.Tensor) -> None:
 
 
 def _take_back_released() -> None:
-    _lent[:] = [(buffer, view) for buffer, view in _lent if buffer._use_count() > 2]
+    _lent[:] = [(buffer, view) for buffer, view in _lent if buffer._use_count() > 2]  # type: ignore[attr-defined]  # private: not in torch's stubs
 
 
 def take_back_lent_buffers(timeout_s: float = 30.0) -> int:
@@ -78,13 +78,13 @@ def main_process_value(value: T, accelerator: Accelerator) -> T:
         return value
     main = accelerator.is_main_process
     payload = _pickled(value, accelerator.device) if main else None
-    size = torch.tensor([payload.numel() if main else 0], dtype=torch.int64, device=accelerator.device)
+    size = torch.tensor([0 if payload is None else payload.numel()], dtype=torch.int64, device=accelerator.device)
     _lend(size)
     dist.broadcast(size, src=0)
-    received = payload if main else torch.empty(int(size.item()), dtype=torch.uint8, device=accelerator.device)
+    received = payload if payload is not None else torch.empty(int(size.item()), dtype=torch.uint8, device=accelerator.device)
     _lend(received)
     dist.broadcast(received, src=0)
-    return value if main else _unpickled(received)
+    return value if main else cast(T, _unpickled(received))  # what the main process pickled: a T
 
 
 def every_rank_value(value: Any, accelerator: Accelerator) -> list[Any]:

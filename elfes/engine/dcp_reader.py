@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 

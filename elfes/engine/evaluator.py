@@ -133,6 +133,6 @@ class Evaluator:
                 self.step(module, spare)
 
 
-def _drops_last(loader: DataLoader) -> bool:
+def _drops_last(loader: DataLoader[Any]) -> bool:
     batch_sampler = getattr(loader, "batch_sampler", None)
     return bool(getattr(loader, "drop_last", False) or getattr(batch_sampler, "drop_last", False))

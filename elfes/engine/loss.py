@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -32,8 +32,11 @@ Contribution = tuple[torch.Tensor, torch.Tensor | None]
 class WindowLoss(Protocol):
     """The loss of one accumulation window on one rank."""
 
-    batches: list[Any] | Iterable[Any]
     labelled: bool  # False when no term of the window has a sample: no gradient is taken
+
+    @property
+    def batches(self) -> Iterable[Any]:
+        """The window's microbatches (read as the window runs, or buffered when its counts come first)."""
 
     @property
     def local_weight(self) -> float | torch.Tensor:
@@ -55,6 +58,9 @@ class WindowLoss(Protocol):
 
     def gradient_factor(self, weight_total: float, world: int) -> float | None:
         """The factor turning the summed gradients into the window mean, or None to skip the update."""
+
+    def losses(self) -> list[torch.Tensor]:
+        """Each microbatch's loss on this rank (0 where it counts for nothing), to name a nonfinite one."""
 
 
 class LossPath(Protocol):
@@ -91,7 +97,7 @@ class MeanLoss:
     def batch_counts(self, batch: Any) -> None:
         return None
 
-    def record(self, metrics: MetricAccumulator, output: StepOutput, counts: None) -> None:
+    def record(self, metrics: MetricAccumulator, output: StepOutput, counts: torch.Tensor | None) -> None:
         check_metric_names(output.metrics, None)
         loss, weight = scalar_loss_and_weight(output)
         record_scalar_loss(metrics, loss, weight)
@@ -166,8 +172,8 @@ class MeanWindow:
         """
         if not self._losses:
             return
-        weights = self._weights
-        if self._positive:  # the common case: every loss counts
+        if self._positive:  # the common case: every loss counts, every weight a float
+            weights = cast("list[float]", self._weights)
             self._values = values = _host_values(self._losses)
             total, count = values[0] * weights[0], weights[0]
             for value, weight in zip(values[1:], weights[1:]):
@@ -175,27 +181,31 @@ class MeanWindow:
                 count += weight
             metrics.add_mean_values("loss", total, count)
             return
-        if not all(isinstance(weight, float) for weight in weights):
+        if not all(isinstance(weight, float) for weight in self._weights):
             metrics.add("loss", MeanMetric(*self._tensor_statistics()))
             return
+        weights = cast("list[float]", self._weights)  # every one a float, as checked just above
         counted = [loss for loss, weight in zip(self._losses, weights) if weight > 0]
         self._values = _host_values(counted)
-        values = iter(self._values)
-        total = count = None
-        for weight in weights:
-            product = next(values) * weight if weight > 0 else 0.0  # a batch of weight 0 adds 0, as a tensor where would
-            total = product if total is None else total + product
-            count = weight if count is None else count + weight
+        remaining = iter(self._values)
+        # A batch of weight 0 adds 0, as a tensor where would; the sums in microbatch order, as above.
+        products = [next(remaining) * weight if weight > 0 else 0.0 for weight in weights]
+        total, count = products[0], weights[0]
+        for product, weight in zip(products[1:], weights[1:]):
+            total += product
+            count += weight
         metrics.add_mean_values("loss", total, count)
 
     def _tensor_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
-        total = count = None
+        total: torch.Tensor | None = None
+        count: torch.Tensor | None = None
         for loss, weight in zip(self._losses, self._weights):
             weight = _as_tensor(weight, loss.device)
             product = loss.double() * weight
             product = torch.where(weight > 0, product, torch.zeros_like(product))
             total = product if total is None else total + product
             count = weight if count is None else count + weight
+        assert total is not None and count is not None  # finish() asks only for a window with losses
         return total, count
 
     def check(self, epoch: int, first_batch: int) -> None:
@@ -203,7 +213,7 @@ class MeanWindow:
             return
         tensors = [weight for weight in self._weights if isinstance(weight, torch.Tensor)]
         if tensors and bool(torch.stack([~torch.isfinite(w) | (w < 0) for w in tensors]).any()):
-            bad = next(i for i, w in enumerate(self._weights) if not _valid_weight(w))
+            bad: int | None = next(i for i, w in enumerate(self._weights) if not _valid_weight(w))
         else:
             bad = next((i for i, w in enumerate(self._weights) if isinstance(w, float) and not _valid_weight(w)), None)
         if bad is None:
@@ -244,7 +254,7 @@ def _host_values(losses: list[torch.Tensor]) -> list[float]:
     each read directly on the CPU (where stacking them would cost more than reading them)."""
     if len(losses) > 1 and losses[0].device.type != "cpu":
         return torch.stack(losses).tolist()
-    return [loss.item() for loss in losses]
+    return [float(loss.item()) for loss in losses]
 
 
 def _as_tensor(weight: float | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -271,7 +281,9 @@ class ObjectiveLoss:
     def batch_counts(self, batch: Any) -> torch.Tensor:
         return self.objective.batch_counts(batch, self.device)
 
-    def record(self, metrics: MetricAccumulator, output: StepOutput, counts: torch.Tensor) -> None:
+    def record(self, metrics: MetricAccumulator, output: StepOutput, counts: torch.Tensor | None) -> None:
+        if counts is None:
+            raise ValueError("ObjectiveLoss.record needs the batch's counts, as its batch_counts(batch) returned them.")
         check_metric_names(output.metrics, self.objective)
         record_objective_losses(metrics, self.objective, self.objective.term_losses(output), counts)
 

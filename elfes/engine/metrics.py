@@ -44,7 +44,8 @@ class Metric:
 
     @staticmethod
     def value(*statistics: float) -> float | None:
-        """The reported value from reduced statistics, or None when nothing was observed."""
+        """The reported value from the reduced ``statistics`` (in the order of :attr:`statistics`), or None when
+        nothing was observed."""
         raise NotImplementedError
 
 
@@ -60,7 +61,8 @@ class MeanMetric(Metric):
         self.statistics = (_as_statistic(total, "MeanMetric total"), _as_statistic(count, "MeanMetric count"))
 
     @staticmethod
-    def value(total: float, count: float) -> float | None:
+    def value(*statistics: float) -> float | None:
+        total, count = statistics
         return total / count if count > 0 else None
 
 
@@ -79,7 +81,8 @@ class RootMeanSquareMetric(Metric):
         )
 
     @staticmethod
-    def value(sum_squared: float, count: float) -> float | None:
+    def value(*statistics: float) -> float | None:
+        sum_squared, count = statistics
         return math.sqrt(sum_squared / count) if count > 0 else None
 
 
@@ -95,7 +98,8 @@ class SumMetric(Metric):
         self.statistics = (_as_statistic(total, "SumMetric total"),)
 
     @staticmethod
-    def value(total: float) -> float | None:
+    def value(*statistics: float) -> float | None:
+        (total,) = statistics
         return total
 
 
@@ -111,7 +115,8 @@ class MaxMetric(Metric):
         self.statistics = (_as_statistic(value, "MaxMetric value"),)
 
     @staticmethod
-    def value(value: float) -> float | None:
+    def value(*statistics: float) -> float | None:
+        (value,) = statistics
         return value if value != -math.inf else None
 
 
@@ -236,7 +241,8 @@ class MetricAccumulator:
                         )
         names = sorted(kinds)
         device = accelerator.device if accelerator is not None else torch.device("cpu")
-        sums, maxima = [], []
+        sums: list[torch.Tensor] = []
+        maxima: list[torch.Tensor] = []
         for name in names:
             width = 2 if kinds[name] in ("mean", "rms") else 1
             local = self._statistics.get(name)

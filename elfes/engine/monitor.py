@@ -8,7 +8,8 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from .checkpoint import CheckpointName
+from elfes.contract import CheckpointName
+
 from .config import Monitor, Progress, TrainState
 
 

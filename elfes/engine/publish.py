@@ -135,5 +135,6 @@ class BackgroundWriter:
                     "`last` still names the previous complete checkpoint."
                 )
             raise outcome
+        assert outcome is not None  # the thread ended with its result or its failure
         path, size, duration = outcome
         return self._record, path, size, duration

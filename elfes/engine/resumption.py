@@ -44,6 +44,8 @@ def check_schedule_horizons(scheduler: Any, budget: Budget, scheduler_interval: 
     unit = "step" if scheduler_interval == "step" else "epoch"
     planned = budget.planned_steps
     if unit == "epoch":
+        if budget.updates_per_epoch is None:  # a stream without __len__: how many epochs it plans is not known
+            return
         planned = math.ceil(planned / budget.updates_per_epoch)
     for horizon in schedule_horizons(scheduler):
         if horizon.steps == planned:

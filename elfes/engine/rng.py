@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 
 def capture_rng() -> dict[str, Any]:
     """This process's Python, NumPy, torch CPU and CUDA generator states, loadable with weights_only."""
-    algorithm, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    # The global generator is an MT19937, whose state is this tuple (NumPy's stub also allows another's dict).
+    numpy_state = cast("tuple[str, npt.NDArray[np.uint32], int, int, float]", np.random.get_state())
+    algorithm, keys, position, has_gauss, cached_gaussian = numpy_state
     return {
         "python": random.getstate(),
         "numpy": {

@@ -21,13 +21,13 @@ from accelerate import Accelerator
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from elfes.contract import EARLY_STOPPING, EventKind, Phase, Pointer, SaveReason, WarningKind
+from elfes.contract import EARLY_STOPPING, CheckpointName, EventKind, Phase, Pointer, SaveReason, WarningKind
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError
 
-from .checkpoint import CheckpointDirectory, Checkpointer, CheckpointName, Weights, resume_source
+from .checkpoint import CheckpointDirectory, Checkpointer, Weights, resume_source
 from .collectives import every_rank_value, main_process_value, sum_over_ranks
-from .config import Progress, TrainConfig, TrainState
+from .config import Interval, Progress, TrainConfig, TrainState
 from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epoch_number
 from .loss import LossPath
 from .monitor import missing_metric_message, monitored_value, restore_monitor, snapshot_monitor, update_monitor
@@ -84,7 +84,7 @@ class TrainingSession:
         if resume_from is not None:
             resumed_from = self._restore(Path(resume_from))
         elif self.progress.data_seed is None:
-            seed = [int(torch.randint(0, 2**62, ()).item()), uuid.uuid4().hex]
+            seed = (int(torch.randint(0, 2**62, ()).item()), uuid.uuid4().hex)
             self.progress.data_seed, self.progress.run_id = main_process_value(seed, self.accelerator)
         budget = self.budget
         past_budget = self.state.step > budget.planned_steps or self.state.epoch > budget.epochs
@@ -143,7 +143,7 @@ class TrainingSession:
         every = self.config.checkpoint_every
         return every is not None and self._due(every, result, epoch_ended)
 
-    def _due(self, every: Any, result: WindowResult, epoch_ended: bool) -> bool:
+    def _due(self, every: Interval, result: WindowResult, epoch_ended: bool) -> bool:
         return every.due(step=self.state.step, epoch=self.state.epoch, stepped=result.stepped, epoch_ended=epoch_ended)
 
     def patience_exhausted(self) -> bool:
@@ -194,9 +194,9 @@ class TrainingSession:
                 "each rank's dataset a __len__ with the same number of batches (or a stream that outlasts max_steps)."
             )
         self._next_epoch()
-        due = {"step": self.state.step, "epoch": self.state.epoch, "stepped": False, "epoch_ended": True}
-        evaluate = self.evaluate is not None and self.config.evaluate_every is not None and self.config.evaluate_every.due(**due)
-        checkpoint = self.config.checkpoint_every is not None and self.config.checkpoint_every.due(**due)
+        due = functools.partial(Interval.due, step=self.state.step, epoch=self.state.epoch, stepped=False, epoch_ended=True)
+        evaluate = self.evaluate is not None and self.config.evaluate_every is not None and due(self.config.evaluate_every)
+        checkpoint = self.config.checkpoint_every is not None and due(self.config.checkpoint_every)
         return evaluate, checkpoint
 
     def _next_epoch(self) -> None:
@@ -265,9 +265,10 @@ class TrainingSession:
 
         Returns whether to stop early and whether the monitored metric improved (None without a monitor).
         """
-        state, weights = self.state, self.evaluation_weights
+        state, weights, evaluate = self.state, self.evaluation_weights, self.evaluate
+        assert evaluate is not None  # a boundary evaluates only with an evaluator (evaluation_due, finish)
         started = time.perf_counter()
-        results = self.evaluate(weights=weights, heartbeat=self.stop.heartbeat)
+        results = evaluate(weights=weights, heartbeat=self.stop.heartbeat)
         duration = time.perf_counter() - started
         self.clock.evaluation_s += duration
         self.progress.last_evaluation = self.position()
@@ -280,17 +281,9 @@ class TrainingSession:
                     self.save(reason=SaveReason.INTERVAL)  # keep the work of this boundary before refusing
                 raise ValueError(missing_metric_message(results, monitor))
             improved, stop_early = update_monitor(monitor, value, state, self.progress, self.scheduler, self.checkpointer.sharded)
-        self.log(
-            EventKind.EVALUATION,
-            **self._where(),
-            weights=weights,
-            metrics=results,
-            duration_s=duration,
-            monitor=monitor.metric if monitor else None,
-            improved=improved,
-            best_metric=state.best_metric,
-            best_step=state.best_step,
-        )
+        self.log(EventKind.EVALUATION, **self._where(), weights=weights, metrics=results, duration_s=duration,
+                 monitor=monitor.metric if monitor else None, improved=improved, best_metric=state.best_metric,
+                 best_step=state.best_step)
         return stop_early, improved
 
     def _forget_unscheduled_final_evaluation(self) -> None:
@@ -301,7 +294,7 @@ class TrainingSession:
             return
         restore_monitor(snapshot, self.state, self.progress, self.scheduler, self.optimizer)
         best = self._best_file()
-        if self.accelerator.is_main_process and best is not None and best.exists():
+        if self.accelerator.is_main_process and best is not None and best.exists() and self.directory is not None:
             self.directory.point(Pointer.BEST, best)
 
     # Checkpoints -------------------------------------------------------------------------------
@@ -310,6 +303,7 @@ class TrainingSession:
         """Publish this position's checkpoint: in the background for interval and best checkpoints when
         ``async_checkpoints`` (the loop waits only for the previous write and the snapshot), else now."""
         state, directory = self.state, self.directory
+        assert directory is not None  # every caller saves only into a checkpoint folder
         started = time.perf_counter()
         self.stop.heartbeat.beat(Phase.CHECKPOINTING)
         waited = self.collect_write(wait=True)
@@ -317,7 +311,7 @@ class TrainingSession:
         asynchronous = self.config.async_checkpoints and reason in (SaveReason.INTERVAL, SaveReason.BEST)
         snapshot = self.host_buffers.snapshot() if asynchronous else None
         pending = self.checkpointer.snapshot(
-            directory, name, reuse=self._already_published(name), run_id=self.progress.run_id, copy=snapshot
+            directory, name, reuse=self._already_published(directory, name), run_id=self.progress.run_id, copy=snapshot
         )
         best_file = self._best_file()
         publication = functools.partial(
@@ -326,7 +320,7 @@ class TrainingSession:
         self.saved = name
         record = dict(path=str(pending.path), **self._where(), next_batch=state.next_batch, reason=reason, best=best,
                       final=final, asynchronous=asynchronous, waited_s=waited)
-        if asynchronous:
+        if snapshot is not None:  # asynchronous
             snapshot.wait()
             blocked = time.perf_counter() - started
             if pending.main or pending.every_rank_writes:
@@ -351,10 +345,10 @@ class TrainingSession:
         self.log(EventKind.CHECKPOINT, **record, bytes=size, duration_s=duration)
         return waited
 
-    def _already_published(self, name: CheckpointName) -> bool:
+    def _already_published(self, directory: CheckpointDirectory, name: CheckpointName) -> bool:
         """Whether this position's file already holds exactly this state: written earlier in this call
         (an interval save before the final one), or the checkpoint this call resumed from, unchanged since."""
-        path = self.directory.file(name)
+        path = directory.file(name)
         if name == self.saved and path.exists():
             return True
         if self.restored is None or not path.exists() or path.resolve() != self.restored[0]:

@@ -21,21 +21,22 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from elfes.contract import CheckpointName
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory
 
 from .checkpoint import (
@@ -45,7 +46,7 @@ from .checkpoint import (
     CheckpointDirectory,
     Checkpointer,
     CheckpointError,
-    CheckpointName,
+    PendingCheckpoint,
     Weights,
     read_checkpoint,
     unreadable_message,
@@ -53,6 +54,9 @@ from .checkpoint import (
 from .collectives import main_process_value
 from .dcp_reader import SafeReader, ShardDamage
 from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DCP writes, each rank its shards
 
@@ -147,7 +151,7 @@ def load_shards(state: dict[str, Any], shards: SafeReader, **options: Any) -> No
     try:
         with warnings.catch_warnings():  # DCP warns when it loads in one process, which no_dist asks for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=shards, **options)
+            state_dict_loader.load(state, storage_reader=shards, **options)
     except CheckpointException as error:
         causes = [failure[0] if isinstance(failure, tuple) else failure for _, failure in sorted(error.failures.items())]
         refused = next((cause for cause in causes if isinstance(cause, CheckpointError) and not isinstance(cause, ShardDamage)), None)
@@ -171,21 +175,13 @@ def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
-class PendingShards:
+class PendingShards(PendingCheckpoint):
     """A sharded checkpoint ready to be written: every rank's ``tensors`` (None where the folder already holds
     this position) and the main process's ``payload`` for ``state.pt``."""
 
-    directory: CheckpointDirectory
-    name: CheckpointName
     tensors: dict[str, Any] | None
-    payload: dict[str, Any] | None
-    main: bool
-    group: Any  # the process group of checkpoint writes
+    group: dist.ProcessGroup | None  # the process group of checkpoint writes
     every_rank_writes = True
-
-    @property
-    def path(self) -> Path:
-        return self.directory.file(self.name)
 
     def write(self) -> tuple[Path, int]:
         """Write every rank's shards, then (main process) ``state.pt`` and the rename into place. Every rank calls
@@ -193,7 +189,7 @@ class PendingShards:
         final = self.path
         if self.tensors is not None:
             temporary = self.directory.path / f"{TEMPORARY_PREFIX}{self.name.filename}"
-            dcp.save(self.tensors, storage_writer=FileSystemWriter(temporary), process_group=self.group)
+            state_dict_saver.save(self.tensors, storage_writer=FileSystemWriter(temporary), process_group=self.group)
             if self.main:
                 with atomic_writer(temporary / SHARDED_STATE_FILE) as stream:
                     torch.save(self.payload, stream)
@@ -224,12 +220,13 @@ class ShardedCheckpointer(Checkpointer):
 
     sharded = True
 
-    def __init__(self, accelerator: Any, shared: Mapping[str, Any], per_rank: Mapping[str, Any], layout: Any, group: Any) -> None:
+    def __init__(self, accelerator: Accelerator, shared: Mapping[str, Any], per_rank: Mapping[str, Any],
+                 layout: Callable[[], dict[str, Any]], group: dist.ProcessGroup | None) -> None:
         super().__init__(accelerator, shared, per_rank, layout)
         self.group = group
 
     def snapshot(
-        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str, copy: TensorCopy | None = None
+        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str | None, copy: TensorCopy | None = None
     ) -> PendingShards:
         main = self.accelerator.is_main_process
         if main:  # before the gather below: no rank writes into the folder before a stale one of its name is gone
@@ -237,7 +234,7 @@ class ShardedCheckpointer(Checkpointer):
             directory.remove_stale_temporaries()
         ranks = self._gather([_state(component) for component in self.per_rank.values()])
         if main_process_value(reuse and directory.file(name).exists(), self.accelerator):
-            return PendingShards(directory, name, None, None, main, self.group)
+            return PendingShards(directory, name, None, main, tensors=None, group=self.group)
         optimizer = self.shared["optimizer"]
         optimizer_state = optimizer.state_dict()
         tensors: dict[str, Any] = {
@@ -262,7 +259,7 @@ class ShardedCheckpointer(Checkpointer):
             }
             payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
             payload = plain_payload(payload, copy=copy)
-        return PendingShards(directory, name, tensors, payload, main, self.group)
+        return PendingShards(directory, name, payload, main, tensors=tensors, group=self.group)
 
     def restore(self, source: Path) -> dict[str, Any]:
         resolved = Path(source).resolve()
@@ -340,6 +337,7 @@ def _state(component: Any) -> Any:
     return None if component is None else component.state_dict()
 
 
-def checkpoint_group() -> Any:
+def checkpoint_group() -> dist.ProcessGroup | None:
     """A process group for checkpoint writes alone (every rank calls this, in the same order)."""
-    return dist.new_group(backend="gloo")
+    group: dist.ProcessGroup | None = dist.new_group(backend="gloo")  # None on a rank outside it: never here
+    return group

@@ -6,6 +6,7 @@ import signal
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from signal import Signals
 from types import FrameType
 
 from elfes.contract import TERMINATING_SIGNALS
@@ -49,7 +50,7 @@ class StopRequest:
         return self._signal
 
     @property
-    def signals(self) -> tuple[signal.Signals, ...]:
+    def signals(self) -> tuple[Signals, ...]:  # `signal` in this class is the property above
         """The signals this request catches (and that DataLoader workers ignore while it is in use)."""
         return self._signals
 

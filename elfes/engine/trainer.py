@@ -63,7 +63,7 @@ class Trainer:
         accelerator: Accelerator,
         model: nn.Module,
         optimizer: Optimizer,
-        train_dataloader: DataLoader,
+        train_dataloader: DataLoader[Any],
         step: Step,
         *,
         evaluator: Evaluator | None = None,
@@ -213,8 +213,8 @@ class Trainer:
             return run.pause()
         self.model.train()
         self.runner.keyed_randomness = None
+        assert self.progress.data_seed is not None  # drawn, or restored, by run.start
         if run.config.model_randomness == "per_batch":
-            assert self.progress.data_seed is not None  # drawn, or restored, by run.start
             self.runner.keyed_randomness = BatchKeyedRandomness(
                 self.progress.data_seed, self.accelerator.process_index, self.accelerator.num_processes,
                 self.accelerator.device)
@@ -272,9 +272,9 @@ class Trainer:
         """
         if self.evaluator is None:
             raise ValueError("Trainer.evaluate() needs an evaluator; pass Trainer(..., evaluator=Evaluator(...)).")
-        self._check_weight_choice(weights)
-        if weights == "ema":
-            with self.ema.swapped_in():
+        ema = self._check_weight_choice(weights)
+        if ema is not None:
+            with ema.swapped_in():
                 return self.evaluator.evaluate(self.model, heartbeat=heartbeat)
         return self.evaluator.evaluate(self.model, heartbeat=heartbeat)
 
@@ -285,8 +285,8 @@ class Trainer:
 
         >>> trainer.save_model(run_dir / "model.pt", weights="ema")  # doctest: +SKIP
         """
-        self._check_weight_choice(weights)
-        average = self.ema.state_dict() if weights == "ema" else None
+        ema = self._check_weight_choice(weights)
+        average = ema.state_dict() if ema is not None else None
         if self.sharded:  # every rank sends its shards; the main process holds the whole
             state = full_state_dict(self.module, average, self.accelerator.is_main_process)
         else:
@@ -331,7 +331,7 @@ class Trainer:
                 "TrainConfig.monitor needs periodic evaluation but evaluate_every is None; set "
                 "evaluate_every=Interval(...) or remove the monitor."
             )
-        if monitor is not None and monitor.loader not in self.evaluator.dataloaders:
+        if monitor is not None and self.evaluator is not None and monitor.loader not in self.evaluator.dataloaders:
             raise ConfigurationError(
                 f"TrainConfig.monitor watches {monitor.metric!r}, but the evaluator has no loader named "
                 f"{monitor.loader!r} (it has {sorted(self.evaluator.dataloaders)}); name one of those loaders."
@@ -341,7 +341,7 @@ class Trainer:
                 "ReduceLROnPlateau steps on the monitored metric, but TrainConfig.monitor is None; set "
                 "monitor=Monitor('<loader>/<metric>') (and mode to match the scheduler's mode)."
             )
-        if isinstance(self.scheduler, ReduceLROnPlateau) and self.scheduler.mode != monitor.mode:
+        if isinstance(self.scheduler, ReduceLROnPlateau) and monitor is not None and self.scheduler.mode != monitor.mode:
             raise ConfigurationError(
                 f"ReduceLROnPlateau(mode={self.scheduler.mode!r}) would read {monitor.metric!r} the opposite "
                 f"way from Monitor(mode={monitor.mode!r}); give both the same mode."
@@ -349,7 +349,8 @@ class Trainer:
         if self.scheduler is not None and not isinstance(self.scheduler, (LRScheduler, ReduceLROnPlateau)):
             raise ConfigurationTypeError(f"Trainer.scheduler is a {type(self.scheduler).__name__}; use a torch LR scheduler.")
 
-    def _check_weight_choice(self, weights: str) -> None:
+    def _check_weight_choice(self, weights: str) -> ExponentialMovingAverage | None:
+        """Refuse a choice of weights this trainer cannot give; returns the EMA that ``weights`` asks for (None: raw)."""
         if weights not in ("raw", "ema"):
             raise ConfigurationError(f"weights is {weights!r}; use 'raw' or 'ema'.")
         if weights == "ema" and self.ema is None:
@@ -357,6 +358,7 @@ class Trainer:
                 "weights='ema' was requested but this trainer keeps no EMA; pass Trainer(..., ema_decay=0.999) "
                 "or ask for weights='raw'."
             )
+        return self.ema if weights == "ema" else None
 
 
 def _check_sharding(accelerator: Accelerator, sharded: bool) -> None:

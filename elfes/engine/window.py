@@ -19,11 +19,12 @@ import operator
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from accelerate import Accelerator
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -78,7 +79,7 @@ class WindowRunner:
         loss: LossPath,
         ema: ExponentialMovingAverage | None,
         scheduler: Scheduler | None,
-        batches_per_epoch: int,
+        batches_per_epoch: int | None,
     ) -> None:
         self.accelerator = accelerator
         self.batches_per_epoch = batches_per_epoch
@@ -113,7 +114,8 @@ class WindowRunner:
         window = self.loss.open_window(batches, self.sum_over_ranks, reference)
         scaler = self.accelerator.scaler
         model, step, contribute, labelled = self.model, self.step, window.contribution, window.labelled
-        sharded, keyed = self.sharded, self.keyed_randomness
+        sharded = cast(FSDPModule, model) if self.sharded else None  # or a compiled one, which forwards its calls
+        keyed = self.keyed_randomness
         last = size - 1
         local_samples = consumed = 0
         # Grad mode is set once for the window: its microbatches all run with the same.
@@ -123,11 +125,11 @@ class WindowRunner:
                     on_stop()
                 consumed += 1
                 # Gradients are all-reduced (reduce-scattered: FSDP2) once per window, on its last microbatch.
-                if sharded:
-                    model.set_requires_gradient_sync(index == last)
+                if sharded is not None:
+                    sharded.set_requires_gradient_sync(index == last)
                 if keyed is not None:
                     keyed.seed(state.epoch, state.next_batch + index)
-                with self.accelerator.no_sync(model) if self.distributed and not sharded and index != last else _NO_CONTEXT:
+                with self.accelerator.no_sync(model) if self.distributed and sharded is None and index != last else _NO_CONTEXT:
                     output = step(model, batch)
                     count = output.num_samples
                     if count.__class__ is not int or count < 0:  # the exact type: a bool or a NumPy integer is checked
@@ -137,7 +139,7 @@ class WindowRunner:
                     if labelled and scaler is not None:
                         scaler.scale(contribution if gradient is None else contribution * gradient).backward()
                     elif labelled:
-                        contribution.backward(gradient)
+                        contribution.backward(gradient)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
                 if output.metrics:
                     metrics.update(output.metrics)
         stream_ended = consumed < size and self.batches_per_epoch is None

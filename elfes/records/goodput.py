@@ -38,6 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
+from typing import Any
 
 from .timings import AttemptTimes
 
@@ -105,7 +106,7 @@ class Goodput:
         """Useful training over the wall time; None before any time passed."""
         return self.parts.useful_s / self.wall_s if self.wall_s > 0 else None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["goodput"] = self.goodput
         return data

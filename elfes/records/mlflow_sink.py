@@ -102,6 +102,7 @@ class MlflowSink:
         from mlflow.entities import Param, RunTag
 
         client, run_id = self._client, self._run_id
+        assert run_id is not None  # open() came first
         known = client.get_run(run_id).data.params
         params = [Param(key, value[:6000]) for key, value in lifecycle.params.items() if key not in known]
         tags = [RunTag(key, value) for key, value in lifecycle.tags().items()]

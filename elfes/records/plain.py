@@ -103,7 +103,7 @@ def is_past_budget(event: Mapping[str, Any]) -> bool:
         return False
     if "past_budget" in event:
         return bool(event["past_budget"])
-    return event["state"]["step"] > event["budget"]["planned_steps"]
+    return bool(event["state"]["step"] > event["budget"]["planned_steps"])
 
 
 def _render_train(event: Mapping[str, Any], epoch: str) -> str:
@@ -225,7 +225,8 @@ def event_epoch(event: Mapping[str, Any]) -> int | None:
         3
     """
     if "epoch" in event:
-        return event["epoch"]
+        epoch: int | None = event["epoch"]
+        return epoch
     state = event.get("state")
     if isinstance(state, Mapping) and "epoch" in state:
         return epoch_number(state["epoch"], state.get("next_batch", 0))

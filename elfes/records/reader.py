@@ -74,7 +74,7 @@ def _parse_chunk(path: Path, first: int, block: list[str]) -> list[dict[str, Any
     joined = "\n".join(lines)
     if joined[:1] == "{" and joined[-1:] == "}" and joined.count("}\n{") == len(lines) - 1:
         try:
-            events = json.loads("[" + joined.replace("\n", ",") + "]")
+            events: list[dict[str, Any]] | None = json.loads("[" + joined.replace("\n", ",") + "]")
         except json.JSONDecodeError:
             events = None
         if events is not None and len(events) == len(lines) and all(

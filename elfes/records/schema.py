@@ -230,21 +230,22 @@ def validate_event(event: Mapping[str, Any]) -> EventKind:
         'export'
     """
     name = event.get("event")
-    if name not in EVENT_FIELDS:
+    if not isinstance(name, str) or name not in EVENT_FIELDS:
         known = ", ".join(EVENT_FIELDS)
         raise ValueError(f"unknown event name {name!r}; use one of: {known} (schema: elfes.records.EVENT_FIELDS)")
     if "time" in event:
         raise ValueError(
             f"event {name!r} already has a 'time' field; RunLogger stamps the time itself, so remove it"
         )
-    missing = [field for field in EVENT_FIELDS[name] if field not in event]
+    required = EVENT_FIELDS[EventKind(name)]
+    missing = [field for field in required if field not in event]
     if missing:
         raise ValueError(
             f"event {name!r} is missing required field(s) {', '.join(map(repr, missing))}; "
             "add them (schema: elfes.records.EVENT_FIELDS)"
         )
     for field, keys in _NESTED_FIELDS.items():
-        if field not in EVENT_FIELDS[name]:
+        if field not in required:
             continue
         value = event[field]
         if not isinstance(value, Mapping):

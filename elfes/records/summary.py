@@ -140,7 +140,9 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> RunSummary:
         pending_stop=pending_stop,
         warnings=tuple(warned),
         **progress,
-        **totals,
+        train_s=totals["train_s"],
+        evaluation_s=totals["evaluation_s"],
+        checkpoint_s=totals["checkpoint_s"],
     )
 
 
@@ -153,7 +155,7 @@ def format_summary(summary: RunSummary) -> str:
         progress: epoch 2/2, step 100/100, 6400 samples
         ...
     """
-    status = summary.status
+    status: str = summary.status
     if status == "running" and summary.pending_stop is not None:
         status = f"running, stop requested ({summary.pending_stop}): saving last (or killed before it was saved)"
     elif status == "running":

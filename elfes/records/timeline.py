@@ -40,6 +40,7 @@ DEFAULT_METRIC = "train/loss"
 MarkerKind = Literal["start", "resume", "requeue", "stop", "killed", "failed"]
 # How an attempt ended: the kind of its end event, or killed (another attempt followed it) or running.
 AttemptEnd = Literal[EventKind.FINISHED, EventKind.STOPPED, EventKind.FAILED, "killed", "running"]
+Launch = Literal["start", "resume", "requeue"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Attempt:
     """
 
     number: int
-    launch: Literal["start", "resume", "requeue"]
+    launch: Launch
     start_step: int
     end: AttemptEnd
     end_step: int | None
@@ -213,7 +214,7 @@ class _AttemptParts:
     def add(self, event: Mapping[str, Any], kind: Any, step: int | None) -> None:
         """Take one event of the attempt: its ``kind`` (``event``) and its step (:func:`_event_step`)."""
         if step is not None:
-            if self.low_step is None:
+            if self.low_step is None or self.high_step is None:  # both are set together
                 self.low_step = self.high_step = step
             elif step > self.high_step:
                 self.high_step = step
@@ -305,7 +306,8 @@ class TimelineBuilder:
         # Train metrics first, then evaluations; each group in order of first appearance.
         names = sorted(kept, key=lambda name: not name.startswith(TRAIN_PREFIX))
         series = {
-            name: Series(name, *map(tuple, kept[name]), tuple(tuple(points) for points in lost.get(name, {}).values()))
+            name: Series(name, tuple(kept[name][0]), tuple(kept[name][1]), tuple(kept[name][2]),
+                         tuple(tuple(points) for points in lost.get(name, {}).values()))
             for name in names
         }
         known = [None] + [attempt.world_size for attempt in attempts]  # each attempt's, or the last one known
@@ -320,7 +322,7 @@ class TimelineBuilder:
 def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str | None,
              followed: bool, failure_label: str | None = None) -> Attempt:
     first = parts.first
-    kind = "start" if first.get("event") == EventKind.STARTED else ("requeue" if launch == "requeue" else "resume")
+    kind: Launch = "start" if first.get("event") == EventKind.STARTED else ("requeue" if launch == "requeue" else "resume")
     start_step = _state_step(first) if first.get("event") in START_EVENTS else None
     if start_step is None:
         start_step = parts.low_step if parts.low_step is not None else 0
@@ -347,13 +349,15 @@ def _attempt(number: int, parts: _AttemptParts, launch: str | None, outcome: str
 
 def _markers(attempt: Attempt, previous_world_size: int | None) -> list[Marker]:
     """An attempt's start (``resume on 1 rank`` where it continued on another world size), then its end."""
-    label, ranks = attempt.launch, attempt.world_size
+    label: str = attempt.launch
+    ranks = attempt.world_size
     if previous_world_size is not None and ranks is not None and ranks != previous_world_size:
         label = f"{attempt.launch} on {ranks} rank{'s' if ranks != 1 else ''}"
     markers = [Marker(attempt.start_step, attempt.launch, attempt.number, label)]
     if attempt.end == EventKind.STOPPED:
         stop = "cancel" if attempt.cancelled else "stop"
-        markers.append(Marker(attempt.end_step, "stop", attempt.number, f"{stop} ({attempt.stop_signal})"))
+        step = attempt.end_step if attempt.end_step is not None else attempt.last_step  # a stop that names no step
+        markers.append(Marker(step, "stop", attempt.number, f"{stop} ({attempt.stop_signal})"))
     elif attempt.end == "killed":
         markers.append(Marker(attempt.last_step, "killed", attempt.number, "killed"))
     elif attempt.end == EventKind.FAILED:

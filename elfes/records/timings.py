@@ -33,7 +33,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from elfes.contract import END_EVENTS, START_EVENTS, TIMINGS_FILE_NAME, EventKind
 from elfes.files import temporary_name
@@ -133,7 +133,7 @@ def _step(event: Mapping[str, Any]) -> int | None:
     return int(step) if _is_integer(step) else None
 
 
-def _is_integer(value: Any) -> bool:
+def _is_integer(value: object) -> TypeGuard[numbers.Integral]:
     return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 

@@ -104,7 +104,7 @@ class Sink(Protocol):
 class MirrorState:
     """What a mirror has sent, kept in ``RUN_DIR/tracking/<tracker>.json`` across attempts."""
 
-    tracker: str
+    tracker: str  # a name of elfes.records.trackers.REGISTRY
     run_id: str | None = None  # the tracker's run
     offset: int = 0  # bytes of events.jsonl sent (whole lines)
     sent_steps: dict[str, int] = field(default_factory=dict)  # metric -> last step sent
@@ -119,8 +119,9 @@ class MirrorState:
         return dict(self.__dict__)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take what ``state`` holds but its tracker: the file is the one of the tracker this state was made for."""
         for name in self.__dataclass_fields__:
-            if name in state:
+            if name in state and name != "tracker":
                 setattr(self, name, state[name])
 
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elfes.contract import POINTERS, CheckpointName, Pointer
 
 from ..rundir.lookup import UsageError
 from ..rundir.paths import RunPaths
+
+if TYPE_CHECKING:
+    from elfes.engine.checkpoint import Weights  # a type only: this module imports torch when the verb runs
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class Exported:
     weights: str | None  # None: the whole checkpoint
 
 
-def export(source: str | os.PathLike[str], output: str | os.PathLike[str], *, weights: str = "raw",
+def export(source: str | os.PathLike[str], output: str | os.PathLike[str], *, weights: Weights = "raw",
            whole: bool = False) -> Exported:
     """Write the ``weights`` of ``source`` (a checkpoint file or folder, a pointer, or a run directory: its
     ``last``), or with ``whole`` the whole checkpoint, to ``output`` atomically; UsageError for a path that is none
@@ -40,7 +44,7 @@ def export(source: str | os.PathLike[str], output: str | os.PathLike[str], *, we
         if whole:
             export_checkpoint(checkpoint, Path(output))
         else:
-            export_weights(checkpoint, Path(output), weights=weights)  # type: ignore[arg-type]
+            export_weights(checkpoint, Path(output), weights=weights)
     except (CheckpointError, FileNotFoundError) as error:
         raise UsageError(f"{source}: {error}") from None
     return Exported(checkpoint.resolve(), Path(output), None if whole else weights)

@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..rundir.code_record import CodeRecord
 from ..rundir.provenance import NCCL_ORDER_VARIABLES, CodeProvenance, Provenance, RankPlace
@@ -51,14 +51,25 @@ def _imported_torch() -> Any:
     return torch if torch is not None and hasattr(torch, "__version__") else None
 
 
-def _torch_values(local_rank: int, *, gpus: bool) -> dict[str, object]:
+class _TorchValues(TypedDict, total=False):
+    """What torch tells of this process (:func:`_torch_values`); a key is missing where torch does not tell it."""
+
+    torch: str | None
+    cuda: str | None
+    threads: int
+    cudnn: str
+    gpu: str
+    nccl: str
+
+
+def _torch_values(local_rank: int, *, gpus: bool) -> _TorchValues:
     """What torch tells, when this process imported it already. ``gpus``: the job computes on GPUs (the spec's
     ``resources.gpus_per_node``), so NCCL reduces its collectives."""
     torch = _imported_torch()
     if torch is None:
         return {"torch": _installed("torch")}
-    values: dict[str, object] = {"torch": str(torch.__version__), "cuda": torch.version.cuda,
-                                 "threads": int(torch.get_num_threads())}
+    values: _TorchValues = {"torch": str(torch.__version__), "cuda": torch.version.cuda,
+                            "threads": int(torch.get_num_threads())}
     try:
         if torch.backends.cudnn.is_available():
             values["cudnn"] = str(torch.backends.cudnn.version())
@@ -102,14 +113,14 @@ def collect(*, code: CodeRecord | None, local_rank: int = 0, gpus: bool = False)
     values = _torch_values(local_rank, gpus=gpus)
     return Provenance(
         python=platform.python_version(),
-        torch=values.get("torch"),  # type: ignore[arg-type]
+        torch=values.get("torch"),
         accelerate=_installed("accelerate"),
-        cuda=values.get("cuda"),  # type: ignore[arg-type]
-        cudnn=values.get("cudnn"),  # type: ignore[arg-type]
-        gpu=values.get("gpu") if "threads" in values or not _gpus_visible() else _driver_gpu_model(),  # type: ignore[arg-type]
-        threads=values.get("threads"),  # type: ignore[arg-type]
+        cuda=values.get("cuda"),
+        cudnn=values.get("cudnn"),
+        gpu=values.get("gpu") if "threads" in values or not _gpus_visible() else _driver_gpu_model(),
+        threads=values.get("threads"),
         elfes=_installed("elfes"),
-        nccl=values.get("nccl"),  # type: ignore[arg-type]
+        nccl=values.get("nccl"),
         nccl_env=nccl_environment(),
         code=None if code is None else CodeProvenance(path=code.path, origin=code.kind, taken_at=code.taken_at,
                                                       commit=code.commit, dirty=code.dirty,

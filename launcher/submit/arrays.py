@@ -45,7 +45,7 @@ def submit_array(spec: JobSpec, tasks: list[Any], paths: SweepPaths, max_paralle
     if after:
         executor.update_parameters(dependency="afterany:" + ":".join(after))
     try:
-        with submitit_files_undone_on_failure(paths), executor.batch():  # type: ignore[arg-type]
+        with submitit_files_undone_on_failure(paths), executor.batch():
             jobs = [executor.submit(task) for task in tasks]
     except Exception as error:  # sbatch's refusal arrives as one of several submitit/subprocess errors
         hint = (f" (it leaves out {', '.join(exclude)} after its members' failures there, "

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..backends import Executor, ExecutorError, backend_for, choose_executor
 from ..errors import EXIT_NOT_NOW, ElfesError
-from ..rundir.paths import RunPaths
+from ..rundir.paths import RunPaths, SweepPaths
 from ..slurm import slurm_configured
 from ..spec.models import JobSpec
 from .cluster_checks import cluster_problems
@@ -122,7 +122,7 @@ def usable_cpus() -> int:
 
 # -- SLURM ------------------------------------------------------------------------------------------------------
 @contextmanager
-def submitit_files_undone_on_failure(paths: RunPaths) -> Iterator[None]:
+def submitit_files_undone_on_failure(paths: RunPaths | SweepPaths) -> Iterator[None]:
     """A submission that raises leaves submitit's folder as it found it: the pickles and sbatch scripts
     it wrote are removed, what it appended to the controller log is cut off, a folder it created goes."""
     folder = paths.submitit

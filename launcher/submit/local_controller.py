@@ -70,7 +70,7 @@ class RecordingController(Controller):
     def start_tasks(self) -> None:
         super().start_tasks()  # task k is rank k (SUBMITIT_LOCAL_GLOBALID)
         # submitit's wait() and kill_tasks() only poll and signal the tasks: a RecordedTask does both.
-        self.tasks = [RecordedTask(task, rank=rank, job_id=self.pid, paths=self.paths)  # type: ignore[misc]
+        self.tasks = [RecordedTask(task, rank=rank, job_id=self.pid, paths=self.paths)  # type: ignore[misc]  # submitit types them Popen; it polls and signals them, as RecordedTask does
                       for rank, task in enumerate(self.tasks)]
 
 

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 
 import pytest
-from torch.utils.data import BatchSampler, SequentialSampler
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, SequentialSampler, TensorDataset
 
-from elfes.engine.data.fetch import PositionedBatch, PositionedBatches, batch_seed, batch_seeds, epoch_seed, fetch_seed
+from elfes.engine.data.fetch import (
+    PositionedBatch,
+    PositionedBatches,
+    SeededFetches,
+    SeededStream,
+    batch_seed,
+    batch_seeds,
+    collated_already,
+    epoch_seed,
+    fetch_seed,
+)
 
 # Seeds that runs recorded before the epoch's part was mixed once per epoch drew their batches under:
 # a change here would change every augmented batch of a resumed run.
@@ -53,3 +65,20 @@ def test_the_sampler_tags_batches_past_a_block_of_mixed_seeds() -> None:
 def test_a_positioned_batch_reaches_a_worker_with_its_seed() -> None:
     batch = pickle.loads(pickle.dumps(PositionedBatch.of([3, 1, 2], 2**63 + 5)))
     assert type(batch) is PositionedBatch and batch == [3, 1, 2] and batch.seed == 2**63 + 5
+
+
+class _Unsized(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(3))
+
+
+def test_a_wrapped_dataset_has_the_users_length_and_lens_type_error_where_it_has_none() -> None:
+    assert len(SeededFetches(TensorDataset(torch.arange(7)), collated_already)) == 7
+    assert len(SeededStream(_Sized())) == 5
+    with pytest.raises(TypeError, match="'_Unsized' has no len()"):
+        len(SeededStream(_Unsized()))
+
+
+class _Sized(_Unsized):
+    def __len__(self) -> int:
+        return 5

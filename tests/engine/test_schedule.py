@@ -16,6 +16,8 @@ from torch.optim.lr_scheduler import (
 )
 from workloads import RunSpec, build, fresh_accelerate
 
+from elfes.engine.events import Budget
+from elfes.engine.resumption import check_schedule_horizons
 from elfes.engine.schedule import WarmupDecay
 
 
@@ -253,3 +255,13 @@ def test_a_one_cycle_schedule_extended_past_its_total_steps_is_refused_before_tr
                                          r"now plans 12 steps, .* Keep the budget at 8 steps or fewer"):
         run.trainer.train(run.config, checkpoint_dir=tmp_path, resume_from=last)
     assert run.trainer.state.step == 8
+
+
+def test_a_schedule_stepped_per_epoch_over_a_stream_without_length_is_restored_without_a_horizon_check(tmp_path):
+    # A stream without __len__ plans no number of epochs: there is no horizon to compare, and no division by None.
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler = OneCycleLR(optimizer, max_lr=0.1, total_steps=3)
+    budget = Budget(epochs=1000, max_steps=50, planned_steps=50, updates_per_epoch=None, batches_per_epoch=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_schedule_horizons(scheduler, budget, "epoch", tmp_path / "step-10.pt")

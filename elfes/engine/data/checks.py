@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, IterableDataset
@@ -24,7 +25,7 @@ def check_process_group(accelerator: Accelerator) -> None:
         )
 
 
-def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader) -> None:
+def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader[Any]) -> None:
     """Refuse settings under which ranks would pad, split or drop training batches."""
     world = accelerator.num_processes
     if world == 1:
@@ -60,7 +61,7 @@ def check_distributed_batching(accelerator: Accelerator, dataloader: DataLoader)
 
 
 def verify_rank_lengths(
-    accelerator: Accelerator, prepared: DataLoader, total_batches: int | None, *, length: int | None = None
+    accelerator: Accelerator, prepared: DataLoader[Any], total_batches: int | None, *, length: int | None = None
 ) -> int | None:
     """Check that every rank holds the same number of batches; returns that number.
 
@@ -71,7 +72,7 @@ def verify_rank_lengths(
         length = len(prepared)
     if accelerator.num_processes > 1:
         lengths: list[int | None] = every_rank_value(length, accelerator)
-        if total_batches is not None and (len(set(lengths)) != 1 or sum(lengths) != total_batches):
+        if total_batches is not None and (len(set(lengths)) != 1 or sum(rank_length or 0 for rank_length in lengths) != total_batches):
             raise ConfigurationError(
                 f"The prepared training DataLoader gives ranks {lengths} batches out of {total_batches}; exact "
                 "training needs equal, complete shards. Use a plain map-style Dataset with a standard sampler."
@@ -86,7 +87,7 @@ def verify_rank_lengths(
     return length
 
 
-def check_training_loader(accelerator: Accelerator, dataloader: DataLoader) -> None:
+def check_training_loader(accelerator: Accelerator, dataloader: DataLoader[Any]) -> None:
     """Refuse a training loader whose batches or state the engine could not reproduce."""
     if not isinstance(dataloader, DataLoader):
         raise ConfigurationTypeError(f"The training data is a {type(dataloader).__name__}; pass a torch.utils.data.DataLoader.")

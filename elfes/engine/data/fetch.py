@@ -28,14 +28,14 @@ loader resumes each worker's seeds where they were.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from .state import is_stateful
+from .state import Stateful, is_stateful
 
 _MASK64 = 2**64 - 1
 _SEED_BLOCK = 256  # batch seeds mixed at once
@@ -63,7 +63,8 @@ def batch_seeds(epoch_seed: int, first: int, count: int) -> list[int]:
     value += np.uint64(0x9E3779B97F4A7C15)
     value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return (value ^ (value >> np.uint64(31))).tolist()
+    seeds: list[int] = (value ^ (value >> np.uint64(31))).tolist()
+    return seeds
 
 
 def _batch_seeds_from(epoch_seed: int, first: int) -> Iterator[int]:
@@ -91,7 +92,7 @@ def seed_generators(seed: int) -> None:
     random.seed(seed)
 
 
-class PositionedBatch(list):
+class PositionedBatch(list[Any]):
     """The sample indices of one batch, carrying the seed its fetch runs under (set after construction: list's
     own constructor, no Python frame per batch)."""
 
@@ -155,20 +156,20 @@ class PositionedBatches:
             self.batch_sampler.set_epoch(epoch)
 
 
-class SeededFetches(Dataset):
+class SeededFetches(Dataset[Any]):
     """The user's map-style dataset, whose batch fetches (reads and collate) run under a batch's seed.
 
     ``__getitems__`` returns the collated batch: the loader it is given to collates with
     :func:`collated_already`. Attributes it lacks (``set_epoch``, ``state_dict``) are the dataset's.
     """
 
-    def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, dataset: Dataset[Any], collate_fn: Callable[[list[Any]], Any]) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._read_many = getattr(dataset, "__getitems__", None)  # looked up once: a miss raises inside getattr
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return _length(self.dataset)
 
     def __getitem__(self, index: Any) -> Any:
         return self.dataset[index]
@@ -200,16 +201,16 @@ class SeededFetches(Dataset):
         return getattr(self.dataset, name)
 
 
-class SeededStream(IterableDataset):
+class SeededStream(IterableDataset[Any]):
     """The user's stream, each item of which a worker reads under a seed from (worker seed, item count)."""
 
-    def __init__(self, dataset: IterableDataset) -> None:
+    def __init__(self, dataset: IterableDataset[Any]) -> None:
         self.dataset = dataset
         self.items_read = 0
         self._resume_at = 0
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return _length(self.dataset)
 
     def __iter__(self) -> Iterator[Any]:
         worker = get_worker_info()
@@ -240,11 +241,18 @@ class StatefulSeededStream(SeededStream):
     """A :class:`SeededStream` over a stream with state: its state and each worker's item count."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"dataset": self.dataset.state_dict(), "items_read": self.items_read}
+        return {"dataset": cast(Stateful, self.dataset).state_dict(), "items_read": self.items_read}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dataset.load_state_dict(state["dataset"])
+        cast(Stateful, self.dataset).load_state_dict(state["dataset"])
         self._resume_at = state["items_read"]
+
+
+def _length(dataset: Dataset[Any]) -> int:
+    """``len(dataset)``, raising len's TypeError for a dataset without ``__len__``."""
+    if not isinstance(dataset, Sized):
+        raise TypeError(f"object of type '{type(dataset).__name__}' has no len()")
+    return len(dataset)
 
 
 def collated_already(batch: Any) -> Any:
@@ -259,7 +267,7 @@ _LOADER_ARGUMENTS = (
 )
 
 
-def with_seeded_fetches(loader: DataLoader) -> DataLoader:
+def with_seeded_fetches(loader: DataLoader[Any]) -> DataLoader[Any]:
     """``loader`` rebuilt (same class, same settings) so that its batches are fetched under seeds of the batch's
     place (a stream's items, in workers: of the item's); ``loader`` itself where there is nothing to seed (a
     stream read in the training process, no batch sampler)."""

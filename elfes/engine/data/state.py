@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 
-def is_stateful(part: Any) -> bool:
+class Stateful(Protocol):
+    """A part that saves and restores its own state (torchdata's ``Stateful`` protocol)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def is_stateful(part: object) -> TypeGuard[Stateful]:
     """Whether ``part`` offers ``state_dict()`` and ``load_state_dict()`` (torchdata's ``Stateful`` protocol)."""
     return callable(getattr(part, "state_dict", None)) and callable(getattr(part, "load_state_dict", None))
 
 
-def stateful_parts(dataloader: DataLoader) -> dict[str, Any]:
+def stateful_parts(dataloader: DataLoader[Any]) -> dict[str, Stateful]:
     """The user's sampler (or batch sampler) and dataset that keep state, by name ("sampler", "dataset").
 
     torch's samplers, and the stateful copies of them that torchdata's loader makes, keep none that
     matters: their order is reseeded every epoch and a resume skips in them.
     """
-    parts: dict[str, Any] = {}
+    parts: dict[str, Stateful] = {}
     for candidate in (dataloader.batch_sampler, dataloader.sampler):
         if candidate is not None and not _plain(candidate) and is_stateful(candidate):
             parts["sampler"] = candidate

@@ -16,8 +16,8 @@ dataset; a stream without state reads and discards the consumed batches.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, cast
 
 import torch
 from accelerate import Accelerator
@@ -30,7 +30,7 @@ from elfes.contract import WarningKind
 from ..rng import capture_rng, restore_rng
 from .checks import check_distributed_batching, check_training_loader, verify_rank_lengths
 from .fetch import PositionedBatches, with_seeded_fetches
-from .state import is_stateful, stateful_parts, unsaved_shuffle_buffer
+from .state import Stateful, is_stateful, stateful_parts, unsaved_shuffle_buffer
 from .workers import base_loader, iterate_sparing_workers, shut_down_workers
 
 _SEED_RANGE = 2**62
@@ -46,7 +46,7 @@ class TrainingData:
     ``__len__`` (its epoch ends when the stream does).
     """
 
-    def __init__(self, accelerator: Accelerator, dataloader: DataLoader) -> None:
+    def __init__(self, accelerator: Accelerator, dataloader: DataLoader[Any]) -> None:
         check_training_loader(accelerator, dataloader)
         check_distributed_batching(accelerator, dataloader)
         self.accelerator = accelerator
@@ -88,7 +88,7 @@ class TrainingData:
             "shards instead (the data files in a seeded order, no buffer), or shuffle in the sampler (a map-style "
             "dataset, load_dataset(...) without streaming, and DataLoader(shuffle=True))."))]
 
-    def _rank_length(self, dataloader: DataLoader) -> int | None:
+    def _rank_length(self, dataloader: DataLoader[Any]) -> int | None:
         if not self.streaming:
             return verify_rank_lengths(self.accelerator, self.prepared, len(dataloader))
         try:
@@ -111,7 +111,7 @@ class TrainingData:
     def state_dict(self) -> dict[str, Any]:
         """The state of each stateful part as the last trained batch left it (nothing is read ahead)."""
         if self.stateful_loader:
-            return {"loader": self.base.state_dict()}
+            return {"loader": cast(Stateful, self.base).state_dict()}  # a stateful loader (torchdata's)
         return {name: part.state_dict() for name, part in self.parts.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -121,7 +121,7 @@ class TrainingData:
     # ----------------------------------------------------------------------------------------
     # Reading
 
-    def batches(self, epoch: int, start: int, data_seed: int, warn: Warn) -> Iterator[Any]:
+    def batches(self, epoch: int, start: int, data_seed: int, warn: Warn) -> Generator[Any, None, None]:
         """Yield this rank's batches of ``epoch`` from index ``start`` on, each read when asked for; a resume
         that reads and discards the consumed batches of a stream says what it cost through ``warn``."""
         # Seeding the sampler and the workers' base seed from (data_seed, epoch) keeps the order
@@ -162,12 +162,12 @@ class TrainingData:
                 "(or sampler) a __len__ that matches what it yields."
             )
 
-    def _resume_at(self, epoch: int, start: int, saved: dict[str, Any]) -> tuple[DataLoader, int]:
+    def _resume_at(self, epoch: int, start: int, saved: dict[str, Any]) -> tuple[DataLoader[Any], int]:
         """The loader that continues ``epoch`` at batch ``start``, and how many of its batches to discard."""
         if "loader" in saved and self.stateful_loader:
-            self.base.load_state_dict(saved["loader"])
+            cast(Stateful, self.base).load_state_dict(saved["loader"])
             return self.base, 0
-        restored = set()
+        restored: set[str] = set()
         for name, part in self.parts.items():
             if name in saved:
                 part.load_state_dict(saved[name])
@@ -205,7 +205,7 @@ class TrainingData:
 _END = object()
 
 
-def _give_shuffle_its_own_generator(dataloader: DataLoader) -> None:
+def _give_shuffle_its_own_generator(dataloader: DataLoader[Any]) -> None:
     """Give a shuffling sampler a private generator before accelerate prepares the loader.
 
     Otherwise accelerate seeds one from the global torch RNG on several ranks but not on one, and
@@ -219,7 +219,7 @@ def _give_shuffle_its_own_generator(dataloader: DataLoader) -> None:
         sampler.generator = torch.Generator()
 
 
-def _shuffling_sampler(loader: DataLoader) -> Any:
+def _shuffling_sampler(loader: DataLoader[Any]) -> Any:
     """The sampler behind a (prepared) loader that draws its order from a generator, if it has one.
 
     torch's ``RandomSampler``, ``SubsetRandomSampler`` and ``WeightedRandomSampler``, and torchdata's

@@ -15,12 +15,12 @@ from torch.utils.data import DataLoader
 from ..stop import stop_signals_in_use
 
 
-def base_loader(loader: DataLoader) -> DataLoader:
+def base_loader(loader: DataLoader[Any]) -> DataLoader[Any]:
     """The torch DataLoader under an accelerate-prepared one (itself for a plain loader)."""
     return getattr(loader, "base_dataloader", loader)
 
 
-def iterate_sparing_workers(loader: DataLoader) -> Iterator[Any]:
+def iterate_sparing_workers(loader: DataLoader[Any]) -> Iterator[Any]:
     """Iterate ``loader`` so that its worker processes ignore the stop signals in use.
 
     SLURM signals every process of a job; a worker killed by it would crash the trainer instead of
@@ -58,7 +58,7 @@ class IgnoreStopSignals:
             self.user_init(worker_id)
 
 
-def _ignore_stop_signals_in_workers(loader: DataLoader, signals: tuple[signal.Signals, ...]) -> None:
+def _ignore_stop_signals_in_workers(loader: DataLoader[Any], signals: tuple[signal.Signals, ...]) -> None:
     base = base_loader(loader)
     current = base.worker_init_fn
     if isinstance(current, IgnoreStopSignals):
@@ -72,10 +72,10 @@ def _ignore_stop_signals_in_workers(loader: DataLoader, signals: tuple[signal.Si
 # Persistent workers ignore SIGTERM, so multiprocessing's exit handler (which terminates daemon
 # children with SIGTERM and then joins them) would wait for them forever. These loaders' workers
 # are shut down the regular way (a sentinel on each queue) before that handler runs.
-_persistent_loaders: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+_persistent_loaders: weakref.WeakSet[DataLoader[Any]] = weakref.WeakSet()
 
 
-def _shut_down_at_exit(loader: DataLoader) -> None:
+def _shut_down_at_exit(loader: DataLoader[Any]) -> None:
     if not _persistent_loaders:
         atexit.register(shut_down_persistent_workers)  # runs before multiprocessing's (LIFO)
     _persistent_loaders.add(loader)
@@ -87,7 +87,7 @@ def shut_down_persistent_workers() -> None:
         shut_down_workers(loader)
 
 
-def shut_down_workers(loader: DataLoader) -> None:
+def shut_down_workers(loader: DataLoader[Any]) -> None:
     """Stop the persistent workers of ``loader``, if it has any running."""
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):

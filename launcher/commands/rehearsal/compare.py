@@ -167,7 +167,7 @@ def unused_generators(straight: Comparison) -> tuple[str, ...]:
     if straight.divergence is not None or not straight.tensors:
         return ()
     generators = {generator_of(difference.name) for difference in straight.tensors}
-    return () if None in generators else tuple(sorted(generators))  # type: ignore[arg-type]
+    return () if None in generators else tuple(sorted(name for name in generators if name is not None))
 
 
 def generator_note(generator: str) -> str:
