@@ -152,10 +152,10 @@ def test_generators_every_old_rank_shared_are_every_new_ranks_and_differing_ones
 
     torch.manual_seed(3)
     same = capture_rng()
-    assert set(shared_generators([{"rng": same}, {"rng": capture_rng()}])) == {"python", "numpy", "torch", "cuda"}
+    assert set(shared_generators([same, capture_rng()])) == {"python", "numpy", "torch", "cuda"}
     torch.rand(1)  # this rank drew once more from torch, and from nothing else
-    assert set(shared_generators([{"rng": same}, {"rng": capture_rng()}])) == {"python", "numpy", "cuda"}
-    assert shared_generators([{"rng": {}}, {"rng": {}}]) == {}  # nothing saved: derived streams
+    assert set(shared_generators([same, capture_rng()])) == {"python", "numpy", "cuda"}
+    assert shared_generators([{}, {}]) == {}  # nothing saved: derived streams
 
 
 def test_each_start_records_what_of_the_loader_keeps_a_position_per_rank(tmp_path):
