@@ -21,7 +21,7 @@ import torch
 from elfes.world_size import describe, window
 
 from .data.fetch import fetch_seed
-from .rng import seed_every_generator
+from .events import LogInterval
 
 # Mixed into the stream seed of a rank after a resize, so that it never equals a batch's fetch seed.
 _RANK_STREAM = 0x52414E4B
@@ -54,7 +54,7 @@ def rank_stream_seed(payload: Mapping[str, Any], rank: int) -> int:
     return fetch_seed(int(payload["progress"]["data_seed"]) ^ _RANK_STREAM, int(payload["state"]["step"]), rank)
 
 
-def remap_log_interval(interval: Any, states: list[Mapping[str, Any]], rank: int) -> None:
+def remap_log_interval(interval: LogInterval, states: Sequence[Mapping[str, Any]], rank: int) -> None:
     """Load the statistics every old rank gathered since the last ``train`` record into rank 0 of the new world
     size, and none into the others (the record sums over ranks); the interval's counts, gradient norms and
     learning rates are global, the same on every old rank, and every new rank takes them."""
@@ -66,17 +66,6 @@ def remap_log_interval(interval: Any, states: list[Mapping[str, Any]], rank: int
         other = type(interval)(list(state["learning_rates"]), interval.device)
         other.load_state_dict(state)
         interval.metrics.merge(other.metrics)
-
-
-def restore_resized(payload: Mapping[str, Any], per_rank: Mapping[str, Any], state: Any, rank: int, world: int) -> None:
-    """Rank ``rank`` of ``world`` takes over a checkpoint of another world size: its generators, the statistics
-    since the last ``train`` record (``per_rank``'s components) and its place in the epoch (``state``)."""
-    ranks = payload["ranks"]
-    seed_every_generator(rank_stream_seed(payload, rank))
-    # The generators every old rank had alike, every new rank takes; the others start derived streams.
-    per_rank["rng"].load_state_dict(shared_generators([old.get("rng") for old in ranks]))
-    remap_log_interval(per_rank["log_interval"], [old.get("log_interval", {}) for old in ranks], rank)
-    state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
 
 
 def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: int) -> int:

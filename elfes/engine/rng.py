@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -37,7 +37,8 @@ def _restore_python(state: Any) -> None:
 
 
 def _capture_numpy() -> dict[str, Any]:
-    algorithm, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    state = np.random.get_state(legacy=True)  # the tuple form: legacy is its default
+    algorithm, keys, position, has_gauss, cached_gaussian = cast("tuple[str, np.ndarray, int, int, float]", state)
     return {"algorithm": algorithm, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
             "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
 

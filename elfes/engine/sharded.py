@@ -36,20 +36,18 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from elfes.contract import CheckpointName
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory
 
 from .checkpoint import (
-    FORMAT,
     SHARDED_STATE_FILE,
-    VERSION,
     CheckpointDirectory,
-    Checkpointer,
     CheckpointError,
-    CheckpointName,
     Weights,
     read_checkpoint,
     unreadable_message,
 )
+from .checkpointer import CheckpointContents
 from .collectives import main_process_value
 from .dcp_reader import SafeReader, ShardDamage
 from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
@@ -214,9 +212,9 @@ def _rename_into_place(folder: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-class ShardedCheckpointer(Checkpointer):
-    """The :class:`~elfes.engine.checkpoint.Checkpointer` of an FSDP2 model: the model, EMA and optimizer
-    tensors in DCP shards written by every rank, the rest as in a single-file checkpoint, in ``state.pt``.
+class ShardedCheckpointer:
+    """The :class:`~elfes.engine.checkpointer.Checkpointer` of an FSDP2 model: the model, EMA and optimizer
+    tensors in DCP shards written by every rank, every other component's state in ``state.pt``.
 
     ``group`` is the process group the writes run on (one of their own: a background write's collectives
     must not interleave with training's).
@@ -224,43 +222,49 @@ class ShardedCheckpointer(Checkpointer):
 
     sharded = True
 
-    def __init__(self, accelerator: Any, shared: Mapping[str, Any], per_rank: Mapping[str, Any], layout: Any, group: Any) -> None:
-        super().__init__(accelerator, shared, per_rank, layout)
+    def __init__(self, contents: CheckpointContents, group: Any) -> None:
+        self.contents = contents
         self.group = group
+
+    def layout(self) -> dict[str, Any]:
+        return self.contents.layout()
+
+    def components(self) -> dict[str, Any]:
+        return self.contents.parts()
 
     def snapshot(
         self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str, copy: TensorCopy | None = None
     ) -> PendingShards:
-        main = self.accelerator.is_main_process
+        contents = self.contents
+        main = contents.accelerator.is_main_process
         if main:  # before the gather below: no rank writes into the folder before a stale one of its name is gone
             directory.path.mkdir(parents=True, exist_ok=True)
             directory.remove_stale_temporaries()
-        ranks = self._gather([_state(component) for component in self.per_rank.values()])
-        if main_process_value(reuse and directory.file(name).exists(), self.accelerator):
+        ranks = contents.rank_states(on_cpu=True)
+        if main_process_value(reuse and directory.file(name).exists(), contents.accelerator):
             return PendingShards(directory, name, None, None, main, self.group)
-        optimizer = self.shared["optimizer"]
+        model, ema, optimizer = (contents.part(part) for part in SHARDED_PARTS)
         optimizer_state = optimizer.state_dict()
         tensors: dict[str, Any] = {
-            "model": {key: tensor.detach() for key, tensor in self.shared["model"].state_dict().items()},
+            "model": {key: tensor.detach() for key, tensor in model.state_dict().items()},
             "optimizer": {str(index): {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
                           for index, state in optimizer_state["state"].items()},
         }
-        if self.shared["ema"] is not None:
-            tensors["ema"] = self.shared["ema"].state_dict()
+        if ema is not None:
+            tensors["ema"] = ema.state_dict()
         if copy is not None:
             tensors = _copied(tensors, copy, "shards")
         payload = None
         if main:
-            payload = {"format": FORMAT, "version": VERSION, "run_id": run_id, "layout": self.layout()}
-            payload.update({key: _state(component) for key, component in self.shared.items() if key not in SHARDED_PARTS})
-            if self.shared["ema"] is not None:  # what an export of the EMA weights must find in the shards
+            payload = {**contents.header(run_id), **contents.shared_states(on_cpu=False, leave_out=SHARDED_PARTS)}
+            if ema is not None:  # what an export of the EMA weights must find in the shards
                 payload["ema_names"] = sorted(tensors["ema"])
             payload["optimizer_groups"] = [{k: v for k, v in group.items() if k != "params"} for group in optimizer_state["param_groups"]]
             payload["optimizer_values"] = {  # per-parameter state that is no tensor (DCP would pickle it)
                 str(index): {key: value for key, value in state.items() if not isinstance(value, torch.Tensor)}
                 for index, state in optimizer_state["state"].items()
             }
-            payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
+            payload["ranks"] = ranks
             payload = plain_payload(payload, copy=copy)
         return PendingShards(directory, name, tensors, payload, main, self.group)
 
@@ -275,8 +279,8 @@ class ShardedCheckpointer(Checkpointer):
                 "(load_weights into the plain model, then shard it)."
             )
         metadata = shards.read_metadata()  # as read_checkpoint checked it: every shard file there in full
-        model, ema, optimizer = (self.shared[part] for part in SHARDED_PARTS)
-        self.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
+        model, ema, optimizer = (self.contents.part(part) for part in SHARDED_PARTS)
+        self.contents.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
         state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(optimizer, metadata)}
         if ema is not None:
             state["ema"] = ema.state_dict()
@@ -288,10 +292,7 @@ class ShardedCheckpointer(Checkpointer):
             optimizer.state[parameters[int(index)]].update(values)
         for group, saved in zip(optimizer.param_groups, payload["optimizer_groups"]):
             group.update(saved)
-        for key, component in self.shared.items():
-            if key not in SHARDED_PARTS and component is not None:
-                component.load_state_dict(payload[key])
-        self.restore_per_rank(payload)
+        self.contents.restore(payload, leave_out=SHARDED_PARTS)
         return payload
 
 
@@ -334,10 +335,6 @@ def _copied(value: Any, copy: TensorCopy, where: str) -> Any:
     if isinstance(value, Mapping):
         return {key: _copied(item, copy, f"{where}[{key!r}]") for key, item in value.items()}
     return value
-
-
-def _state(component: Any) -> Any:
-    return None if component is None else component.state_dict()
 
 
 def checkpoint_group() -> Any:
