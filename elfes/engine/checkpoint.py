@@ -12,26 +12,19 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import warnings
 import zipfile
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from accelerate import Accelerator
-from torch import nn
 
 from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
-from elfes.world_size import PER_WORLD_LAYOUT, resize_problems
 
-from .collectives import every_rank_value
 from .dcp_reader import SafeReader, ShardDamage
 from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
-from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
-from .resize import restore_resized
+from .payload import UnusableCheckpointError
 
 FORMAT = "elfes-checkpoint"
 VERSION = 3  # 3: a batch read in the training process draws torch's numbers under its place's seed (2 did not)
@@ -206,129 +199,6 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
-# ------------------------------------------------------------------------------------------------
-# The checkpointer: what a checkpoint holds, whether it fits a run, and how it is restored.
-
-# Layout entries that change rounding but not meaning: a mismatch warns instead of refusing.
-_ADVISORY_LAYOUT = ("torch_threads",)
-
-
-@dataclass(frozen=True)
-class PendingCheckpoint:
-    """A checkpoint whose payload is built, ready to be written (``payload`` is None where nothing is
-    written: on the other ranks, and when the file already holds this position)."""
-
-    directory: CheckpointDirectory
-    name: CheckpointName
-    payload: dict[str, Any] | None
-    main: bool
-    every_rank_writes = False  # a sharded checkpoint's write is collective (:mod:`.sharded`)
-
-    @property
-    def path(self) -> Path:
-        return self.directory.file(self.name)
-
-    def write(self) -> tuple[Path, int]:
-        """Publish the file atomically (main process only); returns its path and size (0 on the other ranks)."""
-        if not self.main:
-            return self.path, 0
-        if self.payload is None:
-            return self.path, self.path.stat().st_size
-        return self.directory.save(self.payload, self.name)
-
-
-class Checkpointer:
-    """Saves and restores everything that must survive a restart, named in one place.
-
-    ``shared`` components (model, EMA, optimizer, scheduler, scaler, state, progress) are saved once
-    by the main process; ``per_rank`` components (each rank's RNG and log interval) are gathered
-    from every rank. Each component has ``state_dict``/``load_state_dict``; ``layout`` describes
-    what a resuming run must share with the checkpoint. Every rank calls :meth:`snapshot` (then
-    ``write()`` it) and :meth:`restore`.
-    """
-
-    sharded = False  # one file, written by the main process (a sharded model's: :mod:`.sharded`)
-
-    def __init__(self, accelerator: Accelerator, shared: Mapping[str, Any], per_rank: Mapping[str, Any],
-                 layout: Callable[[], dict[str, Any]]) -> None:
-        self.accelerator = accelerator
-        self.shared = dict(shared)
-        self.per_rank = dict(per_rank)
-        self.layout = layout
-
-    def components(self) -> dict[str, Any]:
-        """Every checkpointed object by name (None where a part is absent, e.g. no EMA)."""
-        return {**self.shared, **self.per_rank}
-
-    def snapshot(
-        self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str | None, copy: TensorCopy | None = None
-    ) -> PendingCheckpoint:
-        """The collective part of saving checkpoint ``name`` (kept as it is when ``reuse``): every rank's
-        states gathered, the main process's payload built. Without ``copy`` the payload holds live tensors
-        and is written before training resumes; with it, each tensor is ``copy(tensor, where)``."""
-        ranks = self._gather([_component_state(component, copy is None) for component in self.per_rank.values()])
-        main = self.accelerator.is_main_process
-        if not main or (reuse and directory.file(name).exists()):
-            return PendingCheckpoint(directory, name, None, main)
-        payload: dict[str, Any] = {"format": FORMAT, "version": VERSION, "run_id": run_id, "layout": self.layout()}
-        for key, component in self.shared.items():
-            payload[key] = _component_state(component, copy is None)
-        payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
-        return PendingCheckpoint(directory, name, plain_payload(payload, copy=copy), main)
-
-    def restore(self, source: Path) -> dict[str, Any]:
-        """Check that checkpoint ``source`` fits this run, then load every component from it."""
-        payload = read_checkpoint(source)
-        resolved = Path(source).resolve()
-        saved_model = payload.get("model")  # None in a sharded checkpoint: its layout tells this run it does not fit
-        self.check_fits(payload, resolved, [] if saved_model is None else model_mismatches(saved_model, self.shared["model"].state_dict()))
-        for key, component in self.shared.items():
-            if component is not None:
-                component.load_state_dict(payload[key])
-        self.restore_per_rank(payload)
-        return payload
-
-    def check_fits(self, payload: Mapping[str, Any], resolved: Path, mismatches: list[str]) -> None:
-        """Refuse checkpoint ``resolved`` whose layout, model randomness or model (``mismatches``) does not fit this run."""
-        expected, found = self.layout(), payload["layout"]
-        resized = len(payload["ranks"]) != self.accelerator.num_processes
-        unchecked = _ADVISORY_LAYOUT + (PER_WORLD_LAYOUT if resized else ())  # a resize checks them as one window
-        mismatches = [f"{key}: the checkpoint has {found.get(key)!r}, this run has {expected[key]!r}"
-                      for key in expected if key not in unchecked and found.get(key) != expected[key]] + mismatches
-        recorded, randomness = payload["progress"].get("model_randomness"), self.shared["progress"].model_randomness
-        if recorded is not None and recorded != randomness:  # None: a checkpoint older than the record, taken as it is
-            mismatches.append(f"model_randomness: the checkpoint has {recorded!r}, this run has {randomness!r}; the dropout "
-                              "and every other torch draw of the model would change at the resume")
-        if resized:
-            mismatches += resize_problems(found, expected, per_rank_data=self.per_rank["data"].per_rank_position())
-        if mismatches:
-            raise UnusableCheckpointError(
-                f"Checkpoint {resolved} does not match this run:\n  - " + "\n  - ".join(mismatches) + "\n"
-                "Resume with the same batching (on another world size, the same window of microbatches per update), "
-                "objective, EMA, precision, optimizer, scheduler, TrainConfig.model_randomness and model (names, shapes "
-                "and dtypes); to change them, start a new run from its weights (load_weights)."
-            )
-        if found.get("torch_threads") != expected["torch_threads"]:
-            warnings.warn(
-                f"Checkpoint {resolved} was written with {found.get('torch_threads')} torch threads per process and "
-                f"this run uses {expected['torch_threads']}; CPU kernels may round differently, so the continuation "
-                "may not be bitwise identical. Set the same OMP_NUM_THREADS (or torch.set_num_threads) to keep it exact.",
-                stacklevel=5,
-            )
-
-    def restore_per_rank(self, payload: Mapping[str, Any]) -> None:
-        ranks, rank, world = payload["ranks"], self.accelerator.process_index, self.accelerator.num_processes
-        if len(ranks) != world:  # another world size, which check_fits allowed (see .resize)
-            restore_resized(payload, self.per_rank, self.shared["state"], rank, world)
-            return
-        for key, component in self.per_rank.items():
-            component.load_state_dict(ranks[rank].get(key, {}))  # checkpoints older than a component hold none of it
-
-    def _gather(self, states: list[Any]) -> list[list[Any]]:
-        if self.accelerator.num_processes == 1:
-            return [states]
-        return every_rank_value(states, self.accelerator)
-
 
 def resume_source(path: Path) -> tuple[Path, str | None]:
     """The checkpoint to resume from ``path``, and a warning when it is not ``path`` itself.
@@ -385,12 +255,3 @@ def safe_load_problem(path: Path) -> str | None:
             return f"its shards' metadata cannot be read safely: {str(error).split(';')[0]}"
     return None
 
-
-def _component_state(component: Any, model_to_cpu: bool) -> Any:
-    if component is None:
-        return None
-    if isinstance(component, nn.Module):
-        # A payload written before training resumes saves a tensor already on the CPU as it is: copying
-        # it first would add a pass over the whole model. A snapshot copies every tensor once, later.
-        return {name: tensor.detach().to("cpu") if model_to_cpu else tensor.detach() for name, tensor in component.state_dict().items()}
-    return component.state_dict()

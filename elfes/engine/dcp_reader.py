@@ -8,6 +8,7 @@ one; torch does not check it when it loads) before DCP loads the entry with ``we
 from __future__ import annotations
 
 import enum
+import importlib
 import mmap
 import os
 import pickle
@@ -15,6 +16,7 @@ import re
 import struct
 import zipfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,7 +76,9 @@ class SafeReader(FileSystemReader):
                 metadata = _MetadataUnpickler(stream).load()
             except EOFError:
                 raise ShardDamage("its .metadata is cut short") from None
-            except pickle.UnpicklingError as error:
+            except _RefusedName as refused:
+                raise UnusableCheckpointError(refused.refusal(path)) from None
+            except pickle.UnpicklingError as error:  # a stream that is no pickle, or a refused getattr
                 raise UnusableCheckpointError(
                     f"{path} holds Python objects that safe loading refuses to build ({error}); ELFES writes only DCP's "
                     "metadata there, so this folder was not written by ELFES, or was altered. Resume from another checkpoint."
@@ -184,17 +188,65 @@ class _ViewFile:
         return data
 
 
-_METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {
+# DCP's metadata classes, by a place that holds each (resolved to the objects themselves: AllowList).
+_METADATA_PLACES = {
+    "torch.distributed.checkpoint.metadata": (
         "Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "PurePosixPath"},
-    "collections": {"OrderedDict"},
+        "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING"),
+    "torch.distributed.checkpoint.filesystem": ("_StorageInfo",),
+    "torch.serialization": ("_get_layout",),
+    "torch": ("Size",),
+    "pathlib": ("PosixPath", "PurePosixPath"),
+    "collections": ("OrderedDict",),
 }
+
+
+def _lookup(module: str, name: str) -> Any:
+    """``name`` of ``module`` (a plain attribute, no dotted path), or None where this Python or torch has none."""
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+class AllowList:
+    """The objects a ``.metadata`` may name, resolved from ``places`` (module -> names): a pickle may name each by
+    any module that holds it, the place listed or its home in this torch, and nothing else. Only those modules are
+    ever imported to look a name up."""
+
+    def __init__(self, places: Mapping[str, tuple[str, ...]]) -> None:
+        found = (_lookup(module, name) for module, names in places.items() for name in names)
+        self.objects = tuple(item for item in found if item is not None)  # a place this torch lacks is left out
+        self.identities = frozenset(id(item) for item in self.objects)  # self.objects keeps them alive
+        self.modules = frozenset(places) | {item.__module__ for item in self.objects}
+
+    def find(self, module: str, name: str) -> Any:
+        """The allowed object ``module.name`` names, or None."""
+        found = _lookup(module, name) if module in self.modules else None
+        return found if found is not None and id(found) in self.identities else None
+
+
+_METADATA = AllowList(_METADATA_PLACES)
+
+
+class _RefusedName(pickle.UnpicklingError):
+    """A name in a ``.metadata`` that is none of DCP's metadata classes in this torch."""
+
+    def __init__(self, module: str, name: str) -> None:
+        super().__init__(f"{module}.{name} is none of DCP's metadata classes in torch {torch.__version__}")
+        self.named = f"{module}.{name}"
+        self.torch_name = module.partition(".")[0] == "torch"
+
+    def refusal(self, path: Path) -> str:
+        """Why ``path`` is refused, and what to do."""
+        if self.torch_name:  # one of torch's own names: maybe a class that the torch which wrote it kept elsewhere
+            return (f"{path} names {self.named}, which torch {torch.__version__} does not hold among DCP's metadata "
+                    "classes, so safe loading refuses to build it: the torch that wrote the checkpoint may keep it where "
+                    "this one does not (a newer torch may move or rename DCP's classes); if this torch wrote it, the "
+                    "folder was altered. Nothing of it was loaded. Resume with the torch version that wrote the "
+                    "checkpoint, or from a checkpoint this torch wrote.")
+        return (f"{path} holds Python objects that safe loading refuses to build ({self}); ELFES writes only DCP's "
+                "metadata there, so this folder was not written by ELFES, or was altered. Resume from another checkpoint.")
 
 
 def _enum_member(cls: Any, name: str) -> Any:
@@ -207,8 +259,11 @@ def _enum_member(cls: Any, name: str) -> Any:
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if name in _METADATA_CLASSES.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        found = _METADATA.find(module, name)
+        if found is not None:
+            return found
         if (module, name) == ("builtins", "getattr"):
             return _enum_member
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+        raise _RefusedName(module, name)

@@ -19,10 +19,10 @@ import torch
 
 from elfes.contract import Pointer
 
-from .checkpoint import PendingCheckpoint
+from .checkpointer import PendingWrite
 
 
-def publish(pending: PendingCheckpoint, *, best: bool, final: bool, keep: int | None, protect: tuple[Path, ...]) -> tuple[Path, int]:
+def publish(pending: PendingWrite, *, best: bool, final: bool, keep: int | None, protect: tuple[Path, ...]) -> tuple[Path, int]:
     """Write ``pending``, then point ``last`` (and ``best``, ``final``) at it and apply retention,
     never deleting ``protect``. Returns the file and its size (0 on the ranks that write nothing)."""
     path, size = pending.write()

@@ -13,14 +13,15 @@ had in the same state, every new rank takes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from elfes.world_size import describe, window
 
-from .data.fetch import fetch_seed, seed_generators
+from .data.fetch import fetch_seed
+from .events import LogInterval
 
 # Mixed into the stream seed of a rank after a resize, so that it never equals a batch's fetch seed.
 _RANK_STREAM = 0x52414E4B
@@ -28,11 +29,12 @@ _RANK_STREAM = 0x52414E4B
 _MODEL_STREAM = 0x4D4F44454C
 
 
-def shared_generators(ranks: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The generators (``python``, ``numpy``, ``torch``, ``cuda``) that every old rank saved in the same state: a
-    job that seeds every rank alike and draws alike from one (Python's, for a layer drop under FSDP2, which every
-    rank must drop together) keeps that on the new world size. Empty when nothing was saved."""
-    states = [rank.get("rng") or {} for rank in ranks]
+def shared_generators(states: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The generators (by name, :data:`~elfes.engine.rng.GENERATORS`) that every old rank saved in the same state
+    (``states``: each old rank's): a job that seeds every rank alike and draws alike from one (Python's, for a layer
+    drop under FSDP2, which every rank must drop together) keeps that on the new world size. Empty when nothing was
+    saved."""
+    saved = [state or {} for state in states]
 
     def same(a: Any, b: Any) -> bool:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
@@ -43,8 +45,8 @@ def shared_generators(ranks: list[Mapping[str, Any]]) -> dict[str, Any]:
             return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
         return bool(a == b)
 
-    return {name: state for name, state in states[0].items()
-            if all(name in other and same(state, other[name]) for other in states[1:])}
+    return {name: state for name, state in saved[0].items()
+            if all(name in other and same(state, other[name]) for other in saved[1:])}
 
 
 def rank_stream_seed(payload: Mapping[str, Any], rank: int) -> int:
@@ -52,7 +54,7 @@ def rank_stream_seed(payload: Mapping[str, Any], rank: int) -> int:
     return fetch_seed(int(payload["progress"]["data_seed"]) ^ _RANK_STREAM, int(payload["state"]["step"]), rank)
 
 
-def remap_log_interval(interval: Any, states: list[Mapping[str, Any]], rank: int) -> None:
+def remap_log_interval(interval: LogInterval, states: Sequence[Mapping[str, Any]], rank: int) -> None:
     """Load the statistics every old rank gathered since the last ``train`` record into rank 0 of the new world
     size, and none into the others (the record sums over ranks); the interval's counts, gradient norms and
     learning rates are global, the same on every old rank, and every new rank takes them."""
@@ -64,25 +66,6 @@ def remap_log_interval(interval: Any, states: list[Mapping[str, Any]], rank: int
         other = type(interval)(list(state["learning_rates"]), interval.device)
         other.load_state_dict(state)
         interval.metrics.merge(other.metrics)
-
-
-def seed_rank_streams(seed: int) -> None:
-    """Seed this process's generators (CUDA's too, where there is one) for a remapped rank."""
-    seed_generators(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-
-
-def restore_resized(payload: Mapping[str, Any], per_rank: Mapping[str, Any], state: Any, rank: int, world: int) -> None:
-    """Rank ``rank`` of ``world`` takes over a checkpoint of another world size: its generators, the statistics
-    since the last ``train`` record (``per_rank``'s components) and its place in the epoch (``state``)."""
-    ranks = payload["ranks"]
-    seed_rank_streams(rank_stream_seed(payload, rank))
-    shared = shared_generators(ranks)
-    if shared:  # the generators every old rank had alike, every new rank takes; the others start derived streams
-        per_rank["rng"].load_state_dict({**per_rank["rng"].state_dict(), **shared})
-    remap_log_interval(per_rank["log_interval"], [old.get("log_interval", {}) for old in ranks], rank)
-    state.next_batch = next_batch_after_resize(state.next_batch, payload["layout"], world)
 
 
 def next_batch_after_resize(next_batch: int, found: Mapping[str, Any], world: int) -> int:

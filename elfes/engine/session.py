@@ -25,7 +25,8 @@ from elfes.contract import EARLY_STOPPING, CheckpointName, EventKind, Phase, Poi
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError
 
-from .checkpoint import CheckpointDirectory, Checkpointer, Weights, resume_source
+from .checkpoint import CheckpointDirectory, Weights, resume_source
+from .checkpointer import Checkpointer
 from .collectives import every_rank_value, main_process_value, sum_over_ranks
 from .config import Interval, Progress, TrainConfig, TrainState
 from .events import Budget, LogInterval, PhaseClock, RunSetup, describe_run, epoch_number
@@ -335,8 +336,7 @@ class TrainingSession:
         self.stop.heartbeat.beat(Phase.BOUNDARY)
 
     def collect_write(self, *, wait: bool) -> float:
-        """Record the background write once it has ended (waiting for it when ``wait``), or raise its
-        failure; returns the seconds waited."""
+        """Record the background write once it ended (waiting for it when ``wait``), or raise its failure; seconds waited."""
         if not self.writer.busy or not (wait or self.writer.finished()):
             return 0.0
         started = time.perf_counter()

@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,23 +40,17 @@ from elfes.contract import CheckpointName
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory
 
 from .checkpoint import (
-    FORMAT,
     SHARDED_STATE_FILE,
-    VERSION,
     CheckpointDirectory,
-    Checkpointer,
     CheckpointError,
-    PendingCheckpoint,
     Weights,
     read_checkpoint,
     unreadable_message,
 )
+from .checkpointer import CheckpointContents
 from .collectives import main_process_value
 from .dcp_reader import SafeReader, ShardDamage
 from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
-
-if TYPE_CHECKING:
-    from accelerate import Accelerator
 
 SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DCP writes, each rank its shards
 
@@ -175,13 +169,21 @@ def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
-class PendingShards(PendingCheckpoint):
+class PendingShards:
     """A sharded checkpoint ready to be written: every rank's ``tensors`` (None where the folder already holds
     this position) and the main process's ``payload`` for ``state.pt``."""
 
+    directory: CheckpointDirectory
+    name: CheckpointName
     tensors: dict[str, Any] | None
-    group: dist.ProcessGroup | None  # the process group of checkpoint writes
+    payload: dict[str, Any] | None
+    main: bool
+    group: Any  # the process group of checkpoint writes
     every_rank_writes = True
+
+    @property
+    def path(self) -> Path:
+        return self.directory.file(self.name)
 
     def write(self) -> tuple[Path, int]:
         """Write every rank's shards, then (main process) ``state.pt`` and the rename into place. Every rank calls
@@ -210,9 +212,9 @@ def _rename_into_place(folder: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-class ShardedCheckpointer(Checkpointer):
-    """The :class:`~elfes.engine.checkpoint.Checkpointer` of an FSDP2 model: the model, EMA and optimizer
-    tensors in DCP shards written by every rank, the rest as in a single-file checkpoint, in ``state.pt``.
+class ShardedCheckpointer:
+    """The :class:`~elfes.engine.checkpointer.Checkpointer` of an FSDP2 model: the model, EMA and optimizer
+    tensors in DCP shards written by every rank, every other component's state in ``state.pt``.
 
     ``group`` is the process group the writes run on (one of their own: a background write's collectives
     must not interleave with training's).
@@ -220,46 +222,51 @@ class ShardedCheckpointer(Checkpointer):
 
     sharded = True
 
-    def __init__(self, accelerator: Accelerator, shared: Mapping[str, Any], per_rank: Mapping[str, Any],
-                 layout: Callable[[], dict[str, Any]], group: dist.ProcessGroup | None) -> None:
-        super().__init__(accelerator, shared, per_rank, layout)
+    def __init__(self, contents: CheckpointContents, group: Any) -> None:
+        self.contents = contents
         self.group = group
+
+    def layout(self) -> dict[str, Any]:
+        return self.contents.layout()
+
+    def components(self) -> dict[str, Any]:
+        return self.contents.parts()
 
     def snapshot(
         self, directory: CheckpointDirectory, name: CheckpointName, *, reuse: bool, run_id: str | None, copy: TensorCopy | None = None
     ) -> PendingShards:
-        main = self.accelerator.is_main_process
+        contents = self.contents
+        main = contents.accelerator.is_main_process
         if main:  # before the gather below: no rank writes into the folder before a stale one of its name is gone
             directory.path.mkdir(parents=True, exist_ok=True)
             directory.remove_stale_temporaries()
-        ranks = self._gather([_state(component) for component in self.per_rank.values()])
-        if main_process_value(reuse and directory.file(name).exists(), self.accelerator):
-            return PendingShards(directory, name, None, main, tensors=None, group=self.group)
-        optimizer = self.shared["optimizer"]
+        ranks = contents.rank_states(on_cpu=True)
+        if main_process_value(reuse and directory.file(name).exists(), contents.accelerator):
+            return PendingShards(directory, name, None, None, main, self.group)
+        model, ema, optimizer = (contents.part(part) for part in SHARDED_PARTS)
         optimizer_state = optimizer.state_dict()
         tensors: dict[str, Any] = {
-            "model": {key: tensor.detach() for key, tensor in self.shared["model"].state_dict().items()},
+            "model": {key: tensor.detach() for key, tensor in model.state_dict().items()},
             "optimizer": {str(index): {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
                           for index, state in optimizer_state["state"].items()},
         }
-        if self.shared["ema"] is not None:
-            tensors["ema"] = self.shared["ema"].state_dict()
+        if ema is not None:
+            tensors["ema"] = ema.state_dict()
         if copy is not None:
             tensors = _copied(tensors, copy, "shards")
         payload = None
         if main:
-            payload = {"format": FORMAT, "version": VERSION, "run_id": run_id, "layout": self.layout()}
-            payload.update({key: _state(component) for key, component in self.shared.items() if key not in SHARDED_PARTS})
-            if self.shared["ema"] is not None:  # what an export of the EMA weights must find in the shards
+            payload = {**contents.header(run_id), **contents.shared_states(on_cpu=False, leave_out=SHARDED_PARTS)}
+            if ema is not None:  # what an export of the EMA weights must find in the shards
                 payload["ema_names"] = sorted(tensors["ema"])
             payload["optimizer_groups"] = [{k: v for k, v in group.items() if k != "params"} for group in optimizer_state["param_groups"]]
             payload["optimizer_values"] = {  # per-parameter state that is no tensor (DCP would pickle it)
                 str(index): {key: value for key, value in state.items() if not isinstance(value, torch.Tensor)}
                 for index, state in optimizer_state["state"].items()
             }
-            payload["ranks"] = [dict(zip(self.per_rank, states)) for states in ranks]
+            payload["ranks"] = ranks
             payload = plain_payload(payload, copy=copy)
-        return PendingShards(directory, name, payload, main, tensors=tensors, group=self.group)
+        return PendingShards(directory, name, tensors, payload, main, self.group)
 
     def restore(self, source: Path) -> dict[str, Any]:
         resolved = Path(source).resolve()
@@ -272,8 +279,8 @@ class ShardedCheckpointer(Checkpointer):
                 "(load_weights into the plain model, then shard it)."
             )
         metadata = shards.read_metadata()  # as read_checkpoint checked it: every shard file there in full
-        model, ema, optimizer = (self.shared[part] for part in SHARDED_PARTS)
-        self.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
+        model, ema, optimizer = (self.contents.part(part) for part in SHARDED_PARTS)
+        self.contents.check_fits(payload, resolved, model_mismatches(saved_tensors(metadata, "model"), model.state_dict()))
         state = {"model": model.state_dict(), "optimizer": _optimizer_tensors(optimizer, metadata)}
         if ema is not None:
             state["ema"] = ema.state_dict()
@@ -285,10 +292,7 @@ class ShardedCheckpointer(Checkpointer):
             optimizer.state[parameters[int(index)]].update(values)
         for group, saved in zip(optimizer.param_groups, payload["optimizer_groups"]):
             group.update(saved)
-        for key, component in self.shared.items():
-            if key not in SHARDED_PARTS and component is not None:
-                component.load_state_dict(payload[key])
-        self.restore_per_rank(payload)
+        self.contents.restore(payload, leave_out=SHARDED_PARTS)
         return payload
 
 
@@ -333,11 +337,6 @@ def _copied(value: Any, copy: TensorCopy, where: str) -> Any:
     return value
 
 
-def _state(component: Any) -> Any:
-    return None if component is None else component.state_dict()
-
-
-def checkpoint_group() -> dist.ProcessGroup | None:
+def checkpoint_group() -> Any:
     """A process group for checkpoint writes alone (every rank calls this, in the same order)."""
-    group: dist.ProcessGroup | None = dist.new_group(backend="gloo")  # None on a rank outside it: never here
-    return group
+    return dist.new_group(backend="gloo")

@@ -26,7 +26,17 @@ from elfes.contract import EventKind, Phase
 from elfes.records import RunLogger
 from elfes.refusals import ConfigurationError, ConfigurationTypeError
 
-from .checkpoint import Checkpointer, Weights
+from .checkpoint import Weights
+from .checkpointer import CheckpointContents, Checkpointer, FileCheckpointer
+from .components import (
+    Component,
+    DataPosition,
+    Generators,
+    LogStatistics,
+    ModelWeights,
+    SharedComponent,
+    TrainingPosition,
+)
 from .config import Progress, TrainConfig, TrainState, planned_steps
 from .data import TrainingData, check_process_group
 from .ema import ExponentialMovingAverage
@@ -122,22 +132,29 @@ class Trainer:
     def scheduler(self, scheduler: Scheduler | None) -> None:
         self.runner.scheduler = scheduler
 
+    def checkpoint_components(self) -> tuple[Component, ...]:
+        """Everything that must survive a restart, each a named component of every checkpoint: the one list (a new
+        part goes here, with a component that says how it continues on another world size: :mod:`.components`)."""
+        return (
+            ModelWeights("model", self.module),
+            SharedComponent("ema", self.ema),
+            SharedComponent("optimizer", self.optimizer),
+            SharedComponent("scheduler", self.scheduler),
+            SharedComponent("scaler", self.accelerator.scaler),
+            TrainingPosition("state", self.state),
+            SharedComponent("progress", self.progress),
+            Generators("rng", self.rng),
+            LogStatistics("log_interval", self.log_interval),
+            DataPosition("data", self.data),
+        )
+
     @property
     def checkpointer(self) -> Checkpointer:
-        """Everything that must survive a restart, by name."""
-        shared = {
-            "model": self.module,
-            "ema": self.ema,
-            "optimizer": self.optimizer,
-            "scheduler": self.scheduler,
-            "scaler": self.accelerator.scaler,
-            "state": self.state,
-            "progress": self.progress,
-        }
-        per_rank = {"rng": self.rng, "log_interval": self.log_interval, "data": self.data}
+        """Saves and restores :meth:`checkpoint_components`: in shards for a sharded model, else in one file."""
+        contents = CheckpointContents(self.accelerator, self.checkpoint_components(), self._layout)
         if self.sharded:
-            return ShardedCheckpointer(self.accelerator, shared, per_rank, self._layout, self._checkpoint_group)
-        return Checkpointer(self.accelerator, shared, per_rank, self._layout)
+            return ShardedCheckpointer(contents, self._checkpoint_group)
+        return FileCheckpointer(contents)
 
     # ----------------------------------------------------------------------------------------
     # Public API

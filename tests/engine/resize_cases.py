@@ -7,13 +7,15 @@ in 2 DataLoader workers), shuffled, in float64, without dropout (but one kind, w
 batch: ``TrainConfig(model_randomness="per_batch")``), with a window of 4 microbatches per update: 2 ranks x
 accumulation 2, 4 x 1 or 1 x 4. Each rank records the inputs of every microbatch with the update they went into
 (``<run>.rank<r>.pt``; with dropout, each row's mask too) and a snapshot of the final state (gathered whole;
-``<run>.final.pt``).
+``<run>.final.pt``). Every run adds a component to its checkpoint (:class:`MicrobatchCount`, the microbatches each
+rank trained), whose final counts each rank writes (``<run>.microbatches.rank<r>.json``).
 
 - ``two``: on 2 ranks, straight and paused after the second update (mid-epoch), replicated (main-process
   augmentation, and in workers), sharded with FSDP2, and with dropout keyed by the batch;
 - ``four``: on 4 ranks, the 2-rank pauses continued, the same straight and paused (replicated and sharded),
   and a continuation whose window would change (accumulation 2), whose refusal is recorded;
-- ``one``: on 1 rank, the 2-rank replicated, sharded and dropout pauses continued;
+- ``one``: on 1 rank, the 2-rank replicated, sharded and dropout pauses continued, and the replicated one continued with
+  its added component as one that does not say how another world size takes it over (refused);
 - ``two-again``: on 2 ranks, the 4-rank pauses continued.
 """
 
@@ -34,6 +36,7 @@ from torch import nn
 from workloads import RunSpec, build, mse_step, snapshot
 
 from elfes.engine import CheckpointError, StepOutput, StopRequest
+from elfes.engine.components import PerRankComponent, Resize
 
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,6 +50,33 @@ FROM_FOUR = ("main", "workers", "sharded")  # the kinds also paused on 4 ranks a
 PAUSE_AT = 3  # the last rank's microbatch during which the pause is requested: it lands after update 2 of 8
 
 
+class Microbatches:
+    """A part a maintainer adds to the checkpoint in every run here: the microbatches this rank trained."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.count = state["count"]
+
+
+class MicrobatchCount(PerRankComponent):
+    """Its component: on another world size new rank 0 takes every old rank's count, the others none (the sum over
+    ranks stays)."""
+
+    def load_resized(self, states: list[Any], resize: Resize) -> None:
+        self.part.count = sum(state["count"] for state in states) if resize.rank == 0 else 0
+
+
+def add_component(trainer: Any, component: PerRankComponent) -> None:
+    """Add ``component`` to the trainer's checkpoint, as one more entry of Trainer.checkpoint_components would."""
+    listed = trainer.checkpoint_components
+    trainer.checkpoint_components = lambda: (*listed(), component)
+
+
 def spec(kind: str, world: int, accumulation: int | None = None) -> RunSpec:
     settings: dict[str, Any] = dict(KINDS[kind])
     if settings.pop("shard", False):
@@ -54,9 +84,9 @@ def spec(kind: str, world: int, accumulation: int | None = None) -> RunSpec:
     return BASE.with_(accumulation=accumulation or WINDOW // world, **settings)
 
 
-def recording(trainer: Any, inputs: list[tuple[Any, ...]], stop: StopRequest | None = None) -> Any:
-    """The step, recording each microbatch's inputs with the update they go into (and pausing, with ``stop``);
-    with dropout, each row's mask (the hidden units dropped) after its inputs."""
+def recording(trainer: Any, inputs: list[tuple[Any, ...]], counter: Microbatches, stop: StopRequest | None = None) -> Any:
+    """The step, recording each microbatch's inputs with the update they go into, counting it in ``counter`` (and
+    pausing, with ``stop``); with dropout, each row's mask (the hidden units dropped) after its inputs."""
     calls = {"count": 0}
     masks: list[torch.Tensor] = []
     dropout = next(module for module in trainer.model.modules() if isinstance(module, nn.Dropout))
@@ -65,6 +95,7 @@ def recording(trainer: Any, inputs: list[tuple[Any, ...]], stop: StopRequest | N
 
     def step(model: nn.Module, batch: Any) -> StepOutput:
         calls["count"] += 1
+        counter.count += 1
         if stop is not None and RANK == WORLD - 1 and calls["count"] == PAUSE_AT:
             stop.request("pause")
         output = mse_step(model, batch)
@@ -80,21 +111,26 @@ def train(out: Path, name: str, run_spec: RunSpec, *, pause: bool = False, resum
     run = build(run_spec)
     inputs: list[tuple[Any, ...]] = []
     stop = StopRequest() if pause else None
-    run.trainer.step = recording(run.trainer, inputs, stop)
+    counter = Microbatches()
+    add_component(run.trainer, MicrobatchCount("microbatches", counter))
+    run.trainer.step = recording(run.trainer, inputs, counter, stop)
     with quiet_logger(out / name) as logger:
         run.trainer.logger = logger
         state = run.trainer.train(run.config, checkpoint_dir=out / name / "checkpoints", resume_from=resume_from,
                                   stop=stop)
     torch.save(inputs, out / f"{name}.rank{RANK}.pt")
+    write_json(out / f"{name}.microbatches.rank{RANK}.json", counter.count)
     final = snapshot(run.trainer)  # every rank gathers a sharded model's tensors
     if RANK == 0:
         torch.save(final, out / f"{name}.final.pt")
         write_json(out / f"{name}.state.json", state.state_dict())
 
 
-def refused(out: Path, name: str, run_spec: RunSpec, resume_from: Path) -> None:
+def refused(out: Path, name: str, run_spec: RunSpec, resume_from: Path, added: PerRankComponent | None = None) -> None:
     reset_accelerate()
     run = build(run_spec)
+    if added is not None:
+        add_component(run.trainer, added)
     try:
         run.trainer.train(run.config, checkpoint_dir=out / name / "checkpoints", resume_from=resume_from)
         message = None
@@ -115,6 +151,9 @@ def phase(out: Path, name: str) -> None:
             train(out, f"{kind}-paused-{WORLD}", spec(kind, WORLD), pause=True)
     if name == "four":
         refused(out, "window-changed", spec("main", WORLD, accumulation=2), paused_checkpoint(out, "main", 2))
+    if name == "one":  # the component the paused runs added, as one that does not say how another world size takes it
+        refused(out, "not-taken-over", spec("main", WORLD), paused_checkpoint(out, "main", 2),
+                PerRankComponent("microbatches", Microbatches()))
     origin = {"four": 2, "one": 2, "two-again": 4}.get(name)
     if origin is not None:
         kinds = KINDS if origin == 2 else FROM_FOUR

@@ -175,6 +175,36 @@ def test_every_stateful_attribute_of_the_trainer_is_checkpointed(tmp_path, when)
     assert not missing, f"stateful Trainer attributes that no checkpoint saves: {missing}"
 
 
+def test_the_single_file_and_the_sharded_checkpointer_are_two_implementations_of_one_protocol():
+    """Neither derives from the other nor names the other's checkpoints; each offers what a session asks."""
+    import inspect
+
+    from elfes.engine.checkpointer import Checkpointer, FileCheckpointer
+    from elfes.engine.sharded import ShardedCheckpointer
+
+    assert FileCheckpointer.__mro__ == (FileCheckpointer, object)
+    assert ShardedCheckpointer.__mro__ == (ShardedCheckpointer, object)
+    asked = {"sharded", "layout", "components", "snapshot", "restore"}
+    assert {name for name in vars(Checkpointer) if not name.startswith("_")} == asked
+    for implementation in (FileCheckpointer, ShardedCheckpointer):
+        assert asked <= set(vars(implementation)), implementation
+    assert "sharded checkpoint" not in inspect.getsource(FileCheckpointer).lower()
+    assert "FileCheckpointer" not in inspect.getsource(ShardedCheckpointer)
+
+
+def test_checkpoint_components_are_named_once_each_a_shared_or_a_per_rank_one():
+    from elfes.engine.checkpointer import CheckpointContents
+    from elfes.engine.components import PerRankComponent, SharedComponent
+    from elfes.engine.config import TrainState
+    from elfes.engine.rng import RandomState
+
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match=r"Checkpoint components \['state'\] are named twice; give each"):
+        CheckpointContents(accelerator, [SharedComponent("state", TrainState()), PerRankComponent("state", RandomState())], dict)
+    with pytest.raises(TypeError, match="a SharedComponent or a PerRankComponent .*; got RandomState. Wrap each"):
+        CheckpointContents(accelerator, [RandomState()], dict)  # type: ignore[list-item]
+
+
 # ------------------------------------------------------------------------------------------------
 # Pointer replacement
 

@@ -8,6 +8,9 @@ naming the accumulation that keeps it, and a loader whose position is kept per r
 With dropout keyed by the batch (``TrainConfig(model_randomness="per_batch")``), every sample of the continuation
 also keeps the dropout mask it had in the uninterrupted run, so that run too ends within rounding of it.
 
+Every run adds a component of its own to its checkpoint, which the continuations take over, and a resume that adds
+one without saying how another world size takes it over is refused naming it.
+
 The phases of ``resize_cases.py`` are torchrun launches on 2, 4, 1 and again 2 ranks (each reading what the
 earlier ones wrote); the assertions run here.
 """
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.distributed
 SCRIPT = Path(__file__).with_name("resize_cases.py")
 PHASES = (("two", 2), ("four", 4), ("one", 1), ("two-again", 2))
 UPDATES = 8  # 2 epochs of 16 batches, 4 microbatches per update
+WINDOW = 4  # microbatches per update, over all ranks
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +112,30 @@ def test_a_resume_that_would_change_the_window_is_refused_naming_the_accumulatio
     assert "4 ranks x accumulation 1 keeps the window of 4 microbatches" in refusal["message"]
 
 
+def microbatches(out: Path, name: str, ranks: int) -> list[int]:
+    """The count of microbatches each rank of run ``name`` trained, as its added checkpoint component kept it."""
+    return [json.loads((out / f"{name}.microbatches.rank{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.mark.parametrize(("kind", "origin", "target"), CONTINUATIONS, ids=[f"{k}-{o}-to-{t}" for k, o, t in CONTINUATIONS])
+def test_a_component_added_to_the_checkpoint_is_taken_over_on_another_world_size(out, kind, origin, target):
+    """Every run adds a per-rank component (resize_cases.MicrobatchCount: new rank 0 takes the old ranks' counts):
+    after the resume, it holds what the paused run counted, and the ranks together count every microbatch once."""
+    paused = json.loads((out / f"{kind}-paused-{origin}.state.json").read_text())
+    assert sum(microbatches(out, f"{kind}-straight-{origin}", origin)) == UPDATES * WINDOW
+    assert sum(microbatches(out, f"{kind}-paused-{origin}", origin)) == paused["step"] * WINDOW
+    after = (UPDATES - paused["step"]) * WINDOW // target  # what each new rank trains after the resume
+    expected = [paused["step"] * WINDOW + after] + [after] * (target - 1)
+    assert microbatches(out, f"{kind}-{origin}-to-{target}", target) == expected
+
+
+def test_a_component_that_does_not_say_how_another_world_size_takes_it_over_refuses_the_resize_naming_it(out):
+    refusal = json.loads((out / "not-taken-over.refusal.json").read_text())
+    assert refusal["step"] == 0, "nothing was loaded"
+    assert ("  - microbatches: each rank saved its own Microbatches state, and this component does not say how the "
+            "ranks of another world size take it over; continue on the same world size\n") in refusal["message"]
+
+
 LAYOUT = {"world_size": 2, "gradient_accumulation_steps": 2, "batches_per_epoch": 8, "sharding": None}
 
 
@@ -152,10 +180,10 @@ def test_generators_every_old_rank_shared_are_every_new_ranks_and_differing_ones
 
     torch.manual_seed(3)
     same = capture_rng()
-    assert set(shared_generators([{"rng": same}, {"rng": capture_rng()}])) == {"python", "numpy", "torch", "cuda"}
+    assert set(shared_generators([same, capture_rng()])) == {"python", "numpy", "torch", "cuda"}
     torch.rand(1)  # this rank drew once more from torch, and from nothing else
-    assert set(shared_generators([{"rng": same}, {"rng": capture_rng()}])) == {"python", "numpy", "cuda"}
-    assert shared_generators([{"rng": {}}, {"rng": {}}]) == {}  # nothing saved: derived streams
+    assert set(shared_generators([same, capture_rng()])) == {"python", "numpy", "cuda"}
+    assert shared_generators([{}, {}]) == {}  # nothing saved: derived streams
 
 
 def test_each_start_records_what_of_the_loader_keeps_a_position_per_rank(tmp_path):

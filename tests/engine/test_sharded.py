@@ -660,3 +660,52 @@ def test_a_refused_folder_is_refused_by_load_shards_as_itself_and_a_damaged_one_
     assert str(refused.value).startswith(f"Checkpoint {folder} is truncated or corrupted (its shard __0_0.distcp is missing). "
                                          "It held step 4 (after 20 batches).")
     assert_not_retried(refused.value)
+
+
+def test_the_metadata_allow_list_holds_dcps_classes_wherever_this_torch_keeps_them(tmp_path, monkeypatch):
+    """The allow-list is resolved to DCP's classes themselves, not kept as module paths: listed by a place that only
+    re-exports it (as a list written for a torch that kept Metadata elsewhere would name it), Metadata is still read
+    from its home in this torch, and a place this torch lacks is left out."""
+    from elfes.engine import dcp_reader
+
+    listed = dcp_reader.AllowList({"torch.distributed.checkpoint": ("Metadata",)})
+    assert listed.find("torch.distributed.checkpoint.metadata", "Metadata") is Metadata  # its home, not listed
+    assert listed.find("torch.distributed.checkpoint", "Metadata") is Metadata
+    assert listed.find("torch.distributed.checkpoint.metadata", "MetadataIndex") is None  # searched, not allowed
+    assert dcp_reader.AllowList({"torch.distributed.checkpoint._moved_away": ("Metadata",)}).objects == ()
+    places = {module: tuple(name for name in names if name != "Metadata")
+              for module, names in dcp_reader._METADATA_PLACES.items()}
+    places |= {"torch.distributed.checkpoint": ("Metadata",), "torch.distributed.checkpoint._moved_away": ("Metadata",)}
+    monkeypatch.setattr(dcp_reader, "_METADATA", dcp_reader.AllowList(places))
+    folder, model = one_process_folder(tmp_path)
+    assert b"ctorch.distributed.checkpoint.metadata\nMetadata\n" in pickle.dumps(Metadata, protocol=2)  # its home
+    assert_bitwise_equal(model, sharded_weights(folder, "raw"), "sharded_weights")
+
+
+@pytest.mark.parametrize("named", ["torch.distributed.checkpoint.metadata.FutureStorageMetadata",
+                                   "torch.distributed.checkpoint._storage_home._StorageInfo"])
+def test_metadata_naming_a_class_this_torch_lacks_is_refused_naming_it_and_the_torch_version(tmp_path, named):
+    """A class another torch keeps where this one has none (moved, renamed or new) is not called tampering: the
+    refusal names it and this torch's version, says a newer torch may move DCP's classes, and ends with what to do."""
+    folder, _ = one_process_folder(tmp_path)
+    module, _, name = named.rpartition(".")
+    (folder / ".metadata").write_bytes(f"c{module}\n{name}\n.".encode())
+    for read in (lambda: SafeReader(folder).read_metadata(), lambda: sharded_weights(folder, "raw")):
+        with pytest.raises(UnusableCheckpointError) as refused:
+            read()
+        message = str(refused.value)
+        assert message.startswith(f"{folder / '.metadata'} names {named}, which torch {torch.__version__} does not hold")
+        assert "a newer torch may move or rename DCP's classes" in message and "not written by ELFES" not in message
+        assert message.endswith("Resume with the torch version that wrote the checkpoint, or from a checkpoint this "
+                                "torch wrote.")
+        assert_not_retried(refused.value)
+
+
+def test_metadata_naming_anything_outside_torch_is_refused_as_not_written_by_elfes_naming_it(tmp_path):
+    folder, _ = one_process_folder(tmp_path)
+    (folder / ".metadata").write_bytes(b"cbuiltins\neval\n.")
+    with pytest.raises(UnusableCheckpointError) as refused:
+        SafeReader(folder).read_metadata()
+    assert (f"safe loading refuses to build (builtins.eval is none of DCP's metadata classes in torch "
+            f"{torch.__version__}); ELFES writes only DCP's metadata there, so this folder was not written by ELFES"
+            ) in str(refused.value)

@@ -27,7 +27,6 @@ loader resumes each worker's seeds where they were.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, cast
 
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from ..rng import seed_fetch_generators
 from .state import Stateful, is_stateful
 
 _MASK64 = 2**64 - 1
@@ -79,17 +79,6 @@ def _splitmix64(value: int) -> int:
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
     return value ^ (value >> 31)
-
-
-def seed_generators(seed: int) -> None:
-    """Seed this process's torch CPU, NumPy and Python generators from one 64-bit ``seed``.
-
-    Only the CPU generator of torch: a worker draws no CUDA numbers, and seeding CUDA here would
-    initialise it in every worker.
-    """
-    torch.default_generator.manual_seed(seed)
-    np.random.seed(seed >> 32)
-    random.seed(seed)
 
 
 class PositionedBatch(list[Any]):
@@ -179,7 +168,7 @@ class SeededFetches(Dataset[Any]):
         if seed is None:
             return self._fetch(indices)
         if get_worker_info() is not None:
-            seed_generators(seed)
+            seed_fetch_generators(seed)
             return self._fetch(indices)
         generator = torch.default_generator
         rank_stream = generator.get_state()
@@ -222,7 +211,7 @@ class SeededStream(IterableDataset[Any]):
         self.items_read = count
         while True:
             # The worker's seed comes from the epoch's base seed (seeded from the data seed and epoch).
-            seed_generators(fetch_seed(worker.seed, worker.id, count))
+            seed_fetch_generators(fetch_seed(worker.seed, worker.id, count))
             try:
                 item = next(items)
             except StopIteration:

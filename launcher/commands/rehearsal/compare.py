@@ -33,9 +33,7 @@ TIMING_KEYS = frozenset({"seconds", "samples_per_second"})
 OWN_FOLDERS = frozenset({"checkpoints", "logs", "submitit", "pids", "tensorboard"})
 # Files found in a run directory that are compared as exported models.
 EXPORT_SUFFIXES = (".pt", ".pth")
-# Each rank's generators in a checkpoint (elfes.engine.rng), as a user knows them, and how to seed them.
-GENERATORS = {"python": "Python's `random` generator", "numpy": "NumPy's global generator",
-              "torch": "torch's CPU generator", "cuda": "the CUDA generators"}
+# Each rank's generators in a checkpoint, by name (elfes.engine.rng.GENERATORS lists them).
 _GENERATOR = re.compile(r"^/ranks\[\d+\]/rng/(\w+)")
 
 
@@ -73,7 +71,7 @@ class Comparison:
     divergence: MetricDivergence | None
     compared_files: tuple[str, ...]
     metrics_compared: bool = True  # False where neither run keeps records (no RunLogger): tensors only
-    set_aside: tuple[str, ...] = ()  # generators (GENERATORS keys) whose differences do not count
+    set_aside: tuple[str, ...] = ()  # generators (by name) whose differences do not count
     entries_set_aside: tuple[str, ...] = ()  # checkpoint entries left out (PER_RANK_ENTRIES after a resize)
 
     @property
@@ -172,7 +170,9 @@ def unused_generators(straight: Comparison) -> tuple[str, ...]:
 
 def generator_note(generator: str) -> str:
     """The note for a generator :func:`unused_generators` set aside."""
-    return (f"{GENERATORS.get(generator, generator)} is never seeded; this job does not draw from it, but any use "
+    from elfes.engine.rng import describe_generator  # the engine's list; torch is loaded once checkpoints were read
+
+    return (f"{describe_generator(generator)} is never seeded; this job does not draw from it, but any use "
             "would make it not reproducible: seed it with `accelerate.utils.set_seed`")
 
 
