@@ -13,6 +13,7 @@ Torch-free; the trackers' libraries are imported only to send.
 from __future__ import annotations
 
 import logging
+import shlex
 import threading
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,7 @@ def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | No
         if thread.is_alive():
             problems[sink.name] = f"no answer within {timeout_s:.0f} s"
     lines = [f"the {name} run was not set {lifecycle.status} ({problem}): it shows the status it had; the run's "
-             f"own records (state.json, elfes status) are complete, and `elfes sync {run_dir}` sends it"
+             f"own records (state.json, elfes status) are complete, and `elfes sync {shlex.quote(str(run_dir))}` sends it"
              for name, problem in sorted(problems.items())]
     for line in lines:
         log.warning(f"elfes: warning: {line}")
