@@ -13,6 +13,7 @@ Torch-free; the trackers' libraries are imported only to send.
 from __future__ import annotations
 
 import logging
+import shlex
 import threading
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def send_lifecycle(run_dir: Path, settings: TrackingSettings, *, group: str | No
             problems[sink.name] = f"no answer within {timeout_s:.0f} s"
     lines = [f"the {sink.name} run was not {sink.describe_status(lifecycle.status)} ({problems[sink.name]}): it "
              f"shows the status it had; the run's own records (state.json, elfes status) are complete, and `elfes "
-             f"sync {run_dir}` sends it"
+             f"sync {shlex.quote(str(run_dir))}` sends it"
              for sink in sorted(sinks, key=lambda sink: sink.name) if sink.name in problems]
     for line in lines:
         log.warning(f"elfes: {line}")
