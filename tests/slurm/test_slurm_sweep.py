@@ -129,8 +129,10 @@ KILL_AT = {
     "before-the-pickles": "kill -9 $submitter",
     # submitit named all three pickles: the array's tasks will run, each its member's one trainer. elfes holds the
     # members' state locks through the hand-over; a FIFO at the temporary name of its first record of a job id
-    # (member 0's state.json, written by this submitter) holds it there until it dies.
-    "after-the-pickles": """mkfifo {members}/lr=0.01/.tmp-state.json.$submitter
+    # (member 0's state.json, written by this submitter) holds it there until it dies. That name holds the room
+    # reserved for the record (a file of spaces) until then: the FIFO takes its place.
+    "after-the-pickles": """rm -f {members}/lr=0.01/.tmp-state.json.$submitter
+mkfifo {members}/lr=0.01/.tmp-state.json.$submitter
 ( while [ "$(ls {folder}/${{job}}_*_submitted.pkl 2>/dev/null | wc -l)" -lt 3 ]; do sleep 0.01; done
   kill -9 $submitter ) </dev/null >/dev/null 2>&1 &""",
 }
