@@ -15,16 +15,18 @@ import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from elfes.contract import POINTERS, CheckpointName, Pointer
 from elfes.files import TEMPORARY_PREFIX, atomic_writer, fsync_directory, replace_symlink
 
-from .dcp_reader import SafeReader, ShardDamage
 from .payload import CheckpointError as CheckpointError  # re-exported: its home for callers
-from .payload import UnusableCheckpointError
+from .payload import ShardDamage, UnusableCheckpointError
+
+if TYPE_CHECKING:
+    from .dcp_reader import SafeReader
 
 FORMAT = "elfes-checkpoint"
 VERSION = 3  # 3: a batch read in the training process draws torch's numbers under its place's seed (2 did not)
@@ -158,10 +160,22 @@ def read_checkpoint(path: Path, shards: SafeReader | None = None) -> dict[str, A
         )
     if resolved.is_dir():  # a sharded checkpoint: its metadata read safely, every shard file there in full
         try:
-            (shards if shards is not None else SafeReader(resolved)).read_metadata()
+            check_shards(resolved, shards)
         except ShardDamage as damage:
             raise UnusableCheckpointError(unreadable_message(resolved, damage)) from None
     return payload
+
+
+def check_shards(folder: Path, shards: SafeReader | None = None) -> None:
+    """Read sharded checkpoint ``folder``'s DCP metadata through the allow-listed reader ``shards`` (a new one when
+    none is given), which checks every shard file is there in full: :class:`ShardDamage` for a damaged folder, an
+    :class:`UnusableCheckpointError` for one ELFES did not write. DCP is imported here, by a sharded checkpoint's
+    reader only."""
+    if shards is None:
+        from .dcp_reader import SafeReader
+
+        shards = SafeReader(folder)
+    shards.read_metadata()
 
 
 def unreadable_message(path: Path, error: BaseException) -> str:
@@ -193,7 +207,7 @@ def _is_complete(path: Path) -> bool:
         with zipfile.ZipFile(payload_file(path)) as archive:
             intact = archive.testzip() is None
         if intact and path.is_dir():
-            SafeReader(path).read_metadata()
+            check_shards(path)
         return intact
     except (zipfile.BadZipFile, OSError, EOFError, CheckpointError):
         return False
@@ -248,7 +262,7 @@ def safe_load_problem(path: Path) -> str | None:
         return f"it has no '{FORMAT}' marker"
     if Path(path).is_dir():  # a sharded checkpoint: its DCP metadata too, read by the safe unpickler
         try:
-            SafeReader(path).read_metadata()
+            check_shards(Path(path))
         except ShardDamage as damage:
             return unreadable_message(Path(path).resolve(), damage)
         except (CheckpointError, OSError, EOFError) as error:

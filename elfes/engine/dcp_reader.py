@@ -3,7 +3,10 @@ and any entry the metadata calls *bytes* with ``torch.load(weights_only=False)``
 a planted pickle names. This reader builds DCP's own metadata classes and nothing else, accepts only tensor entries
 stored in the folder's own shard files (``__<rank>_<n>.distcp``), all there in full, refuses to read a bytes entry,
 and checks each entry's CRC-32 checksums (DCP writes every entry as a ``torch.save`` archive, whose records carry
-one; torch does not check it when it loads) before DCP loads the entry with ``weights_only=True``."""
+one; torch does not check it when it loads) before DCP loads the entry with ``weights_only=True``.
+
+Importing it imports DCP (and DTensor, sympy: about a second): :mod:`.checkpoint` imports it when it reads a sharded
+checkpoint, never for a single-file one."""
 
 from __future__ import annotations
 
@@ -25,14 +28,10 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageIn
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 
+from .payload import ShardDamage as ShardDamage  # re-exported: where a reader's damage is expected
 from .payload import UnusableCheckpointError
 
 SHARD_FILE = re.compile(r"__[0-9]+_[0-9]+\.distcp")  # the files DCP's FileSystemWriter names, one or more per rank
-
-
-class ShardDamage(UnusableCheckpointError):
-    """A shard file of a sharded checkpoint missing, cut short or with a failing checksum (a damaged folder, not a
-    planted one): the caller names the checkpoint to use instead."""
 
 
 class SafeReader(FileSystemReader):

@@ -16,12 +16,12 @@ from elfes.contract import Phase
 
 from .collectives import sum_over_ranks
 from .data import iterate_sparing_workers
+from .fsdp import is_sharded, reshard
 from .heartbeat import Heartbeat
 from .loss import loss_path
 from .metrics import MetricAccumulator
 from .objective import Objective, Step
 from .rng import capture_rng, restore_rng
-from .sharded import is_sharded, reshard
 
 
 class Evaluator:

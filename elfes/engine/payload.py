@@ -24,6 +24,11 @@ class UnusableCheckpointError(CheckpointError, ConfigurationError):
     that the launcher ends the attempt instead of retrying from it (launcher/job/failures.py)."""
 
 
+class ShardDamage(UnusableCheckpointError):
+    """A shard file of a sharded checkpoint missing, cut short or with a failing checksum (a damaged folder, not a
+    planted one): the caller names the checkpoint to use instead."""
+
+
 TensorCopy = Callable[[torch.Tensor, str], torch.Tensor]  # (tensor, where in the payload) -> its copy
 
 

@@ -14,6 +14,9 @@ interleave with training's. Only tensors go through DCP: its loader unpickles an
 ``weights_only=False``, and its ``.metadata`` with plain pickle; every read goes through :class:`SafeReader`,
 which builds DCP's metadata classes and nothing else, accepts tensor entries in the folder's own shard files
 only, and checks each entry's checksums.
+
+Importing this module imports DCP and DTensor (about a second of a process's time): only a run whose model is
+sharded (:func:`~elfes.engine.fsdp.is_sharded`) or that reads a sharded checkpoint imports it.
 """
 
 from __future__ import annotations
@@ -27,13 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from elfes.contract import CheckpointName
@@ -49,30 +49,11 @@ from .checkpoint import (
 )
 from .checkpointer import CheckpointContents
 from .collectives import main_process_value
-from .dcp_reader import SafeReader, ShardDamage
-from .payload import TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
+from .dcp_reader import SafeReader
+from .fsdp import reshard
+from .payload import ShardDamage, TensorCopy, UnusableCheckpointError, model_mismatches, plain_payload
 
 SHARDED_PARTS = ("model", "ema", "optimizer")  # the components whose tensors DCP writes, each rank its shards
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether ``model`` (or the module a compiled model wraps) was sharded with FSDP2's ``fully_shard``."""
-    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
-
-
-def reshard(model: nn.Module) -> None:
-    """Free the whole parameters a sharded model's forward gathered and kept (FSDP2 keeps the root's after a forward
-    without backward): the next forward gathers them again from the shards, which an EMA swap or a restore may
-    have changed meanwhile. Nothing for a model that is not sharded."""
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-
-def mesh_shape(model: nn.Module) -> list[int] | None:
-    """The device mesh a sharded model's parameters are spread over, e.g. [2] or [2, 2] (HSDP); None if none is."""
-    mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
-    return None if mesh is None else list(mesh.shape)
 
 
 def saved_tensors(metadata: Metadata, part: str, device: str | torch.device = "meta") -> dict[str, torch.Tensor]:
@@ -153,19 +134,6 @@ def load_shards(state: dict[str, Any], shards: SafeReader, **options: Any) -> No
             raise refused from None
         cause = causes[0] if causes else RuntimeError("DCP could not read it")
         raise UnusableCheckpointError(unreadable_message(folder.resolve(), cause)) from None
-
-
-def full_state_dict(model: nn.Module, average: Mapping[str, torch.Tensor] | None, main: bool) -> dict[str, torch.Tensor]:
-    """A sharded model's full state dict on the CPU of the main process (empty elsewhere), with the averaged
-    parameters ``average`` in place of the raw ones when given. Every rank calls it (it gathers the shards)."""
-    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    state.update(average or {})
-    full = {}
-    for name, tensor in state.items():
-        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        if main:
-            full[name] = whole.to("cpu", copy=True)
-    return full
 
 
 @dataclass(frozen=True)
@@ -335,8 +303,3 @@ def _copied(value: Any, copy: TensorCopy, where: str) -> Any:
     if isinstance(value, Mapping):
         return {key: _copied(item, copy, f"{where}[{key!r}]") for key, item in value.items()}
     return value
-
-
-def checkpoint_group() -> Any:
-    """A process group for checkpoint writes alone (every rank calls this, in the same order)."""
-    return dist.new_group(backend="gloo")

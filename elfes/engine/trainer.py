@@ -42,6 +42,7 @@ from .data import TrainingData, check_process_group
 from .ema import ExponentialMovingAverage
 from .evaluator import Evaluator
 from .events import Budget, LogInterval, RunSetup
+from .fsdp import checkpoint_group, full_state_dict, is_sharded, mesh_shape
 from .heartbeat import Heartbeat
 from .loss import loss_path
 from .objective import Objective, Step
@@ -49,7 +50,6 @@ from .process_group import hold_process_group, release_process_groups
 from .resize import BatchKeyedRandomness
 from .rng import RandomState
 from .session import TrainingSession
-from .sharded import ShardedCheckpointer, checkpoint_group, full_state_dict, is_sharded, mesh_shape
 from .stop import StopRequest
 from .weights import plain_state_dict, save_state_dict
 from .window import Scheduler, WindowRunner
@@ -152,7 +152,8 @@ class Trainer:
     def checkpointer(self) -> Checkpointer:
         """Saves and restores :meth:`checkpoint_components`: in shards for a sharded model, else in one file."""
         contents = CheckpointContents(self.accelerator, self.checkpoint_components(), self._layout)
-        if self.sharded:
+        if self.sharded:  # DCP, imported by a sharded model's run alone
+            from .sharded import ShardedCheckpointer
             return ShardedCheckpointer(contents, self._checkpoint_group)
         return FileCheckpointer(contents)
 

@@ -13,7 +13,6 @@ from elfes.files import atomic_writer
 from elfes.refusals import ConfigurationError
 
 from .checkpoint import CheckpointError, Weights, read_checkpoint
-from .sharded import sharded_weights, whole_sharded_checkpoint
 
 
 def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Path) -> dict[str, torch.Tensor]:
@@ -21,7 +20,9 @@ def checkpoint_weights(payload: Mapping[str, Any], weights: Weights, source: Pat
     checkpoint's (a folder) are read from its shards, in this process alone."""
     if weights not in ("raw", "ema"):
         raise ConfigurationError(f"weights is {weights!r}; use 'raw' or 'ema'.")
-    if source.is_dir():
+    if source.is_dir():  # DCP, imported for a sharded checkpoint alone
+        from .sharded import sharded_weights
+
         return sharded_weights(source, weights, payload)
     if weights == "raw":
         return dict(payload["model"])
@@ -69,7 +70,12 @@ def export_checkpoint(checkpoint: Path, path: Path) -> None:
     >>> torch.load(run_dir / "whole.pt", weights_only=True)["optimizer"]["0"]["exp_avg"]  # doctest: +SKIP
     """
     source = Path(checkpoint).resolve()
-    payload = whole_sharded_checkpoint(source) if source.is_dir() else read_checkpoint(source)
+    if source.is_dir():  # DCP, imported for a sharded checkpoint alone
+        from .sharded import whole_sharded_checkpoint
+
+        payload = whole_sharded_checkpoint(source)
+    else:
+        payload = read_checkpoint(source)
     save_state_dict(payload, Path(path))
 
 

@@ -19,25 +19,26 @@ import operator
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from accelerate import Accelerator
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from .collectives import sum_over_ranks
 from .config import TrainState
 from .ema import ExponentialMovingAverage
+from .fsdp import is_sharded, local_part
 from .loss import LossPath, WindowLoss
 from .metrics import MetricAccumulator
 from .objective import Step
 from .resize import BatchKeyedRandomness
-from .sharded import is_sharded
 from .stop import StopRequest
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 Scheduler = LRScheduler | ReduceLROnPlateau
 _NO_CONTEXT = nullcontext()
@@ -114,7 +115,7 @@ class WindowRunner:
         window = self.loss.open_window(batches, self.sum_over_ranks, reference)
         scaler = self.accelerator.scaler
         model, step, contribute, labelled = self.model, self.step, window.contribution, window.labelled
-        sharded = cast(FSDPModule, model) if self.sharded else None  # or a compiled one, which forwards its calls
+        sharded = cast("FSDPModule", model) if self.sharded else None  # or a compiled one, which forwards its calls
         keyed = self.keyed_randomness
         last = size - 1
         local_samples = consumed = 0
@@ -215,7 +216,7 @@ class WindowRunner:
         norm = torch.nn.utils.get_total_norm(gradients) if gradients else torch.zeros(())  # over all shards
         learning_rates = [float(group["lr"]) for group in self.optimizer.param_groups]
         # the window's one host synchronisation after the agreement (a sharded model's norm is a replicated DTensor)
-        norm_value = (norm.to_local() if isinstance(norm, DTensor) else norm).item()
+        norm_value = (local_part(norm) if self.sharded else norm).item()
         finite = math.isfinite(norm_value)
         if scaler is None and not finite:
             raise FloatingPointError(
