@@ -37,7 +37,7 @@ def test_a_local_rank_process_imports_none_of_them_before_main_runs():
     assert loaded_after(RANK_ENTRY) == []
 
 
-def test_a_plain_run_that_checkpoints_resumes_and_exports_loads_no_dcp(tmp_path):
+def test_a_plain_run_that_checkpoints_resumes_and_exports_loads_no_dcp_plot_or_tracker(tmp_path):
     script = f"""
         from pathlib import Path
         from workloads import RunSpec, build
@@ -53,7 +53,9 @@ def test_a_plain_run_that_checkpoints_resumes_and_exports_loads_no_dcp(tmp_path)
         load_weights(build(spec).trainer.module, folder / "checkpoints" / "last")
         assert (folder / "weights.pt").is_file() and (folder / "whole.pt").is_file()
     """
-    assert loaded_after(script) == []
+    # torch's own optimizer imports torch._dynamo on construction, and dynamo imports FSDP2 and DTensor: only DCP,
+    # matplotlib and the trackers are a run's own to leave out
+    assert set(loaded_after(script)) <= {"torch.distributed.fsdp", "torch.distributed.tensor"}
 
 
 def test_the_check_sees_a_sharded_checkpoints_imports():
