@@ -38,7 +38,7 @@ PLANNED_STEPS = 24  # 256 samples, batches of 16, accumulation 2: 8 steps per ep
 # lands long before its next checkpoint.
 STEP_DELAY_S = {"default": 0.03, "1": 0.2, "3": 0.4}
 WANDB = {"project": "elfes-tests", "mode": "offline"}
-TIMEOUT_S = 600.0  # a bound on each wait, which ends as soon as its condition holds (a loaded machine is slow)
+TIMEOUT_S = 150.0
 SLOW_POLL_S = 0.5  # waits that nothing is timed by: a job's end, a server's start
 
 
