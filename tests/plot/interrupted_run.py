@@ -1,12 +1,10 @@
-"""A real interrupted run for the plot, TensorBoard and tracker tests, through `elfes submit --executor local`
-(:func:`run_tracked_jobs`; tests/plot/conftest.py runs it once per session for both test files).
+"""A real interrupted run for the plot and TensorBoard tests, through `elfes submit --executor local`.
 
 The quickstart job (one rank, 3 epochs of 8 optimizer steps, a train record every step, the
-TensorBoard mirror on through the spec's ``env:``, mirrored to MLflow and W&B offline) is preempted twice with
-`elfes preempt` (SIGUSR2: the job saves `last` and relaunches itself), then its third attempt's task is SIGKILLed
-once it has logged train records two steps past its start, and `elfes resume` finishes the run; beside it, the
-same job runs straight. Every wait is on what the jobs write (events.jsonl, state.json, pid files) or on a
-server's answer, never a bare sleep.
+TensorBoard mirror on through the spec's ``env:``) is preempted twice with `elfes preempt` (SIGUSR2:
+the job saves `last` and relaunches itself), then its third attempt's task is SIGKILLed once it has
+logged train records two steps past its start, and `elfes resume` finishes the run. Every wait is on
+what the job writes (events.jsonl, state.json, pid files), never a bare sleep.
 """
 
 from __future__ import annotations
@@ -14,11 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +28,9 @@ from elfes.launcher.rundir.paths import RunPaths
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 PLANNED_STEPS = 24  # 256 samples, batches of 16, accumulation 2: 8 steps per epoch, 3 epochs
-# Seconds of sleep per batch: attempt 1 is slow enough to be preempted early; attempt 3 slow, so that the kill
-# lands long before its next checkpoint.
-STEP_DELAY_S = {"default": 0.03, "1": 0.2, "3": 0.4}
-WANDB = {"project": "elfes-tests", "mode": "offline"}
+# Seconds of sleep per batch: attempt 3 is slow, so that the kill lands long before its next checkpoint.
+STEP_DELAY_S = {"default": 0.03, "3": 0.4}
 TIMEOUT_S = 150.0
-SLOW_POLL_S = 0.5  # waits that nothing is timed by: a job's end, a server's start
 
 
 @dataclass(frozen=True)
@@ -57,14 +48,12 @@ def diagnostics(run_dir: Path) -> str:
     return "\n".join(parts)
 
 
-def wait_for(condition: Callable[[], Any], what: str, run_dir: Path, every_s: float = 0.02) -> Any:
-    """``condition()`` once true, looked at every ``every_s`` (the polling interval of the condition, not a stand-in
-    for it): a step to signal at is looked for often; the end of a job, a pass over /proc, every :data:`SLOW_POLL_S`."""
+def wait_for(condition: Callable[[], Any], what: str, run_dir: Path) -> Any:
     deadline = time.monotonic() + TIMEOUT_S
     while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {TIMEOUT_S:.0f} s waiting for {what}\n{diagnostics(run_dir)}")
-        time.sleep(every_s)
+        time.sleep(0.02)  # the polling interval of the condition, not a stand-in for it
     return value
 
 
@@ -113,111 +102,46 @@ def ended(run_dir: Path) -> run_state.RunState | None:
     return state if state is not None and state.status in run_state.ENDED and job_gone(run_dir) else None
 
 
-def write_spec(folder: Path, name: str, tracking: dict[str, Any]) -> Path:
+def write_spec(folder: Path, name: str, *, step_delay_s: dict[str, float] = STEP_DELAY_S,
+               tracking: dict[str, Any] | None = None) -> Path:
     spec: dict[str, Any] = {
         "name": name,
         "entrypoint": "tests.plot.paced_job:paced_quickstart",
         "workdir": str(REPOSITORY),
         "run_dir": str(folder / name),
-        "config": {"epochs": 3, "train_samples": 256, "log_every": 1, "step_delay_s": STEP_DELAY_S},
+        "config": {"epochs": 3, "train_samples": 256, "log_every": 1, "step_delay_s": step_delay_s},
         "resources": {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1,
                       "timeout_min": 10},
         "requeue": {"max_requeues": 5},
-        "tracking": tracking,
-        # W&B's service starts slowly on a loaded machine.
-        "env": {"OMP_NUM_THREADS": "1", "ELFES_TENSORBOARD": "1", "ELFES_TRACKER_FLUSH_TIMEOUT_S": "300"},
+        "env": {"OMP_NUM_THREADS": "1", "ELFES_TENSORBOARD": "1"},
     }
+    if tracking is not None:
+        spec["tracking"] = tracking
+        spec["env"]["ELFES_TRACKER_FLUSH_TIMEOUT_S"] = "300"  # W&B's service starts slowly on a loaded machine
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
-# -- the runs -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TrackedRuns:
-    """The straight run (MLflow: ``straight_store``, SQLite) and the interrupted one, whose MLflow server wrote
-    into ``server_store`` (read once the server is gone); both mirrored to W&B offline too."""
-
-    straight: Path
-    straight_store: str
-    interrupted: InterruptedRun
-    server_store: str
-
-    def to_json(self) -> str:
-        return json.dumps({"straight": str(self.straight), "straight_store": self.straight_store,
-                           "interrupted": str(self.interrupted.run_dir),
-                           "killed_at_step": self.interrupted.killed_at_step, "server_store": self.server_store})
-
-    @classmethod
-    def from_json(cls, text: str) -> TrackedRuns:
-        data = json.loads(text)
-        return cls(Path(data["straight"]), data["straight_store"],
-                   InterruptedRun(Path(data["interrupted"]), data["killed_at_step"]), data["server_store"])
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def healthy(uri: str, server: subprocess.Popen) -> bool:
-    assert server.poll() is None, f"mlflow server exited with {server.returncode}"
+def run_interrupted_job(folder: Path, name: str = "interrupted") -> InterruptedRun:
+    """Submit, preempt twice, SIGKILL the third attempt past its last checkpoint, resume to the end."""
+    run_dir = folder / name
+    assert elfes(["submit", str(write_spec(folder, name)), "--executor", "local"]) == 0
     try:
-        with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
-def submit(folder: Path, name: str, tracking: dict[str, Any]) -> Path:
-    spec = write_spec(folder, name, tracking)
-    assert elfes(["submit", str(spec), "--executor", "local"]) == 0
-    return folder / name
-
-
-def run_tracked_jobs(folder: Path) -> TrackedRuns:
-    """The job run straight (MLflow to a SQLite store) beside the interrupted one, mirrored to a real `mlflow server`
-    that is started only once the run has found it unreachable (after the first preemption); both to W&B offline.
-    Returns once both runs ended and the server is gone."""
-    from elfes.records.tracker_sender import read_mirror_state
-
-    from_mlflow = f"sqlite:///{folder / 'server.db'}"
-    server_uri = f"http://127.0.0.1:{free_port()}"
-    store = f"sqlite:///{folder / 'straight.db'}"
-    straight = submit(folder, "straight", {"mlflow": {"tracking_uri": store, "experiment": "straight"},
-                                                   "wandb": WANDB})
-    interrupted = folder / "interrupted"
-    server = None
-    try:
-        submit(folder, "interrupted", {"mlflow": {"tracking_uri": server_uri, "experiment": "e2e"},
-                                               "wandb": WANDB})
-        wait_for(lambda: trained_past(interrupted, 1, 2), "attempt 1 to train 2 steps", interrupted)
-        assert elfes(["preempt", str(interrupted)]) == 0
-        # The server is not there yet: the mirror finds it so before the server starts.
-        wait_for(lambda: (state := read_mirror_state(interrupted, "mlflow")) and state.behind,
-                 "the mlflow mirror to find its server unreachable", interrupted)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", from_mlflow,
-             "--host", "127.0.0.1", "--port", server_uri.rsplit(":", 1)[1], "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=(folder / "server.log").open("w"), start_new_session=True)
-        wait_for(lambda: (step := trained_past(interrupted, 2, 2)) and step >= 10, "attempt 2 to pass step 10",
-                 interrupted)
-        assert elfes(["preempt", str(interrupted)]) == 0
-        wait_for(lambda: trained_past(interrupted, 3, 2), "attempt 3 to train 2 steps", interrupted)
-        os.kill(json.loads(RunPaths(interrupted).pid_file(0).read_text())["pid"], signal.SIGKILL)
-        wait_for(lambda: job_gone(interrupted), "the killed job's processes to be gone", interrupted, SLOW_POLL_S)
-        killed_at = max(event["step"] for event in attempt_events(interrupted, 3) if event["event"] == "train")
-        wait_for(lambda: healthy(server_uri, server), "the mlflow server to answer /health", interrupted, SLOW_POLL_S)
-        assert elfes(["resume", str(interrupted)]) == 0
-        state = wait_for(lambda: ended(interrupted), "the resumed run to end", interrupted, SLOW_POLL_S)
-        assert state.status == "finished", diagnostics(interrupted)
-        state = wait_for(lambda: ended(straight), "the straight run to end", straight, SLOW_POLL_S)
-        assert state.status == "finished", diagnostics(straight)
+        wait_for(lambda: trained_past(run_dir, 1, 2), "attempt 1 to train 2 steps", run_dir)
+        assert elfes(["preempt", str(run_dir)]) == 0
+        # Attempt 2 crosses the end of epoch 1 (evaluation and checkpoint at step 8) before its stop.
+        wait_for(lambda: (step := trained_past(run_dir, 2, 2)) and step >= 10, "attempt 2 to pass step 10", run_dir)
+        assert elfes(["preempt", str(run_dir)]) == 0
+        wait_for(lambda: trained_past(run_dir, 3, 2), "attempt 3 to train 2 steps", run_dir)
+        pid = json.loads(RunPaths(run_dir).pid_file(0).read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)  # no stop, no checkpoint: its steps past `last` are lost
+        # Nothing records the end of a killed job: the next `elfes status` or `elfes resume` finds it gone.
+        wait_for(lambda: job_gone(run_dir), "the killed job's processes to be gone", run_dir)
+        killed_at = max(event["step"] for event in attempt_events(run_dir, 3) if event["event"] == "train")
+        assert elfes(["resume", str(run_dir)]) == 0
+        state = wait_for(lambda: ended(run_dir), "the resumed run to end", run_dir)
+        assert state.status == "finished", diagnostics(run_dir)
     finally:
-        kill_local_run(interrupted)
-        kill_local_run(straight)
-        if server is not None:
-            os.killpg(server.pid, signal.SIGKILL)  # the server and its workers, in the session it leads
-            server.wait()
-    return TrackedRuns(straight, store, InterruptedRun(interrupted, killed_at), from_mlflow)
+        kill_local_run(run_dir)
+    return InterruptedRun(run_dir=run_dir, killed_at_step=killed_at)

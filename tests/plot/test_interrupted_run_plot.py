@@ -1,5 +1,5 @@
-"""A real run preempted twice and SIGKILLed once (see interrupted_run.py; the tracker tests read the same run,
-which tests/plot/conftest.py runs once per session), drawn by `elfes plot` and mirrored to TensorBoard. Golden-free: the plot's data is read back from the matplotlib figure it saved,
+"""A real run preempted twice and SIGKILLed once (see interrupted_run.py), drawn by `elfes plot` and
+mirrored to TensorBoard. Golden-free: the plot's data is read back from the matplotlib figure it saved,
 and the TensorBoard files with TensorBoard's own event reader; both are checked against the run's
 records and state.json."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy
 import pytest
-from interrupted_run import InterruptedRun, attempt_events, events
+from interrupted_run import InterruptedRun, attempt_events, events, run_interrupted_job
+from launching import kill_local_run
 
 from elfes.launcher.commands.plot import plot
 from elfes.launcher.rundir import state as run_state
@@ -17,18 +18,19 @@ from elfes.launcher.rundir.paths import RunPaths
 
 pytest.importorskip("matplotlib", reason="the plot extra: pip install -e '.[test]' installs it")
 pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e '.[test]' installs it")
-pytest.importorskip("mlflow", reason="the shared run mirrors to MLflow: pip install -e '.[test]' installs it")
-pytest.importorskip("wandb", reason="the shared run mirrors to W&B: pip install -e '.[test]' installs it")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture
-def interrupted(tracked_runs) -> InterruptedRun:
-    """The interrupted run of tests/plot/conftest.py (the trackers' tests read it too)."""
-    return tracked_runs.interrupted
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("interrupted")
+    try:
+        yield run_interrupted_job(folder)
+    finally:
+        kill_local_run(folder / "interrupted")
 
 
 def last_value_per_step(run_dir: Path, event_name: str, metric) -> dict[int, float]:
