@@ -5,6 +5,7 @@ from the clock; bad input exits 2 and leaves nothing behind."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -18,7 +19,9 @@ from typing import Any
 import pytest
 import yaml
 from launching import kill_local_run
+from shared_runs import session_folder
 
+from elfes.files import exclusive_lock
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.commands.rehearsal.pipeline import KINDS, candidate_steps, plan_interruptions
 from elfes.launcher.rundir.liveness import local_processes
@@ -219,7 +222,11 @@ def test_a_sharded_job_rehearses_exact_through_sigterm_and_sigkill(tmp_path, cap
     equal bit for bit. (The requeue signal on a sharded job: tests/slurm.)"""
     from tests.launcher.entrypoints import TINY_CHARLM
 
-    spec = write_spec(tmp_path, "tests.launcher.entrypoints:sharded_charlm", config=TINY_CHARLM,
+    # Shorter than TINY_CHARLM (18 updates, not 85: what a rank computes is what this test costs), with a
+    # checkpoint every 4 updates, so that the kill still aims at a write of the shards, and a sleep in every
+    # step that keeps the updates long enough for each interruption to land with its slack.
+    config = {**TINY_CHARLM, "train_chars": 8_000, "checkpoint_every": 4, "evaluate_every": 8, "step_delay_s": 0.1}
+    spec = write_spec(tmp_path, "tests.launcher.entrypoints:sharded_charlm", config=config,
                       resources={"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2,
                                  "timeout_min": 10})
     code, report = rehearse(spec, "--interruptions", "2", "--kinds", "stop,kill", "--keep", capsys=capsys)
@@ -363,11 +370,45 @@ def test_an_export_torch_cannot_read_is_compared_byte_for_byte(tmp_path):
     assert (difference.file, difference.note) == ("model.pt", "the bytes differ")
 
 
-def test_generators_never_seeded_nor_drawn_from_are_a_note_and_the_verdict_exact(tmp_path, capsys):
+# -- one rehearsal that several tests judge --------------------------------------------------------------------
+SWEEP = {"grid": {"config.seed_value": [0, 1]}}
+# The switchable job seeding torch only, with NaN in a buffer and in a logged metric: a sweep of two seeds, each
+# member rehearsed (kept) with one pause. The sweep test judges the members' folders; the generator and NaN tests
+# judge a member's report, each by what its own switch makes of it.
+SWEPT = {"config": {**CONFIG, "seed": "torch", "nan": True}, "sweep": SWEEP}
+SWEPT_ARGUMENTS = ("--member", "seed_value=1", "--member", "seed_value=0", "--interruptions", "1", "--kinds", "stop",
+                   "--keep")
+
+
+@pytest.fixture(scope="session")
+def swept_rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict[str, Any]], Path]:
+    """The exit code, the ``--json`` reports (seed_value=1, then 0) and the spec's folder of the rehearsal of
+    :data:`SWEPT`: run by the first test of the session to ask, on any xdist worker (this file's tests are spread
+    over them), and read by every later one (under a lock, as tests/shared_runs.py shares reference runs)."""
+    folder = session_folder(tmp_path_factory, "swept-rehearsal")
+    with exclusive_lock(folder / "lock"):
+        if not (folder / "result.json").exists():
+            spec = write_spec(folder, SWITCHABLE, **SWEPT)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                code = elfes(["rehearse", str(spec), "--executor", "local", "--json", *SWEPT_ARGUMENTS])
+            (folder / "result.json").write_text(json.dumps({"code": code, "reports": json.loads(printed.getvalue())}))
+        result = json.loads((folder / "result.json").read_text())
+    return result["code"], result["reports"], folder
+
+
+def member_report(swept_rehearsal, seed_value: int) -> tuple[int, dict[str, Any]]:
+    """The rehearsal's exit code (a sweep's is its first member's that is not exact) and a member's report, from
+    :func:`swept_rehearsal`."""
+    code, reports, _ = swept_rehearsal
+    [report] = [report for report in reports if report["rehearsal_dir"].endswith(f"seed_value={seed_value}")]
+    return code, report
+
+
+def test_generators_never_seeded_nor_drawn_from_are_a_note_and_the_verdict_exact(swept_rehearsal):
     # The job seeds torch only: the straight runs end with other Python and NumPy generator states, and
-    # nothing else differs.
-    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "seed": "torch"})
-    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "requeue", capsys=capsys)
+    # nothing else differs (its NaNs are equal bit for bit).
+    code, report = member_report(swept_rehearsal, 0)
     assert (code, report["verdict"]) == (0, "exact"), report
     assert report["straight_vs_straight"]["generators_set_aside"] == ["numpy", "python"]
     assert ("NumPy's global generator is never seeded; this job does not draw from it, but any use would make it "
@@ -375,9 +416,8 @@ def test_generators_never_seeded_nor_drawn_from_are_a_note_and_the_verdict_exact
     assert any(note.startswith("Python's `random` generator is never seeded") for note in report["notes"])
 
 
-def test_a_job_with_nan_in_a_buffer_and_a_logged_metric_is_exact(tmp_path, capsys):
-    spec = write_spec(tmp_path, SWITCHABLE, config={**CONFIG, "nan": True})
-    code, report = rehearse(spec, "--interruptions", "1", "--kinds", "stop", capsys=capsys)
+def test_a_job_with_nan_in_a_buffer_and_a_logged_metric_is_exact(swept_rehearsal):
+    code, report = member_report(swept_rehearsal, 1)
     assert (code, report["verdict"]) == (0, "exact"), report
     assert report["landed"] == {"stop": 1}
 
@@ -448,7 +488,6 @@ def test_the_verdict_line_names_what_landed_and_what_never_did():
 
 
 # -- sweeps -----------------------------------------------------------------------------------------------------
-SWEEP = {"grid": {"config.seed_value": [0, 1]}}
 
 
 def test_a_sweep_spec_without_a_member_exits_2_names_the_members_and_creates_nothing(tmp_path, capsys):
@@ -463,17 +502,14 @@ def test_a_sweep_spec_without_a_member_exits_2_names_the_members_and_creates_not
     assert sorted(path.name for path in tmp_path.iterdir()) == ["job.yaml"]
 
 
-def test_each_sweep_member_given_is_rehearsed_with_its_own_values(tmp_path, capsys):
-    spec = write_spec(tmp_path, SWITCHABLE, sweep=SWEEP)
-    code = elfes(["rehearse", str(spec), "--executor", "local", "--json", "--member", "seed_value=1", "--member",
-                  "seed_value=0", "--interruptions", "1", "--kinds", "requeue", "--keep"])
-    reports = json.loads(capsys.readouterr().out)
+def test_each_sweep_member_given_is_rehearsed_with_its_own_values(swept_rehearsal):
+    code, reports, spec_folder = swept_rehearsal  # --member seed_value=1 --member seed_value=0, kept
     assert code == 0 and [report["verdict"] for report in reports] == ["exact", "exact"], reports
     for report, value in zip(reports, (1, 0)):
-        folder = tmp_path / "run.rehearsal" / f"seed_value={value}"
+        folder = spec_folder / "run.rehearsal" / f"seed_value={value}"
         assert report["rehearsal_dir"] == str(folder) and (folder / "report.json").is_file()
         assert yaml.safe_load((folder / "straight-1" / "job.yaml").read_text())["config"]["seed_value"] == value
-    assert not (tmp_path / "run").exists()  # the sweep's own folder is never touched
+    assert not (spec_folder / "run").exists()  # the sweep's own folder is never touched
 
 
 # -- signals ----------------------------------------------------------------------------------------------------

@@ -147,6 +147,9 @@ class ScratchRuns:
     def wait(self, paths: RunPaths, condition: Callable[[run_state.RunState], bool], what: str, *,
              raw: bool = False, follower: Follower | None = None) -> run_state.RunState:
         deadline = time.monotonic() + self.phase_timeout_s()
+        # state.json is read every 0.1 s; the job's processes are looked for at the backend's pace (a pass over
+        # /proc costs more than all the rest of a look).
+        probe = LivenessProbe(paths, at_most_every_s=1.0)
         while True:
             if follower is not None:
                 step = follower.poll()
@@ -154,7 +157,7 @@ class ScratchRuns:
                     self.show(paths.run_dir.name, step, follower.total)
             state = run_state.load_state(paths)
             if state is not None:
-                current = state if raw else effective_state(paths, state, liveness(paths, state))
+                current = state if raw else effective_state(paths, state, probe(state))
                 if not raw and current.status == RunStatus.FAILED:  # before the condition: a failure ends the rehearsal
                     raise RehearsalFailed(failure(paths, current))
                 if condition(current):
