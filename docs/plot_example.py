@@ -3,7 +3,7 @@ by `elfes plot`.
 
     python docs/plot_example.py          # a minute or two on a laptop; writes docs/quickstart-plot.png
 
-The job is examples/quickstart/job.yaml (two CPU ranks, 20 epochs of 8 optimizer steps) with a train
+The job is examples/quickstart/job.yaml (two CPU ranks, 4 epochs of 128 optimizer steps) with a train
 record every step (log_every: 1) and its run directory in a temporary folder. `elfes preempt` sends the
 requeue signal at step 40 and again at step 90 of the relaunch; in the third attempt both ranks are
 frozen (SIGSTOP) once they logged four steps past the last checkpoint, then SIGKILLed, so that those

@@ -23,9 +23,9 @@ ELFES = str(Path(sys.executable).with_name("elfes"))
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Each block's name, and the test below that runs or checks it.
 TESTED = {
-    "readme/make-run": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
+    "readme/make-run": "test_make_run_finishes_the_example_job",
     "readme/make-test": "test_make_test_is_what_ci_runs",
-    "readme/tour": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
+    "readme/tour": "test_the_tour_preempts_resumes_extends_and_plots_as_written",
     "readme/install": "test_the_install_commands_set_up_a_venv_then_torch_then_the_package",
     "first-job/my_job.py": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
     "first-job/job.yaml": "test_the_first_job_of_the_guide_validates_runs_and_rehearses_exact",
@@ -48,8 +48,8 @@ TESTED = {
     "sweeps/commands": "test_the_sweep_of_the_guide_runs_every_member",
     "sweeps/status-table": "test_the_sweep_of_the_guide_runs_every_member",
     "readme/sweep-status": "test_the_sweep_of_the_guide_runs_every_member",
-    "rehearse/command": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
-    "rehearse/output": "test_make_run_finishes_the_example_job_then_the_tour_runs_as_written",
+    "rehearse/command": "test_the_tours_rehearsal_prints_what_the_rehearsal_guide_shows",
+    "rehearse/output": "test_the_tours_rehearsal_prints_what_the_rehearsal_guide_shows",
     "charlm/run": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "charlm/sample": "tests/examples/test_charlm.py::test_the_commands_of_its_readme_run",
     "vision/run": "tests/examples/test_vision.py::test_the_commands_of_its_readme_preempt_the_job_which_resumes_bitwise",
@@ -93,10 +93,12 @@ def test_every_code_block_is_named_and_tested():
         assert f"def {function}(" in source, test
 
 
-# -- the README ----------------------------------------------------------------------------------------------
-def test_make_run_finishes_the_example_job_then_the_tour_runs_as_written(tmp_path):
-    """`make run`, then in the same folder the tour's commands in order, as a reader follows the README; then
-    the rehearsal's documented output: the same lines a real one prints."""
+# -- the README ---------------------------------------------------------------------------------------------
+# The README's `make run`, its tour and the tour's closing rehearsal are three tests: each trains runs of its own
+# (`make run` runs/quickstart-job, the tour runs/tour, the rehearsal runs/quickstart-job.rehearsal), none reads
+# what another wrote, so xdist runs them side by side.
+def test_make_run_finishes_the_example_job(tmp_path):
+    """`make run`'s job, as its recipe runs it once the set-up is done (tests/test_makefile.py: the set-up)."""
     assert block("readme/make-run").commands() == ["make run"]
     makefile = (REPOSITORY / "Makefile").read_text()
     recipe = re.search(r"^run: setup\n\t(.+)$", makefile, flags=re.M)[1]
@@ -108,16 +110,28 @@ def test_make_run_finishes_the_example_job_then_the_tour_runs_as_written(tmp_pat
     assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
     assert [event["event"] for event in read_events(run_dir)].count("finished") == 1
 
+
+def test_the_tour_preempts_resumes_extends_and_plots_as_written(tmp_path):
+    """The tour's commands in order, as a reader follows the README, but its last: the rehearsal, which trains
+    runs of its own (the next test)."""
     commands = block("readme/tour").commands()
     assert block("rehearse/command").commands() == [commands[-1]]
-    done = run(commands, folder)
+    run(commands[:-1], repository_copy(tmp_path))
     run_dir = tmp_path / "runs" / "tour"
     state = json.loads((run_dir / "state.json").read_text())
     assert [(a["launch"], a["outcome"]) for a in state["attempts"]] == [
         ("submit", "requeued"), ("requeue", "finished"), ("resume", "finished")]
     assert state["attempts"][0]["signal"] == "SIGUSR2" and state["attempts"][-1]["step"] == 8 * 128  # 8 epochs of 128 updates
     assert (run_dir / "plot.png").stat().st_size > 0
-    rehearsal = done[-1].stdout
+
+
+def test_the_tours_rehearsal_prints_what_the_rehearsal_guide_shows(tmp_path):
+    """The tour's last command (the rehearsal guide's), then its documented output: the same lines a real one
+    prints."""
+    (command,) = block("rehearse/command").commands()
+    assert block("readme/tour").commands()[-1] == command
+    (done,) = run([command], repository_copy(tmp_path))
+    rehearsal = done.stdout
     assert "verdict: exact" in rehearsal
     documented = block("rehearse/output").text
     for kind in ("requeue", "stop", "kill"):
