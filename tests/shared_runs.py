@@ -28,6 +28,16 @@ from elfes.launcher.rundir import state as run_state
 from elfes.launcher.rundir.paths import RunPaths
 
 END_WAIT_S = 300.0  # at the session's end: how long a started run may still take to end before it is killed
+# The folder of the session's shared runs: one for tests/launcher and tests/slurm, so that the uninterrupted
+# quickstart run both compare with (keyed by :func:`quickstart_inputs`) trains once per session.
+FOLDER = "shared-runs"
+
+
+def quickstart_inputs(tasks: int, config: dict[str, Any]) -> dict[str, Any]:
+    """The key of the uninterrupted, unslowed quickstart run on ``tasks`` ranks with ``config``: the launcher's
+    and the SLURM tests' entrypoints wrap the same quickstart (a sleep per batch, here none), so whichever
+    submits it, it trains the same tensors."""
+    return {"quickstart": {"tasks": tasks, "config": {**config, "step_delay_s": 0.0}}}
 
 
 def session_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from local_runs import CONFIG, Runs
-from shared_runs import SharedRuns, session_folder
+from shared_runs import FOLDER, SharedRuns, quickstart_inputs, session_folder
 
 
 @pytest.fixture
@@ -26,11 +26,11 @@ def runs(tmp_path: Path) -> Iterator[Runs]:
 def references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Path]]:
     """``references(tasks)``: the run directory of an uninterrupted run on ``tasks`` ranks (started on first
     use, shared by the whole session; call early so that it trains alongside the test's run)."""
-    shared = SharedRuns(session_folder(tmp_path_factory, "launcher-references"),
-                        lambda folder, name, inputs: Runs(folder).submit(name, **inputs))
+    shared = SharedRuns(session_folder(tmp_path_factory, FOLDER),
+                        lambda folder, name, inputs: Runs(folder).submit(name, **inputs["quickstart"]))
 
     def reference(tasks: int) -> Path:
-        return shared.get({"tasks": tasks, "config": {**CONFIG, "step_delay_s": 0.0}})
+        return shared.get(quickstart_inputs(tasks, CONFIG))
 
     yield reference
     shared.finish()
