@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
-from shared_runs import FOLDER, SharedRuns, quickstart_inputs, session_folder
-from slurm_runs import CONFIG, elfes, write_spec
+from shared_runs import QUICKSTART
+from slurm_runs import CONFIG
 from two_hosts import NamespacesUnavailable, TwoHostCluster, missing_network_programs
 
 REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
@@ -170,26 +170,9 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def straight_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Path]]:
-    """``straight_runs(**spec)``: the run directory of ``slurm_runs.write_spec(**spec)`` run on the local executor,
-    submitted on first use and shared by the whole session, on every xdist worker (``shared_runs.py``): the
-    uninterrupted run that an interrupted SLURM job of the same spec ends bitwise equal to. Call it early: it
-    trains while the SLURM job waits."""
-
-    def start(folder: Path, name: str, inputs: dict) -> Path:
-        if "quickstart" in inputs:  # shared_runs.quickstart_inputs: the launcher tests' reference too
-            inputs = {"tasks": inputs["quickstart"]["tasks"], "config": inputs["quickstart"]["config"]}
-        spec = write_spec(folder, name, **{"step_delay_s": 0.0, **inputs})
-        assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
-        return folder / name
-
-    shared = SharedRuns(session_folder(tmp_path_factory, FOLDER), start)
-    yield lambda **spec: shared.get(spec)
-    shared.finish()
-
-
-@pytest.fixture(scope="session")
 def reference(straight_runs: Callable[..., Path]) -> Callable[[int], Path]:
-    """``reference(tasks)``: the run directory of the job run uninterrupted on ``tasks`` ranks (the local
-    executor, unslowed; :func:`straight_runs`, the same run as the launcher tests' ``references(tasks)``)."""
-    return lambda tasks: straight_runs(**quickstart_inputs(tasks, CONFIG))
+    """``reference(tasks)``: the run directory of the job run uninterrupted on ``tasks`` ranks (the local executor,
+    unslowed; tests/conftest.py's ``straight_runs``, the same run as the launcher tests' ``references(tasks)``:
+    call it early, it trains while the SLURM job waits). The SLURM jobs' entrypoint (``slurm_jobs.py``) is the
+    same quickstart, slowed in its first attempt only: a sleep changes no number."""
+    return lambda tasks: straight_runs(entrypoint=QUICKSTART, tasks=tasks, config=CONFIG)

@@ -334,17 +334,18 @@ def test_a_sharded_model_over_two_hosts_preempted_resumes_bitwise(
     assert_runs_bitwise_equal(run_dir, straight)
 
 
-def test_a_two_node_run_continues_on_one_node_within_float_rounding(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
+def test_a_two_node_run_continues_on_one_node_within_float_rounding(
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, straight_runs: Callable[..., Path]
+):
     """A finished 2-node x 1-task run whose job derives its accumulation from the world size (a window of 4
     microbatches, no dropout), extended with `elfes resume --set resources.nodes=1`: a new submission of the same
-    run trains on one host and ends within float rounding of a run that had the larger budget on 2 ranks."""
+    run trains on one host and ends within float rounding of a run that had the larger budget on 2 ranks (the
+    session's, which test_continuing_runs.py compares with too)."""
     import torch
     from run_comparison import named_tensors
 
     entrypoint, config = "tests.launcher.entrypoints:budget_free_quickstart", {**CONFIG, "window": 4, "dropout": 0.0}
-    reference = slurm_runs.write_spec(tmp_path, "straight", tasks=2, step_delay_s=0.0, entrypoint=entrypoint,
-                                      config={**config, "epochs": 4})
-    assert "as local job" in elfes(slurm_two_hosts, "submit", str(reference), "--executor", "local").stdout
+    straight = straight_runs(entrypoint=entrypoint, tasks=2, config={**config, "epochs": 4})
     spec = slurm_runs.write_spec(tmp_path, "resized", nodes=2, tasks=1, step_delay_s=0.0, entrypoint=entrypoint,
                                  config=config)
     assert "as slurm job" in elfes(slurm_two_hosts, "submit", str(spec), "--executor", "slurm").stdout
@@ -359,10 +360,10 @@ def test_a_two_node_run_continues_on_one_node_within_float_rounding(slurm_two_ho
     assert state.status == "finished", diagnostics(run_dir)
     assert [(a.outcome, a.world_size, len(a.hosts)) for a in state.attempts] == [("finished", 2, 2), ("finished", 1, 1)]
     assert state.attempts[0].job_id != state.attempts[1].job_id
-    wait_finished(tmp_path / "straight")
+    wait_finished(straight)
     expected, final = ({name: tensor for name, tensor in named_tensors(
         torch.load(folder / "checkpoints" / "final", weights_only=True)) if "/rng/" not in name}
-        for folder in (tmp_path / "straight", run_dir))
+        for folder in (straight, run_dir))
     assert final.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(final[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
