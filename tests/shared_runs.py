@@ -2,10 +2,11 @@
 
 An uninterrupted run is what many end-to-end tests compare their interrupted run with, bit for bit. The same
 spec always trains the same tensors, so the first test to ask for one submits it and every later test (of any
-module, of tests/launcher and tests/slurm alike, on any worker) gets the same run directory (the
-``straight_runs`` fixture of tests/conftest.py: :func:`submit_straight` on the local executor). Runs are keyed by their inputs (the spec less its name and
-run directory), kept in one folder of the session (beside the workers' own temporary folders under xdist), and
-claimed under a file lock, so that two workers asking at once start one run.
+module, of tests/launcher and tests/slurm alike, on any worker) gets the same run directory: the
+``straight_runs`` fixture of tests/conftest.py, which submits with :func:`submit_straight`. Runs are keyed by
+their inputs (the spec less its name and run directory), kept in one folder of the session (beside the
+workers' own temporary folders under xdist), and claimed under a file lock, so that two workers asking at once
+start one run.
 
 A worker waits at its session's end for the runs it started to end (other workers may still be reading them),
 then ends what is left of their jobs.
