@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from launching import GUARDED_ENVIRONMENT_NAMES, GUARDED_ENVIRONMENT_PREFIXES, torchrun
 from scheduling import FilesAndSpreadTests, queue_order
+from shared_runs import SharedRuns, session_folder, submit_straight
 
 GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
@@ -83,3 +86,13 @@ def fresh_accelerate_state():
 def run_distributed():
     """``run_distributed(script, *args, processes=2)``: a real multi-process gloo run via torchrun."""
     return torchrun
+
+
+@pytest.fixture(scope="session")
+def straight_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Path]]:
+    """``straight_runs(entrypoint=..., tasks=..., config=...)``: the run directory of that job run uninterrupted
+    and unslowed on the local executor, submitted on first use and shared by the whole session, on every xdist
+    worker (``shared_runs.py``); call it early, so that it trains while the test's own run does."""
+    shared = SharedRuns(session_folder(tmp_path_factory, "straight-runs"), submit_straight)
+    yield lambda **inputs: shared.get(inputs)
+    shared.finish()

@@ -2,7 +2,7 @@
 
 - ``runs``: submits runs through the CLI (:class:`local_runs.Runs`); at teardown, ends what is left of them.
 - ``references`` (session): ``references(tasks)``, an uninterrupted run on ``tasks`` ranks, started on first
-  use and shared by every test of the session, on every xdist worker (``shared_runs.py``).
+  use and shared by every test of the session, on every xdist worker (``straight_runs``, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from local_runs import CONFIG, Runs
-from shared_runs import SharedRuns, session_folder
+from shared_runs import QUICKSTART
 
 
 @pytest.fixture
@@ -23,14 +23,8 @@ def runs(tmp_path: Path) -> Iterator[Runs]:
 
 
 @pytest.fixture(scope="session")
-def references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Path]]:
-    """``references(tasks)``: the run directory of an uninterrupted run on ``tasks`` ranks (started on first
-    use, shared by the whole session; call early so that it trains alongside the test's run)."""
-    shared = SharedRuns(session_folder(tmp_path_factory, "launcher-references"),
-                        lambda folder, name, inputs: Runs(folder).submit(name, **inputs))
-
-    def reference(tasks: int) -> Path:
-        return shared.get({"tasks": tasks, "config": {**CONFIG, "step_delay_s": 0.0}})
-
-    yield reference
-    shared.finish()
+def references(straight_runs: Callable[..., Path]) -> Callable[[int], Path]:
+    """``references(tasks)``: the run directory of an uninterrupted run on ``tasks`` ranks (tests/conftest.py's
+    ``straight_runs``: started on first use, shared by the whole session and with the SLURM tests' reference;
+    call early so that it trains alongside the test's run)."""
+    return lambda tasks: straight_runs(entrypoint=QUICKSTART, tasks=tasks, config=CONFIG)

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -28,8 +29,10 @@ def elfes(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([ELFES, *argv], env=launch_environment(), capture_output=True, text=True, timeout=120)
 
 
-def test_resume_with_a_raised_epoch_budget_continues_a_finished_run_bitwise(runs: Runs):
-    reference = runs.submit("straight", tasks=2, entrypoint=ENTRYPOINT, config={**TRAINING, "epochs": 4})
+def test_resume_with_a_raised_epoch_budget_continues_a_finished_run_bitwise(
+    runs: Runs, straight_runs: Callable[..., Path]
+):
+    reference = straight_runs(entrypoint=ENTRYPOINT, tasks=2, config={**TRAINING, "epochs": 4})
     run_dir = runs.submit("extended", tasks=2, entrypoint=ENTRYPOINT, config={**TRAINING, "epochs": 2})
     first = wait_ended(run_dir, "finished")
     before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
@@ -53,16 +56,18 @@ def test_resume_with_a_raised_epoch_budget_continues_a_finished_run_bitwise(runs
     assert_runs_bitwise_equal(run_dir, reference)
 
 
-def test_resume_on_another_world_size_continues_the_run_within_float_rounding(runs: Runs):
+def test_resume_on_another_world_size_continues_the_run_within_float_rounding(
+    runs: Runs, straight_runs: Callable[..., Path]
+):
     """A finished 2-rank run (a window of 4 microbatches, no dropout) extended on 1 rank: the job derives its
     accumulation from the world size, the engine continues the run on the new size, each attempt records its
     own, the warning says what is no longer bitwise, and the run ends within float rounding of a run that had
-    the larger budget on 2 ranks from the start."""
+    the larger budget on 2 ranks from the start (the session's, shared with test_two_hosts.py)."""
     import torch
     from run_comparison import named_tensors
 
     config = {**TRAINING, "window": 4, "dropout": 0.0}
-    reference = runs.submit("straight", tasks=2, entrypoint=ENTRYPOINT, config={**config, "epochs": 4})
+    reference = straight_runs(entrypoint=ENTRYPOINT, tasks=2, config={**config, "epochs": 4})
     run_dir = runs.submit("resized", tasks=2, entrypoint=ENTRYPOINT, config={**config, "epochs": 2})
     wait_ended(run_dir, "finished")
 

@@ -19,6 +19,8 @@ from run_comparison import assert_runs_bitwise_equal
 from elfes.launcher.cli.main import main as elfes
 from elfes.launcher.rundir.paths import RunPaths
 
+HANG_TIMEOUT_S = 10  # the hung run's requeue.hang_timeout_s: well past a step, even on a loaded machine
+
 
 @pytest.fixture
 def reference(references: Callable[[int], Path]) -> Callable[[], Path]:
@@ -75,8 +77,8 @@ def _time(text: str) -> float:
 
 
 def test_a_hung_rank_is_killed_with_its_stacks_logged_and_retried(runs: Runs, reference: Callable[[], Path]) -> None:
-    """Rank 1 sleeps for good at step 7 in the first attempt (requeue.hang_timeout_s: 20): no update boundary
-    for 20 s, so every rank's stacks go to its log and the attempt is killed within the timeout plus the
+    """Rank 1 sleeps for good at step 7 in the first attempt (requeue.hang_timeout_s: 10): no update boundary
+    for 10 s, so every rank's stacks go to its log and the attempt is killed within the timeout plus the
     watchdog's grace, then retried; the run ends bitwise equal to a straight run. Meanwhile a job whose
     evaluations take longer than its hang timeout (a beat per batch) is never taken for hung."""
     from elfes.launcher.job.watchdog import GRACE_S, PEER_EXIT_S, POLL_S
@@ -84,7 +86,7 @@ def test_a_hung_rank_is_killed_with_its_stacks_logged_and_retried(runs: Runs, re
     straight = reference()
     hung = runs.submit("hung", tasks=2, entrypoint="tests.launcher.fault_entrypoints:sleeps_at_step_7",
                        config={**CONFIG, "step_delay_s": 0.05, "fault_rank": 1, "fault_attempts": [1]},
-                       requeue={"max_requeues": 5, "max_failures": 1, "hang_timeout_s": 20})
+                       requeue={"max_requeues": 5, "max_failures": 1, "hang_timeout_s": HANG_TIMEOUT_S})
     evaluating = runs.submit("evaluating", tasks=1, entrypoint="tests.launcher.fault_entrypoints:slow_evaluation",
                              config={**CONFIG, "validation_samples": 192, "eval_delay_s": 2.0},
                              requeue={"max_requeues": 5, "hang_timeout_s": 5})
@@ -94,11 +96,12 @@ def test_a_hung_rank_is_killed_with_its_stacks_logged_and_retried(runs: Runs, re
         diagnostics(hung)
     failure = state.attempts[0].failure
     assert failure.category == "hang" and failure.retried and failure.step == 7, diagnostics(hung)
-    assert failure.cause == "hang: no update boundary within requeue.hang_timeout_s = 20 s"
+    assert failure.cause == f"hang: no update boundary within requeue.hang_timeout_s = {HANG_TIMEOUT_S} s"
     # attempt 1 logged step 6 first (attempt 2 trains it again)
     step_6 = min(_time(e["time"]) for e in events(hung) if e.get("event") == "train" and e.get("step") == 6)
     silent_s = _time(state.attempts[0].ended_at) - step_6
-    assert 20 <= silent_s <= 20 + 2 * POLL_S + GRACE_S + PEER_EXIT_S, (silent_s, diagnostics(hung))
+    assert HANG_TIMEOUT_S <= silent_s <= HANG_TIMEOUT_S + 2 * POLL_S + GRACE_S + PEER_EXIT_S, (silent_s,
+                                                                                         diagnostics(hung))
     logs = RunPaths(hung).attempt_logs(1)
     for rank in (0, 1):
         text = (logs / f"rank-{rank}.err").read_text()

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 from cluster import INSTALL_COMMAND, SlurmCluster, missing_programs
-from shared_runs import SharedRuns, session_folder
-from slurm_runs import elfes, write_spec
+from shared_runs import QUICKSTART
+from slurm_runs import CONFIG
 from two_hosts import NamespacesUnavailable, TwoHostCluster, missing_network_programs
 
 REQUIRE_SLURM = os.environ.get("ELFES_REQUIRE_SLURM") == "1"
@@ -170,16 +170,9 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Path]]:
-    """``reference(tasks)``: the run directory of the job run uninterrupted on ``tasks`` ranks (the local
-    executor, unslowed; submitted on first use and shared by the whole session, on every xdist worker
-    (``shared_runs.py``), so call it early: it trains while the SLURM job waits)."""
-
-    def start(folder: Path, name: str, inputs: dict) -> Path:
-        spec = write_spec(folder, name, tasks=inputs["tasks"], step_delay_s=0.0)
-        assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
-        return folder / name
-
-    shared = SharedRuns(session_folder(tmp_path_factory, "slurm-references"), start)
-    yield lambda tasks: shared.get({"tasks": tasks})
-    shared.finish()
+def reference(straight_runs: Callable[..., Path]) -> Callable[[int], Path]:
+    """``reference(tasks)``: the run directory of the job run uninterrupted on ``tasks`` ranks (the local executor,
+    unslowed; tests/conftest.py's ``straight_runs``, the same run as the launcher tests' ``references(tasks)``:
+    call it early, it trains while the SLURM job waits). The SLURM jobs' entrypoint (``slurm_jobs.py``) is the
+    same quickstart, slowed in its first attempt only: a sleep changes no number."""
+    return lambda tasks: straight_runs(entrypoint=QUICKSTART, tasks=tasks, config=CONFIG)

@@ -101,15 +101,14 @@ def test_preempted_with_the_user_signal_requeues_itself_and_resumes_bitwise(
 
 
 def test_a_sharded_model_preempted_on_slurm_resumes_bitwise_from_its_folder_of_shards(
-    slurm_user_signal: SlurmCluster, tmp_path: Path
+    slurm_user_signal: SlurmCluster, tmp_path: Path, straight_runs: Callable[..., Path]
 ):
     """examples/charlm with its model sharded over two tasks (FSDP2 over gloo), preempted by a `high` job: both
     ranks write their shards of `last` into one folder, rank 0 requeues, and the relaunch, reading its shards
-    back, ends bitwise equal (every tensor, the shards read whole) to a straight run on the local executor."""
+    back, ends bitwise equal (every tensor, the shards read whole) to a straight run on the local executor (the
+    session's, shared with test_two_hosts.py's sharded job)."""
     slurm, tasks = slurm_user_signal, 2
-    spec = write_spec(tmp_path, "straight", tasks=tasks, step_delay_s=0.0, **SHARDED_CHARLM)  # type: ignore[arg-type]
-    assert "as local job" in elfes(None, "submit", str(spec), "--executor", "local").stdout
-    straight = tmp_path / "straight"
+    straight = straight_runs(tasks=tasks, **SHARDED_CHARLM)
     run_dir = submit(slurm, tmp_path, "sharded", tasks=tasks, step_delay_s=0.1, **SHARDED_CHARLM)
     wait_run(run_dir, lambda: training_from(run_dir, 2), "attempt 1 to train to step 2")
     preempt_with_a_high_job(slurm, tmp_path)

@@ -244,28 +244,13 @@ def outcomes(state: run_state.RunState) -> list[tuple]:
     return [(attempt.outcome, attempt.signal, attempt.launch, attempt.hosts) for attempt in state.attempts]
 
 
-@pytest.fixture(scope="module")
-def reference(slurm_two_hosts_cluster: TwoHostCluster, tmp_path_factory: pytest.TempPathFactory
-              ) -> Callable[[], Path]:
-    """``reference()``: the run directory of the 2-node x 1-task job run uninterrupted, submitted on first
-    use. The test that submits it waits for it to finish (each test ends with an empty queue)."""
-    folder = tmp_path_factory.mktemp("reference")
-    run_dirs: list[Path] = []
-
-    def run() -> Path:
-        if not run_dirs:
-            run_dirs.append(submit(slurm_two_hosts_cluster, folder, "reference"))
-        return run_dirs[0]
-
-    return run
-
-
 def test_preempted_two_node_job_requeues_and_resumes_bitwise(
-    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[int], Path]
 ):
     """A job in `low` on node1 and node2 is preempted by a job in `high` that needs both whole nodes: SLURM
     sends the user signal (USR2) to both tasks, they save `last` at one boundary, rank 0 runs `scontrol
     requeue`, the preemptor runs, and the relaunch on both hosts resumes to the uninterrupted run's end."""
+    expected = reference(2)
     run_dir = submit(slurm_two_hosts, tmp_path, "preempted", step_delay_s=STEP_DELAY_S)
     wait_run(run_dir, lambda: task(run_dir, 0, 1) and task(run_dir, 1, 1) and trained_to(run_dir, 2),
              "attempt 1 to train to step 2")
@@ -276,7 +261,6 @@ def test_preempted_two_node_job_requeues_and_resumes_bitwise(
     wait_for(lambda: slurm_two_hosts.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", preemptor).stdout.strip()
              == "COMPLETED", timeout_s=60, what=f"the preempting job {preemptor} to complete")
     assert sorted((tmp_path / "preemptor.out").read_text().split()) == ["node1", "node2"]
-    expected = reference()  # trains while the preempted job waits for its relaunch
     state = wait_finished(run_dir)
 
     hosts = ("node1", "node2")
@@ -294,12 +278,12 @@ def test_preempted_two_node_job_requeues_and_resumes_bitwise(
 
 
 def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
-    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[int], Path]
 ):
     """USR2 sent to the task on node2 alone (by its pid, which is a pid of the root namespace too): rank 0 on
     node1 never sees it, yet both ranks stop at the same window boundary, rank 0 requeues the job (once),
     and the relaunch resumes bitwise."""
-    expected = reference()
+    expected = reference(2)
     run_dir = submit(slurm_two_hosts, tmp_path, "one-host", step_delay_s=STEP_DELAY_S)
     record = wait_run(run_dir, lambda: task(run_dir, 0, 1) and trained_to(run_dir, 2) and task(run_dir, 1, 1),
                       "attempt 1 to train to step 2")
@@ -325,13 +309,14 @@ def test_requeue_signal_to_one_host_stops_both_ranks_at_one_boundary(
     assert_runs_bitwise_equal(run_dir, expected)
 
 
-def test_a_sharded_model_over_two_hosts_preempted_resumes_bitwise(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
+def test_a_sharded_model_over_two_hosts_preempted_resumes_bitwise(
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, straight_runs: Callable[..., Path]
+):
     """examples/charlm with its model sharded over 2 nodes x 1 task (FSDP2, gloo between the hosts), given the
     requeue signal by `elfes preempt`: the rank on each host writes its shards of `last` into one folder, rank 0
-    requeues, and the relaunch on both hosts reads them back and ends bitwise equal to a straight local run."""
-    straight_spec = slurm_runs.write_spec(tmp_path, "straight", tasks=2, step_delay_s=0.0,
-                                          **slurm_runs.SHARDED_CHARLM)  # type: ignore[arg-type]
-    assert "as local job" in elfes(slurm_two_hosts, "submit", str(straight_spec), "--executor", "local").stdout
+    requeues, and the relaunch on both hosts reads them back and ends bitwise equal to a straight local run
+    (the session's, which test_slurm_preemption.py's sharded job compares with too)."""
+    straight = straight_runs(tasks=2, **slurm_runs.SHARDED_CHARLM)
     spec = slurm_runs.write_spec(tmp_path, "sharded", nodes=2, tasks=1, step_delay_s=0.1, **slurm_runs.SHARDED_CHARLM)  # type: ignore[arg-type]
     assert "as slurm job" in elfes(slurm_two_hosts, "submit", str(spec), "--executor", "slurm").stdout
     run_dir = tmp_path / "sharded"
@@ -345,22 +330,22 @@ def test_a_sharded_model_over_two_hosts_preempted_resumes_bitwise(slurm_two_host
     assert 2 <= state.attempts[0].step < state.attempts[1].step
     shards = sorted(entry.name for entry in RunPaths(run_dir).final.resolve().iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"], shards
-    straight = wait_finished(tmp_path / "straight")
-    assert straight.attempts[-1].step == state.attempts[1].step
-    assert_runs_bitwise_equal(run_dir, tmp_path / "straight")
+    assert wait_finished(straight).attempts[-1].step == state.attempts[1].step
+    assert_runs_bitwise_equal(run_dir, straight)
 
 
-def test_a_two_node_run_continues_on_one_node_within_float_rounding(slurm_two_hosts: TwoHostCluster, tmp_path: Path):
+def test_a_two_node_run_continues_on_one_node_within_float_rounding(
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, straight_runs: Callable[..., Path]
+):
     """A finished 2-node x 1-task run whose job derives its accumulation from the world size (a window of 4
     microbatches, no dropout), extended with `elfes resume --set resources.nodes=1`: a new submission of the same
-    run trains on one host and ends within float rounding of a run that had the larger budget on 2 ranks."""
+    run trains on one host and ends within float rounding of a run that had the larger budget on 2 ranks (the
+    session's, which test_continuing_runs.py compares with too)."""
     import torch
     from run_comparison import named_tensors
 
     entrypoint, config = "tests.launcher.entrypoints:budget_free_quickstart", {**CONFIG, "window": 4, "dropout": 0.0}
-    reference = slurm_runs.write_spec(tmp_path, "straight", tasks=2, step_delay_s=0.0, entrypoint=entrypoint,
-                                      config={**config, "epochs": 4})
-    assert "as local job" in elfes(slurm_two_hosts, "submit", str(reference), "--executor", "local").stdout
+    straight = straight_runs(entrypoint=entrypoint, tasks=2, config={**config, "epochs": 4})
     spec = slurm_runs.write_spec(tmp_path, "resized", nodes=2, tasks=1, step_delay_s=0.0, entrypoint=entrypoint,
                                  config=config)
     assert "as slurm job" in elfes(slurm_two_hosts, "submit", str(spec), "--executor", "slurm").stdout
@@ -375,24 +360,24 @@ def test_a_two_node_run_continues_on_one_node_within_float_rounding(slurm_two_ho
     assert state.status == "finished", diagnostics(run_dir)
     assert [(a.outcome, a.world_size, len(a.hosts)) for a in state.attempts] == [("finished", 2, 2), ("finished", 1, 1)]
     assert state.attempts[0].job_id != state.attempts[1].job_id
-    wait_finished(tmp_path / "straight")
+    wait_finished(straight)
     expected, final = ({name: tensor for name, tensor in named_tensors(
         torch.load(folder / "checkpoints" / "final", weights_only=True)) if "/rng/" not in name}
-        for folder in (tmp_path / "straight", run_dir))
+        for folder in (straight, run_dir))
     assert final.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(final[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_two_node_job_that_loses_a_rank_is_requeued_onto_both_nodes_and_resumes_bitwise(
-    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[int], Path]
 ):
     """The task on node2 is SIGKILLed mid-run (a rank lost; it reports nothing): rank 0's collective fails
     with the lost peer, rank 0 waits for rank 1's report, none comes, so the failure names rank 1 and node2,
     where the silent rank ran. Leaving node2 out (requeue.exclude_failed_nodes, the default) would leave a 2-node job
     no room on the cluster's 2 nodes, where SLURM would hold it pending for good: so nothing is left out,
     the log says why, and the job is requeued onto both hosts and ends bitwise equal to the uninterrupted run."""
-    expected = reference()
+    expected = reference(2)
     run_dir = submit(slurm_two_hosts, tmp_path, "rank-lost", step_delay_s=STEP_DELAY_S)
     record = wait_run(run_dir, lambda: task(run_dir, 0, 1) and trained_to(run_dir, 2) and task(run_dir, 1, 1),
                       "attempt 1 to train to step 2")
@@ -444,13 +429,13 @@ def test_two_nodes_of_two_tasks_form_one_group_of_four_ranks(slurm_two_hosts: Tw
 
 
 def test_a_one_node_job_that_hangs_is_requeued_onto_the_other_host_and_resumes_bitwise(
-    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[], Path]
+    slurm_two_hosts: TwoHostCluster, tmp_path: Path, reference: Callable[[int], Path]
 ):
     """A 1-node x 2-task job (the reference's 2 ranks, on one host): rank 1 hangs at step 7 in attempt 1; the
     watchdog (hang_timeout_s) ends the attempt and the deciding rank requeues the job with that host excluded
     (ExcNodeList); attempt 2 runs on the other host and ends bitwise equal to the uninterrupted run. Each rank
     recorded its host in each attempt, and the move of ranks on the CPU (gloo) is not named as a threat."""
-    expected = reference()
+    expected = reference(2)
     run_dir = submit(slurm_two_hosts, tmp_path, "leaves-node", nodes=1, tasks_per_node=2, step_delay_s=0.05,
                      entrypoint="tests.launcher.fault_entrypoints:sleeps_at_step_7",
                      config={"fault_rank": 1, "fault_attempts": [1]}, requeue={"hang_timeout_s": 10})
