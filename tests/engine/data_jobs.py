@@ -3,8 +3,9 @@
 A :class:`DataCase` names where the randomness comes from (the global torch, NumPy or Python
 generator), how the data is read (a map-style dataset in this process or in workers, a stream, a
 torchdata ``StatefulDataLoader``, a Hugging Face streaming dataset) and how far the job trains.
-:func:`train` runs it once, from ``last`` when asked, and returns every tensor a resume must reproduce;
-:func:`die_in_microbatch` runs it in a process of its own, which it kills.
+:func:`train` runs it once, from ``last`` when asked, and returns every tensor a resume must reproduce.
+
+    python data_jobs.py CASE_JSON CHECKPOINT_DIR KILL_AT     # dies by SIGKILL in microbatch KILL_AT
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import random
 import signal
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -359,9 +361,7 @@ def train(case: DataCase, directory: Path, *, interrupt: tuple[str, int] | None 
     return tensors
 
 
-def die_in_microbatch(case: dict[str, Any], directory: str, at: int, threads: int) -> None:
-    """A launch of ``case`` (a :class:`DataCase` as a dict) that dies by SIGKILL in microbatch ``at``, on as many
-    intra-op threads as the process that resumes it."""
-    torch.set_num_threads(threads)
-    train(DataCase(**case), Path(directory), interrupt=("sigkill", at))
+if __name__ == "__main__":
+    case_json, checkpoint_dir, kill_at = sys.argv[1:4]
+    train(DataCase(**json.loads(case_json)), Path(checkpoint_dir), interrupt=("sigkill", int(kill_at)))
     raise SystemExit("the job was to die by SIGKILL but finished")

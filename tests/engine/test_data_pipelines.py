@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import multiprocessing
+import json
+import subprocess
+import sys
 import warnings
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
-from data_jobs import IMAGES, DataCase, die_in_microbatch, train, write_hf_files
+from data_jobs import IMAGES, DataCase, train, write_hf_files
+from launching import launch_environment
 from workloads import assert_bitwise_equal
 
 HERE = Path(__file__).resolve().parent
@@ -25,20 +28,12 @@ LOADERS = {
 
 
 def sigkill_then_resume(case: DataCase, directory: Path, at: int) -> dict[str, torch.Tensor]:
-    """Launch ``case`` in a process that SIGKILLs itself in microbatch ``at``, then resume it here from ``last``.
-
-    The process forks from a server that imported torch and the jobs once but never ran an op: a fresh
-    process, without a fresh interpreter's seconds of imports."""
-    forkserver = multiprocessing.get_context("forkserver")
-    forkserver.set_forkserver_preload(["torch", "accelerate", "workloads", "data_jobs"])
-    process = forkserver.Process(target=die_in_microbatch, args=(asdict(case), str(directory), at, torch.get_num_threads()))
-    process.start()
-    process.join(timeout=300)
-    if process.exitcode is None:
-        process.kill()
-        process.join()
-        pytest.fail(f"the job to be killed in microbatch {at} hung and was killed")
-    assert process.exitcode == -9, f"the job to be killed in microbatch {at} exited with {process.exitcode}"
+    """Launch ``case`` in a process that SIGKILLs itself in microbatch ``at``, then resume it here from ``last``."""
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "data_jobs.py"), json.dumps(asdict(case)), str(directory), str(at)],
+        env=launch_environment(OMP_NUM_THREADS=str(torch.get_num_threads())), capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == -9, completed.stderr[-3000:]
     return train(case, directory, resume=True)
 
 
