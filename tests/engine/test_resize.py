@@ -11,8 +11,8 @@ also keeps the dropout mask it had in the uninterrupted run, so that run too end
 Every run adds a component of its own to its checkpoint, which the continuations take over, and a resume that adds
 one without saying how another world size takes it over is refused naming it.
 
-The phases of ``resize_cases.py`` are launches on 2, 4, 1 and again 2 ranks (each reading what the earlier ones
-wrote; the ranks forked from one process, forked_ranks.py); the assertions run here.
+The phases of ``resize_cases.py`` are torchrun launches on 2, 4, 1 and again 2 ranks (each reading what the
+earlier ones wrote); the assertions run here.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from forked_ranks import ForkedRanks
-from launching import launch_environment
+from launching import launch_torchrun
 
 from elfes.world_size import resize_problems
 
@@ -39,14 +38,11 @@ WINDOW = 4  # microbatches per update, over all ranks
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("resize")
-    forked = ForkedRanks(SCRIPT, launch_environment())  # ranks forked from one process that imported torch once
-    try:
-        for phase, processes in PHASES:
-            [(statuses, output)] = forked.launch([phase, str(folder)], ranks=processes)
-            if statuses != [0] * processes:
-                pytest.fail(f"resize_cases.py {phase} on {processes} ranks ended with statuses {statuses}\n{output[-8000:]}")
-    finally:
-        forked.close()
+    for phase, processes in PHASES:
+        launch = launch_torchrun(SCRIPT, phase, str(folder), processes=processes, timeout_s=420)
+        if launch.returncode != 0:
+            pytest.fail(f"torchrun resize_cases.py {phase} on {processes} ranks exited {launch.returncode}\n"
+                        f"{launch.stdout[-3000:]}\n{launch.stderr[-8000:]}")
     return folder
 
 
