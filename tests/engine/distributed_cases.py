@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -537,6 +538,9 @@ def release_process_group() -> None:
 
 if __name__ == "__main__":
     case_name, output = sys.argv[1], Path(sys.argv[2])
+    # The forkserver imports these once; each DataLoader worker forked from it would otherwise import them
+    # anew while re-running this script as its __mp_main__ (seconds of CPU per worker, per epoch).
+    multiprocessing.set_forkserver_preload(["torch", "accelerate", "workloads", "data_jobs", "elfes.engine"])
     output.mkdir(parents=True, exist_ok=True)
     # The first Accelerator forms the gloo group; later ones (after reset_accelerate) reuse it. A short
     # collective timeout turns a rank waiting for a peer that already left (ranks disagreeing on a stop)

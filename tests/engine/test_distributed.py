@@ -2,8 +2,8 @@
 sharding, evaluation over uneven and empty shards, and bitwise pause/resume with a stop requested on
 one rank only.
 
-Each case of ``distributed_cases.py`` is one torchrun launch (a few seconds each); the ranks write what
-they observed into a temporary folder and the assertions run here. Tests that read the same case share
+Each case of ``distributed_cases.py`` is one launch on two ranks forked from one process (forked_ranks.py); the
+ranks write what they observed into a temporary folder and the assertions run here. Tests that read the same case share
 its launch.
 """
 
@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from forked_ranks import ForkedRanks
+from launching import launch_environment
 from workloads import assert_bitwise_equal, build, snapshot
 
 from elfes.records import read_events
@@ -27,14 +30,24 @@ RANKS = (0, 1)
 _launched: dict[str, Path] = {}
 
 
+@pytest.fixture(scope="module")
+def forked() -> Iterator[ForkedRanks]:
+    """Launches of ``distributed_cases.py`` whose ranks fork from one process that imported torch once."""
+    ranks = ForkedRanks(SCRIPT, launch_environment())
+    yield ranks
+    ranks.close()
+
+
 @pytest.fixture
-def launch(run_distributed, tmp_path_factory):
+def launch(forked, tmp_path_factory):
     """``launch(case)``: run ``distributed_cases.py case`` on two ranks once per session; its output folder."""
 
     def launch(case: str) -> Path:
         if case not in _launched:
             output = tmp_path_factory.mktemp(case)
-            run_distributed(SCRIPT, case, str(output), processes=len(RANKS))
+            [(statuses, log)] = forked.launch([case, str(output)], ranks=len(RANKS))
+            if statuses != [0] * len(RANKS):
+                pytest.fail(f"distributed_cases.py {case} ended with statuses {statuses}\n{log[-8000:]}")
             _launched[case] = output
         return _launched[case]
 

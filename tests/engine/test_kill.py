@@ -23,6 +23,14 @@ def forkserver():
     return context
 
 
+@pytest.fixture(scope="module")
+def reference(forkserver, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The snapshot of a launch never killed, with synchronous checkpoints: once for every test here."""
+    folder = tmp_path_factory.mktemp("reference")
+    assert run_launch(forkserver, folder / "run", None, folder / "reference.pt") == 0
+    return torch.load(folder / "reference.pt", weights_only=True)
+
+
 def run_launch(context, directory, kill, output, asynchronous: bool = False) -> int:
     import kill_harness
 
@@ -45,10 +53,8 @@ def random_kill(rng: random.Random) -> tuple:
     return ("replace", rng.randint(1, 16), rng.choice(["before", "after"]))
 
 
-def test_sigkill_at_random_moments_always_resumes_bitwise(forkserver, tmp_path):
-    reference_output = tmp_path / "reference.pt"
-    assert run_launch(forkserver, tmp_path / "reference", None, reference_output) == 0
-    expected = torch.load(reference_output, weights_only=True)
+def test_sigkill_at_random_moments_always_resumes_bitwise(forkserver, reference, tmp_path):
+    expected = reference
 
     rng = random.Random(SEED)
     kinds_that_landed = set()
@@ -79,13 +85,11 @@ def random_asynchronous_kill(rng: random.Random) -> tuple:
     return ("overlap", rng.randint(1, 7)) if rng.random() < 0.4 else random_kill(rng)
 
 
-def test_sigkill_with_background_writes_in_flight_always_resumes_bitwise_like_the_synchronous_run(forkserver, tmp_path):
+def test_sigkill_with_background_writes_in_flight_always_resumes_bitwise_like_the_synchronous_run(forkserver, reference, tmp_path):
     """Interval checkpoints written in the background: a kill mid-file, mid-rename, mid-microbatch, or
     half-way through a file while training goes on never leaves `last` unloadable, and every run ends
     bitwise equal to the uninterrupted synchronous one."""
-    reference_output = tmp_path / "reference.pt"
-    assert run_launch(forkserver, tmp_path / "reference", None, reference_output, asynchronous=False) == 0
-    expected = torch.load(reference_output, weights_only=True)
+    expected = reference
 
     rng = random.Random(SEED + 1)
     kinds_that_landed = set()
@@ -110,9 +114,7 @@ def test_sigkill_with_background_writes_in_flight_always_resumes_bitwise_like_th
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["synchronous", "asynchronous"])
-def test_a_kill_between_publishing_the_first_file_and_pointing_last_resumes_from_that_file(forkserver, tmp_path, asynchronous):
-    reference_output = tmp_path / "reference.pt"
-    assert run_launch(forkserver, tmp_path / "reference", None, reference_output) == 0
+def test_a_kill_between_publishing_the_first_file_and_pointing_last_resumes_from_that_file(forkserver, reference, tmp_path, asynchronous):
     directory = tmp_path / "run"
     # os.replace calls: the directory's write probe, then the first checkpoint file, then `last`.
     assert run_launch(forkserver, directory, ("replace", 2, "after"), tmp_path / "unused.pt", asynchronous) == -9
@@ -120,5 +122,5 @@ def test_a_kill_between_publishing_the_first_file_and_pointing_last_resumes_from
     assert len(published) == 1 and not (directory / "last").is_symlink(), "killed after the file, before `last`"
     output = tmp_path / "resumed.pt"
     assert run_launch(forkserver, directory, None, output, asynchronous) == 0
-    assert_bitwise_equal(torch.load(reference_output, weights_only=True), torch.load(output, weights_only=True), "resumed")
+    assert_bitwise_equal(reference, torch.load(output, weights_only=True), "resumed")
     assert (directory / "last").resolve().name != published[0]  # the run went on and re-pointed `last`

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -31,11 +32,13 @@ HERE = Path(__file__).resolve().parent
 
 
 @cache
-def uninterrupted(spec: RunSpec, directory: str) -> tuple[dict[str, torch.Tensor], tuple[int, ...], list[int]]:
-    """Final tensors, final position and dataset reads of a run that was never paused."""
+def uninterrupted(spec: RunSpec) -> tuple[dict[str, torch.Tensor], tuple[int, ...], list[int]]:
+    """Final tensors, final position and dataset reads of a run that was never paused: one run per spec, shared by
+    the tests that compare with it (its checkpoints are not kept)."""
     fresh_accelerate()
     run = build(spec)
-    state = run.trainer.train(run.config, checkpoint_dir=Path(directory))
+    with tempfile.TemporaryDirectory() as directory:
+        state = run.trainer.train(run.config, checkpoint_dir=Path(directory))
     assert state.stop_reason is None
     return snapshot(run.trainer), (state.epoch, state.step, state.batches, state.samples), list(run.train_data.reads)
 
@@ -51,7 +54,7 @@ SPECS = {
 @pytest.mark.parametrize("name", list(SPECS))
 def test_pause_at_every_window_boundary_resumes_bitwise(name, tmp_path):
     spec = SPECS[name]
-    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / f"reference-{name}"))
+    expected, position, _ = uninterrupted(spec)
     total_windows = windows_per_epoch(spec) * spec.epochs
     for window in range(total_windows):
         directory = tmp_path / f"pause-{window}"
@@ -63,7 +66,7 @@ def test_pause_at_every_window_boundary_resumes_bitwise(name, tmp_path):
 def test_repeated_pauses_do_not_change_the_run(tmp_path):
     """Pausing three times, once right in the first window after a resume, changes nothing."""
     spec = SPECS["shuffle-dropout-ema-adamw-warmup-tail-monitor"]
-    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-repeated"))
+    expected, position, _ = uninterrupted(spec)
     # Calls are counted per launch: pause in the 2nd window, then in the first window after resuming,
     # then in the 2nd window after that.
     run, state = pause_and_resume(spec, tmp_path, [4, 1, 4])
@@ -73,7 +76,7 @@ def test_repeated_pauses_do_not_change_the_run(tmp_path):
 
 def test_a_real_sigterm_mid_window_stops_at_the_boundary_and_resumes_bitwise(tmp_path):
     spec = SPECS["shuffle-dropout-ema-adamw-warmup-tail-monitor"]
-    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-sigterm"))
+    expected, position, _ = uninterrupted(spec)
     fresh_accelerate()
     run = build(spec)
     stop = StopRequest()
@@ -96,7 +99,7 @@ def test_a_real_sigterm_mid_window_stops_at_the_boundary_and_resumes_bitwise(tmp
 def test_sigterm_to_the_process_group_spares_dataloader_workers(tmp_path):
     """SLURM signals every process of the job: workers must ignore it while the trainer stops cleanly."""
     spec = SPECS["two-loader-workers"]
-    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-group"))
+    expected, position, _ = uninterrupted(spec)
     completed = subprocess.run(
         [sys.executable, str(HERE / "signal_cases.py"), "group-sigterm", str(tmp_path)],
         # The same intra-op thread count as this process: it changes float results bitwise.
@@ -114,7 +117,7 @@ def test_sigterm_to_the_process_group_spares_dataloader_workers(tmp_path):
 
 def test_mid_epoch_resume_reads_no_skipped_batch(tmp_path):
     spec = RunSpec(num_workers=0)
-    _, _, reference_reads = uninterrupted(spec, str(tmp_path.parent / "reference-reads"))
+    _, _, reference_reads = uninterrupted(spec)
     directory = tmp_path / "run"
     fresh_accelerate()
     paused = build(spec)
@@ -132,7 +135,7 @@ def test_mid_epoch_resume_reads_no_skipped_batch(tmp_path):
 
 def test_raising_the_epoch_budget_of_a_finished_run_continues_it(tmp_path):
     spec = RunSpec(warmup=False, evaluate_every=Interval(1, "epoch"))
-    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-extend"))
+    expected, position, _ = uninterrupted(spec)
     fresh_accelerate()
     short = build(spec.with_(epochs=1))
     first = short.trainer.train(short.config, checkpoint_dir=tmp_path)
@@ -226,7 +229,7 @@ def test_a_stop_saves_last_before_a_due_evaluation_which_runs_after_the_resume(t
     from elfes.records import read_events
 
     spec = RunSpec()  # evaluation every 2 steps
-    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-deferred"))
+    expected, position, _ = uninterrupted(spec)
     fresh_accelerate()
     with RunLogger(tmp_path, is_main_process=True, console=Console(file=io.StringIO())) as logger:
         paused = build(spec, logger=logger)
@@ -275,7 +278,7 @@ def test_raising_max_steps_of_a_run_that_ended_mid_epoch_continues_it(tmp_path):
     """A normal end at max_steps=3 (inside the first epoch) adds a final evaluation, which restores
     the RNG; raising the limit continues from the same data position to the same bits."""
     spec = RunSpec(warmup=False)
-    expected, position, _ = uninterrupted(spec, str(tmp_path.parent / "reference-max-steps"))
+    expected, position, _ = uninterrupted(spec)
     fresh_accelerate()
     short = build(spec.with_(max_steps=3))
     first = short.trainer.train(short.config, checkpoint_dir=tmp_path)

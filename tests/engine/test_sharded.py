@@ -2,8 +2,8 @@
 sharded (DCP) checkpoint folders on 2 and 4 ranks (HSDP included), the exact window denominator, and reading such
 a folder in one process with no process group.
 
-Each case of ``sharded_cases.py`` is one torchrun launch; the ranks write what they observed (whole tensors) and
-the assertions run here. Tests that read the same case share its launch.
+Each case of ``sharded_cases.py`` is one launch on gloo ranks forked from one process (forked_ranks.py); the ranks
+write what they observed (whole tensors) and the assertions run here. Tests that read the same case share its launch.
 """
 
 from __future__ import annotations
@@ -13,16 +13,19 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import struct
 import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from launching import launch_torchrun
+from forked_ranks import ForkedRanks
+from launching import launch_environment
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
@@ -50,23 +53,31 @@ SCRIPT = Path(__file__).with_name("sharded_cases.py")
 _launched: dict[str, Path] = {}
 
 
-def torchrun(*arguments: str, processes: int = 2, expect_kill: bool = False) -> str:
-    """One launch of ``sharded_cases.py``; its stderr. Fails the test unless it finished (or, with ``expect_kill``,
-    a rank died of SIGKILL)."""
-    launch = launch_torchrun(SCRIPT, *arguments, processes=processes, timeout_s=420)
-    killed = launch.returncode not in (0, None) and "Signal 9 (SIGKILL)" in launch.stderr
-    if launch.returncode != 0 and not (expect_kill and killed):
-        outcome = "timed out" if launch.returncode is None else f"exited with {launch.returncode}"
-        pytest.fail(f"torchrun sharded_cases.py {' '.join(arguments)} {outcome}\n{launch.stdout[-4000:]}\n{launch.stderr[-8000:]}")
+@pytest.fixture(scope="module")
+def forked() -> Iterator[ForkedRanks]:
+    """Launches of ``sharded_cases.py`` whose ranks fork from one process that imported torch once (each rank ends
+    by os._exit, see sharded_cases.leave, as under torchrun)."""
+    ranks = ForkedRanks(SCRIPT, launch_environment())
+    yield ranks
+    ranks.close()
+
+
+def forked_launch(forked: ForkedRanks, *arguments: str, processes: int = 2, expect_kill: bool = False) -> str:
+    """One launch of ``sharded_cases.py``: "killed" (a rank died of SIGKILL, with ``expect_kill``) or "finished";
+    anything else fails the test with the ranks' output."""
+    [(statuses, output)] = forked.launch(list(arguments), ranks=processes)
+    killed = -signal.SIGKILL in statuses
+    if statuses != [0] * processes and not (expect_kill and killed):
+        pytest.fail(f"sharded_cases.py {' '.join(arguments)} ended with statuses {statuses}\n{output[-8000:]}")
     return "killed" if killed else "finished"
 
 
 @pytest.fixture
-def launch(tmp_path_factory):
+def launch(forked, tmp_path_factory):
     def launch(case: str, processes: int) -> Path:
         if case not in _launched:
             output = tmp_path_factory.mktemp(case)
-            torchrun(case, str(output), processes=processes)
+            forked_launch(forked, case, str(output), processes=processes)
             _launched[case] = output
         return _launched[case]
 
@@ -278,16 +289,16 @@ KILLS = [
 ]
 
 
-def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bitwise(tmp_path):
+def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bitwise(forked, tmp_path):
     """A rank SIGKILLed mid-microbatch, after writing its shards (the folder half written), as DCP's metadata is
     about to be written, or around a rename (state file, folder, pointer), with checkpoints written synchronously
     or in the background: `last` always names a complete folder that one process reads whole, and the run,
     resumed from it launch after launch, ends equal to a straight synchronous run."""
-    torchrun("kill", str(tmp_path / "reference"), str(tmp_path / "reference" / "checkpoints"), "sync", "none", "0")
+    forked_launch(forked, "kill", str(tmp_path / "reference"), str(tmp_path / "reference" / "checkpoints"), "sync", "none", "0")
     expected = torch.load(tmp_path / "reference" / "kill.rank0.pt", weights_only=True)
     checkpoints = tmp_path / "run" / "checkpoints"
     for mode, kind, number, rank in KILLS:
-        outcome = torchrun("kill", str(tmp_path / "run"), str(checkpoints), mode, kind, str(number), str(rank), expect_kill=True)
+        outcome = forked_launch(forked, "kill", str(tmp_path / "run"), str(checkpoints), mode, kind, str(number), str(rank), expect_kill=True)
         assert outcome == "killed", f"the kill {kind} {number} on rank {rank} ({mode}) did not land"
         if kind == "replace-after" and number == 3:
             assert [path.name for path in checkpoints.glob("*.dcp")] == [CheckpointName(1, 6, sharded=True).filename]
@@ -296,7 +307,7 @@ def test_sigkill_during_sharded_writes_leaves_last_loadable_and_the_run_ends_bit
         if last.exists():
             read_checkpoint(last)
             sharded_weights(last.resolve(), "ema")  # every shard and the metadata are there
-    assert torchrun("kill", str(tmp_path / "run"), str(checkpoints), "async", "none", "0") == "finished"
+    assert forked_launch(forked, "kill", str(tmp_path / "run"), str(checkpoints), "async", "none", "0") == "finished"
     for rank in range(2):
         assert_bitwise_equal(expected, torch.load(tmp_path / "run" / f"kill.rank{rank}.pt", weights_only=True), f"rank {rank}")
     assert not list(checkpoints.glob(".tmp-*")), "a finished run leaves no temporary folder"
