@@ -35,7 +35,7 @@ def _asking_only_if_imported() -> Iterator[None]:
             accelerate.data_loader.is_datasets_available = installed
 
 
-def prepare_data_loader(dataloader: DataLoader, **options: Any) -> Any:
+def prepare_data_loader(dataloader: DataLoader[Any], **options: Any) -> Any:
     """:func:`accelerate.data_loader.prepare_data_loader` of ``dataloader`` with ``options``."""
     with _asking_only_if_imported():
         return accelerate.data_loader.prepare_data_loader(dataloader, **options)
