@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.data_loader import prepare_data_loader
 from accelerate.utils import send_to_device
 from torch import nn
 from torch.utils.data import DataLoader
@@ -15,7 +14,7 @@ from torch.utils.data import DataLoader
 from elfes.contract import Phase
 
 from .collectives import sum_over_ranks
-from .data import iterate_sparing_workers
+from .data import iterate_sparing_workers, prepare_data_loader
 from .fsdp import is_sharded, reshard
 from .heartbeat import Heartbeat
 from .loss import loss_path

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backends import Executor
 from ..job.runtime import JobRuntime
 from ..rundir import state as run_state
 from ..rundir.code_record import load_code_record
@@ -45,7 +46,7 @@ class Submitted:
     warnings: tuple[str, ...] = ()  # of the code: files left out as secrets, other code continuing the checkpoints
 
 
-def _transaction(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan,
+def _transaction(spec: JobSpec, paths: RunPaths, executor: Executor, kind: str, source: str, code: CodePlan,
                  include_nodes: bool = False) -> Submitted:
     """The hand-over (launcher/submit/transaction.py), its outcome as the verbs report it."""
     done = hand_over_run(spec, paths, executor, kind, source, code, JobRuntime(str(paths.run_dir)),

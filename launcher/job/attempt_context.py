@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends import Executor
 from ..rundir import state as run_state
 from ..rundir.code_record import job_spec
 from ..rundir.paths import RunPaths
@@ -68,7 +69,7 @@ class AttemptContext:
         return self.start.rank == 0
 
     @property
-    def executor(self) -> str:
+    def executor(self) -> Executor:
         return self.start.executor
 
     @property

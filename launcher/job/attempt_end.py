@@ -21,7 +21,7 @@ from typing import Any
 
 from elfes.contract import TERMINATING_SIGNALS
 
-from ..backends import backend_for
+from ..backends import Executor, backend_for
 from ..rundir import state as run_state
 from ..rundir.task_files import cancel_requested, remove_pid_file
 from .attempt_context import AttemptContext
@@ -32,7 +32,7 @@ from .tracker_publishing import publish_lifecycle
 log = logging.getLogger(__name__)
 
 
-def exit_code(executor: str, *, relaunched: bool) -> int:
+def exit_code(executor: Executor, *, relaunched: bool) -> int:
     """The exit status of a task that leaves its attempt without returning. Relaunched (requeued, or a failure
     retried): the backend's ``relaunch_exit_code`` (locally 144, on which submitit's controller starts the job
     again; 0 under SLURM, where ``scontrol requeue`` already did: a nonzero exit would end the requeued job

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from elfes.contract import TERMINATING_SIGNALS, EventKind
 
-from ..backends import backend_for
+from ..backends import Executor, backend_for
 from ..rundir.command_group import (
     CommandGroup,
     Dispositions,
@@ -77,7 +77,7 @@ def run_command(
     *,
     paths: RunPaths,
     flags: SignalFlags,
-    executor: str,
+    executor: Executor,
     started_at: str,
     rank: int,
     attempt: int,
@@ -130,7 +130,7 @@ def command_environment() -> dict[str, str]:
 class _Forwarding:
     """The stop signals this task received, on their way to the command's group; the kill deadline."""
 
-    def __init__(self, group: CommandGroup, flags: SignalFlags, *, executor: str, kill_wait_s: int,
+    def __init__(self, group: CommandGroup, flags: SignalFlags, *, executor: Executor, kill_wait_s: int,
                  announce: Callable[[str | None], None], cancelling: Callable[[], bool] = lambda: False) -> None:
         self.group, self.flags, self.backend, self.kill_wait_s = group, flags, backend_for(executor), kill_wait_s
         self.announce, self.cancelling = announce, cancelling

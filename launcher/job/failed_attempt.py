@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..backends import backend_for
+from ..backends import Executor, backend_for
 from ..rundir import state as run_state
 from ..rundir.command_group import process_stat
 from ..rundir.paths import RunPaths
@@ -231,7 +231,7 @@ def awaited_exit_status(paths: RunPaths, start: Start, record: dict[str, Any] | 
         time.sleep(0.05)
 
 
-def excludes_nodes(executor: str, spec: JobSpec | None) -> bool:
+def excludes_nodes(executor: Executor, spec: JobSpec | None) -> bool:
     """Whether the run leaves the nodes of its failures out (SLURM, ``requeue.exclude_failed_nodes``); ``spec`` is
     None for an attempt that failed before reading it."""
     return spec is not None and backend_for(executor).excludes_failed_nodes(spec)

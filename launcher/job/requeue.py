@@ -10,14 +10,14 @@ import logging
 import time
 from typing import Any
 
-from ..backends import backend_for
+from ..backends import Executor, backend_for
 from ..rundir.paths import RunPaths
 from ..submit.transaction import resubmit_run
 
 log = logging.getLogger(__name__)
 
 
-def resubmit(paths: RunPaths, task: Any, executor: str) -> None:
+def resubmit(paths: RunPaths, task: Any, executor: Executor) -> None:
     """Past the controller's start limit (``Backend.resubmits``), submit the run again (a "requeue" submission,
     which the next start counts as a requeue) into the same run directory: ``task`` (the job's ``JobRuntime``) in a
     new detached controller; our rank variables are dropped. Rank 0, after recording "requeued". A refusal is

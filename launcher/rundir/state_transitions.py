@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..backends import backend_for
+from ..backends import Executor, backend_for
 from ..errors import NotNow
 from .provenance import Provenance, RankPlace
 from .state_records import (
@@ -63,7 +63,7 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
 # -- transitions (pure) ---------------------------------------------------------------------------------------
 
 
-def record_submission(state: RunState | None, *, executor: str, kind: str, max_requeues: int,
+def record_submission(state: RunState | None, *, executor: Executor, kind: str, max_requeues: int,
                       job_id: str | None = None, host: str | None = None, pid: int | None = None,
                       submitit_folder: str | None = None, array_task: int | None = None,
                       refuse_finished: str | None = None, run_dir: str) -> RunState:

@@ -71,7 +71,7 @@ SBATCH_PATH_CHARACTERS = {
 }
 
 
-def check_executor(spec: JobSpec, executor: str) -> None:
+def check_executor(spec: JobSpec, executor: Executor) -> None:
     """Refuse, naming the field, a spec the executor cannot run (raises :class:`ExecutorError`); on
     ``slurm``, also a partition, account or QOS that the cluster, where one answers, does not have."""
     _submission(executor).check(spec)
@@ -265,17 +265,17 @@ SUBMISSIONS: dict[Executor, Submission] = {
 }
 
 
-def _submission(executor: str) -> Submission:
+def _submission(executor: Executor) -> Submission:
     return SUBMISSIONS[backend_for(executor).executor]  # ExecutorError for an executor that names no backend
 
 
-def dry_run(spec: JobSpec, paths: RunPaths, executor: str) -> str:
+def dry_run(spec: JobSpec, paths: RunPaths, executor: Executor) -> str:
     """The sbatch script (``slurm``) or the local command (``local``) a submission would use."""
     check_executor(spec, executor)
     return _submission(executor).dry_run(spec, paths)
 
 
-def submit(spec: JobSpec, paths: RunPaths, executor: str, task: Any, *, exclude: tuple[str, ...] = ()) -> str:
+def submit(spec: JobSpec, paths: RunPaths, executor: Executor, task: Any, *, exclude: tuple[str, ...] = ()) -> str:
     """Submit ``task`` (the job's picklable ``JobRuntime(run_dir)``) for ``spec`` on ``executor``; return the job id.
 
     Callers: the one hand-over (launcher/submit/transaction.py) of ``elfes submit``/``resume`` and of a local job's

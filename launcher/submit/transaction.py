@@ -24,7 +24,7 @@ from typing import Any
 
 from elfes.files import exclusive_lock, write_text_atomically
 
-from ..backends import backend_for
+from ..backends import Executor, backend_for
 from ..rundir import state as run_state
 from ..rundir.code_record import CodeRecord, job_spec
 from ..rundir.liveness import effective_state, liveness
@@ -81,7 +81,7 @@ def finished_refusal(paths: RunPaths, recorded: JobSpec | None, spec: JobSpec) -
             f"raise its budget: {extend_hint(paths, recorded)}")
 
 
-def excluded_nodes(spec: JobSpec, state: run_state.RunState | None, executor: str) -> tuple[str, ...]:
+def excluded_nodes(spec: JobSpec, state: run_state.RunState | None, executor: Executor) -> tuple[str, ...]:
     """The nodes the run's next job leaves out (``--exclude``): those recorded after failures there, where its
     backend leaves nodes out and ``requeue.exclude_failed_nodes`` is on."""
     if state is None or not backend_for(executor).excludes_failed_nodes(spec):
@@ -201,7 +201,7 @@ class HandOver:
         """``--include-nodes``: the nodes the run excluded after failures may run it again."""
         self.write(lambda s: run_state.include_nodes(s) if s is not None else s)
 
-    def record_ahead(self, spec: JobSpec, executor: str, kind: str, *, submitit_folder: Path | None = None,
+    def record_ahead(self, spec: JobSpec, executor: Executor, kind: str, *, submitit_folder: Path | None = None,
                      array_task: int | None = None, refuse_finished: str | None = None) -> None:
         """Record a submission of ``kind`` before the executor is asked, naming this submitter (and, for a sweep
         member, the sweep's submitit folder and the member's task in the array)."""
@@ -245,7 +245,7 @@ class Ahead:
     sweep member, the sweep's submitit folder and its task in the array too."""
 
     spec: JobSpec
-    executor: str
+    executor: Executor
     kind: str
     submitit_folder: Path | None = None
     array_task: int | None = None
@@ -301,7 +301,7 @@ class HandedOver:
     code: str | None = None  # the code the job runs (CodeRecord.describe()), when a record was carried out
 
 
-def hand_over_run(spec: JobSpec, paths: RunPaths, executor: str, kind: str, source: str, code: CodePlan, task: Any,
+def hand_over_run(spec: JobSpec, paths: RunPaths, executor: Executor, kind: str, source: str, code: CodePlan, task: Any,
                   *, include_nodes: bool = False) -> HandedOver:
     """Hand one run over (``kind``: "submit" or "resume"), under the lock, with stop signals deferred, through
     :func:`hand_over`; every change undone when refused. ``task``: the job's callable. ``include_nodes``: the nodes
@@ -362,7 +362,7 @@ def _finish(arrived: list[int], result: HandedOver, spec: JobSpec, paths: RunPat
     return result
 
 
-def resubmit_run(paths: RunPaths, task: Any, executor: str) -> str:
+def resubmit_run(paths: RunPaths, task: Any, executor: Executor) -> str:
     """Past its controller's start limit (``Backend.resubmits``), hand the run over again as a "requeue"
     submission on ``executor`` through :func:`hand_over` (rank 0 of the job, after recording "requeued"); returns
     the new job id. A refusal is recorded (the run is failed) and raised; nothing is undone."""

@@ -62,3 +62,25 @@ def test_the_check_sees_a_sharded_checkpoints_imports():
     # the report is the interpreter's own: importing the sharded checkpoints' module shows DCP and DTensor
     loaded = loaded_after("import elfes.engine.sharded")
     assert {"torch.distributed.checkpoint", "torch.distributed.tensor"} <= set(loaded)
+
+
+def test_sharding_a_loader_over_ranks_imports_hf_datasets_only_for_an_hf_dataset():
+    # accelerate imports `datasets` (1.3 s with pandas and pyarrow) to shard any loader where it is installed;
+    # the engine's loaders leave it unimported, and shard an HF stream by its shards exactly as accelerate does
+    script = """
+        import sys, torch
+        from accelerate import PartialState
+        from torch.utils.data import DataLoader, TensorDataset
+        from elfes.engine.data import prepare_data_loader
+        PartialState(cpu=True)
+        def second_rank(dataset):
+            loader = prepare_data_loader(DataLoader(dataset, batch_size=2), num_processes=2, process_index=1,
+                                         put_on_device=False)
+            return [batch[0].tolist() if isinstance(batch, list) else batch["x"].tolist() for batch in loader]
+        assert second_rank(TensorDataset(torch.arange(8.0))) == [[2.0, 3.0], [6.0, 7.0]]
+        assert "datasets" not in sys.modules and "pandas" not in sys.modules
+        import datasets
+        stream = datasets.Dataset.from_dict({"x": list(range(8))}).to_iterable_dataset(num_shards=2)
+        assert second_rank(stream) == [[4, 5], [6, 7]]  # its second shard, not every second half-batch
+    """
+    loaded_after(script)

@@ -29,27 +29,13 @@ pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]'
 pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' installs it")
 from tracker_histories import wandb_offline_config, wandb_offline_ends, wandb_offline_summary  # noqa: E402
 
+# W&B offline in the test's folder; closes patient on a loaded machine (tests/records/conftest.py)
+pytestmark = pytest.mark.usefixtures("wandb_offline", "patient_close")
+
 SECRET = "hf_4c1d9e0b7a-secret"
 PROVENANCE = Provenance(python="3.12.3", torch="2.13.0", elfes="0.9.0", code=CodeProvenance(
     path="code/1", origin="submit", taken_at="2025-01-01T00:00:00+00:00", commit="a" * 40, dirty=True,
     fingerprint="f" * 64))
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-@pytest.fixture(autouse=True)
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("ELFES_TRACKING", raising=False)
-    # These attempts last a moment: a stopped one would give the mirror only the flush's wait to import MLflow and
-    # create its tables, which a loaded machine can take longer than 20 s for. A real attempt runs for minutes.
-    monkeypatch.setenv("ELFES_TRACKER_FLUSH_TIMEOUT_S", "300")
 
 
 class Run:

@@ -33,26 +33,7 @@ from elfes.records.tracking import MlflowSettings, tracker_state_path, wandb_dir
 
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install -e '.[test]' installs it")
 pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' installs it")
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One SQLite store for the file (creating its tables takes seconds)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-@pytest.fixture(autouse=True)
-def patient_close(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A close waits for the tracker as long as a loaded test machine needs (W&B's service starts slowly)."""
-    monkeypatch.setenv(FLUSH_TIMEOUT_VARIABLE, "300")
-
-
-@pytest.fixture
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("patient_close")  # tests/records/conftest.py
 
 
 def log_attempt(run_dir: Path, events: list[dict], **trackers) -> None:

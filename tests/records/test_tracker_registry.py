@@ -32,23 +32,9 @@ pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[test]' i
 pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e '.[test]' installs it")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("wandb_offline", "patient_close")  # tests/records/conftest.py
+
 REPOSITORY = Path(__file__).resolve().parents[2]
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-@pytest.fixture(autouse=True)
-def quiet_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    for name in ("ELFES_TRACKING", "ELFES_TENSORBOARD", "ELFES_TRACKING_GROUP"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ELFES_TRACKER_FLUSH_TIMEOUT_S", "300")  # a loaded machine imports slowly
-
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})

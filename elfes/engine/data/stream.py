@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import torch
 from accelerate import Accelerator
-from accelerate.data_loader import prepare_data_loader, skip_first_batches
+from accelerate.data_loader import skip_first_batches
 from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
@@ -30,6 +30,7 @@ from elfes.contract import WarningKind
 from ..rng import capture_rng, restore_rng
 from .checks import check_distributed_batching, check_training_loader, verify_rank_lengths
 from .fetch import PositionedBatches, with_seeded_fetches
+from .prepare import prepare_data_loader
 from .state import Stateful, is_stateful, stateful_parts, unsaved_shuffle_buffer
 from .workers import base_loader, iterate_sparing_workers, shut_down_workers
 
