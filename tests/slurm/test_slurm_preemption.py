@@ -134,7 +134,9 @@ def test_an_edit_before_a_preemption_does_not_reach_the_relaunch_on_slurm(slurm_
 
     project = make_project(tmp_path / "project")
     specs = {}
-    for name, delay in (("straight", 0.0), ("edited", 0.3)):
+    # A second a step: `elfes preempt` reaches SLURM seconds after step 2 on a loaded machine (5 s beside a CPU
+    # burner, when 0.3 s a step left the run 4 s: it finished first), and the signal must land before step 16.
+    for name, delay in (("straight", 0.0), ("edited", 1.0)):
         specs[name] = tmp_path / f"{name}.yaml"
         specs[name].write_text(json.dumps({
             "name": name, "entrypoint": "train:main", "workdir": str(project), "run_dir": str(tmp_path / name),
