@@ -124,12 +124,12 @@ def run_launches(script: str, ranks: int, launches: list[list[str]], folder: Pat
 def serve(script: str) -> None:
     # The script's imports (torch, Accelerate, the engine), once: its ranks re-run it as __main__ on top of them.
     runpy.run_path(script, run_name="__forked_ranks_preload__")
-    # torch's optimizers and DDP import torch._dynamo when first used (over 2 s of CPU): once here, not per rank.
-    import torch._dynamo  # noqa: F401
     # ... but not the modules beside it: the cases read RANK and WORLD_SIZE when imported, so each rank imports them.
     for name, module in list(sys.modules.items()):
         if Path(getattr(module, "__file__", None) or "/").resolve().parent == Path(script).resolve().parent:
             del sys.modules[name]
+    # torch's optimizers and DDP import torch._dynamo when first used (over 2 s of CPU): once here, not per rank.
+    import torch._dynamo  # noqa: F401
     # A fork of a process with threads may freeze (a runtime lock held by another thread): none may run here.
     if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
         raise SystemExit(f"forked_ranks.py: threads run before the ranks are forked: {os.listdir('/proc/self/task')}")

@@ -13,4 +13,4 @@ from .prepare import prepare_data_loader
 from .stream import TrainingData
 from .workers import iterate_sparing_workers, shut_down_persistent_workers
 
-__all__ = ["TrainingData", "check_process_group", "prepare_data_loader", "iterate_sparing_workers", "shut_down_persistent_workers"]
+__all__ = ["TrainingData", "check_process_group", "iterate_sparing_workers", "prepare_data_loader", "shut_down_persistent_workers"]
